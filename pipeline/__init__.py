@@ -1,0 +1,1 @@
+"""Dataset pipeline: source corpora, event clipping, ambience segmentation and the stages after them."""

@@ -1,0 +1,113 @@
+"""Reader for ambience libraries: a folder tree of recordings, with or without a metadata CSV.
+
+Input: the library root and :class:`~pipeline.params.AmbienceParams`. With a metadata CSV
+(``metadata_csv``, path relative to the root), each row names a file (``path_column``,
+relative to the root) and a category (``category_column``); optional licence and author
+columns are carried along. Without one, every audio file under the root is a candidate and
+its category is its top folder. A recording is selected when one of ``keywords`` occurs,
+case-insensitively, in its category (without metadata: in its relative path), which is
+FLAM's "ambiance" rule; the ``min_recording_s`` length check happens when the file is read.
+
+Output: the selected :class:`AmbienceRecording` list, sorted by relative path, and a
+:class:`~pipeline.schema.Skip` for every row or file left out.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.params import AmbienceParams
+from pipeline.schema import Skip
+
+
+@dataclass(frozen=True)
+class AmbienceRecording:
+    rel_path: str
+    path: Path
+    category: str
+    license: str
+    author: str
+
+    @property
+    def recording_id(self) -> str:
+        """A readable, filesystem-safe id, unique through a hash of the relative path."""
+        stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(self.rel_path).with_suffix("").as_posix()).strip("-").lower()
+        digest = hashlib.sha1(self.rel_path.encode("utf-8")).hexdigest()[:8]
+        return f"{stem[:60]}-{digest}"
+
+
+def _selected(text: str, keywords: tuple[str, ...]) -> bool:
+    low = text.lower()
+    return any(k.lower() in low for k in keywords)
+
+
+def _audio_files(root: Path, extensions: tuple[str, ...]) -> list[str]:
+    exts = {"." + e.lower().lstrip(".") for e in extensions}
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.suffix.lower() in exts)
+
+
+def read_ambience_library(root: Path, p: AmbienceParams) -> tuple[list[AmbienceRecording], list[Skip]]:
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"ambience library {root} not found: point sources.ambience_dir at a folder of recordings")
+    files = _audio_files(root, p.extensions)
+    csv_path = root / p.metadata_csv if p.metadata_csv else None
+    if csv_path is None or not csv_path.exists():
+        recordings, skips = [], []
+        for rel in files:
+            category = rel.split("/", 1)[0] if "/" in rel else ""
+            if _selected(rel, p.keywords):
+                recordings.append(AmbienceRecording(rel, root / rel, category, "", ""))
+            else:
+                skips.append(Skip(rel, rel, "filtered-category", f"path matches none of {list(p.keywords)}"))
+        return recordings, skips
+    return _read_with_metadata(root, csv_path, files, p)
+
+
+def _read_with_metadata(root: Path, csv_path: Path, files: list[str], p: AmbienceParams) -> tuple[list[AmbienceRecording], list[Skip]]:
+    recordings: list[AmbienceRecording] = []
+    skips: list[Skip] = []
+    listed: set[str] = set()
+    with csv_path.open(newline="", encoding="utf-8", errors="replace") as f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in (p.path_column, p.category_column) if c not in header]
+        if missing:
+            raise ValueError(
+                f"{csv_path}: no column {', '.join(repr(m) for m in missing)} (columns: {', '.join(header)}); "
+                f"set ambience.path_column / ambience.category_column to the names this CSV uses"
+            )
+        col = {name: header.index(name) for name in header}
+        for line_no, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            where = f"{csv_path.name} line {line_no}"
+            rel = row[col[p.path_column]].strip().replace("\\", "/") if len(row) > col[p.path_column] else ""
+            if len(row) != len(header) or not rel:
+                skips.append(Skip(rel or f"line{line_no}", str(csv_path), "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
+                continue
+            if rel in listed:
+                skips.append(Skip(rel, str(csv_path), "malformed-row", f"{where}: {rel} is listed twice"))
+                continue
+            listed.add(rel)
+
+            def cell(name: str) -> str:
+                return row[col[name]].strip() if name in col else ""
+
+            category = cell(p.category_column)
+            if not _selected(category, p.keywords):
+                skips.append(Skip(rel, rel, "filtered-category", f"category {category!r} matches none of {list(p.keywords)}"))
+                continue
+            if not (root / rel).is_file():
+                skips.append(Skip(rel, rel, "missing-file", f"{where} names {rel}, which does not exist"))
+                continue
+            recordings.append(AmbienceRecording(rel, root / rel, category, cell(p.license_column), cell(p.author_column)))
+    for rel in files:
+        if rel not in listed:
+            skips.append(Skip(rel, rel, "not-in-metadata", f"{csv_path.name} has no row for this file"))
+    recordings.sort(key=lambda r: r.rel_path)
+    return recordings, skips

@@ -1,0 +1,168 @@
+"""Reading, checking, resampling and writing audio.
+
+Input: any file soundfile (libsndfile) reads: WAV, FLAC, OGG/Vorbis, AIFF, MP3 (libsndfile
+>= 1.1), at any rate, bit depth and channel count. Output: float32 arrays in [-1, 1) and 16-bit
+FLAC files. Every failure is an :class:`AudioError` with a skip reason, so a
+stage can report the file and go on.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from pipeline.schema import SkipReason
+
+FULL_SCALE_INT16 = 32768.0
+
+
+class AudioError(Exception):
+    """A file a stage cannot use; ``reason`` is the skip reason written to the report."""
+
+    def __init__(self, reason: SkipReason, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Decoded audio: ``samples`` is float32 of shape (num_samples, channels)."""
+
+    samples: np.ndarray
+    sample_rate_hz: int
+
+    @property
+    def channels(self) -> int:
+        return self.samples.shape[1]
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.shape[0] / self.sample_rate_hz
+
+
+@contextmanager
+def open_audio(path: Path) -> Iterator[sf.SoundFile]:
+    """Open a file for reading, turning every failure into an AudioError."""
+    if not os.path.exists(path):
+        raise AudioError("missing-file", str(path))
+    try:
+        f = sf.SoundFile(str(path))
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
+        raise AudioError("unreadable", f"{type(e).__name__}: {e}") from e
+    with f:
+        if f.samplerate <= 0:
+            raise AudioError("unreadable", f"invalid sample rate {f.samplerate}")
+        yield f
+
+
+def read_block(f: sf.SoundFile, start: int, frames: int) -> np.ndarray:
+    """Samples ``[start, start + frames)`` as float32 (n, channels), checked for NaN/inf.
+
+    16-bit PCM is read as integers and scaled here (the same values as libsndfile's float
+    conversion, several times faster).
+    """
+    try:
+        f.seek(start)
+        if f.subtype == "PCM_16":
+            samples = f.read(frames, dtype="int16", always_2d=True).astype(np.float32)
+            samples *= np.float32(1.0 / FULL_SCALE_INT16)
+        else:
+            samples = f.read(frames, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
+        raise AudioError("unreadable", f"{type(e).__name__}: {e}") from e
+    if not np.isfinite(samples).all():
+        bad = int(np.count_nonzero(~np.isfinite(samples)))
+        raise AudioError("non-finite", f"{bad} NaN or infinite samples")
+    return samples
+
+
+def read_audio(path: Path) -> Decoded:
+    """Decode a whole file to float32 (num_samples, channels), checking it is usable.
+
+    Raises AudioError for missing, unreadable, empty and non-finite files.
+    """
+    with open_audio(path) as f:
+        samples = read_block(f, 0, -1)
+        sample_rate_hz = int(f.samplerate)
+    if samples.shape[0] == 0:
+        raise AudioError("empty", "the file has no samples")
+    return Decoded(samples=samples, sample_rate_hz=sample_rate_hz)
+
+
+def downmix(samples: np.ndarray) -> np.ndarray:
+    """(num_samples, channels) -> (num_samples,) by the channel mean."""
+    if samples.shape[1] == 1:
+        return samples[:, 0]
+    return samples.mean(axis=1, dtype=np.float32)
+
+
+def resample(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
+    """Band-limited resampling with libsoxr at its "HQ" quality; mono float32 in and out."""
+    if from_hz == to_hz:
+        return x.astype(np.float32, copy=False)
+    return soxr.resample(x, from_hz, to_hz, quality="HQ").astype(np.float32, copy=False)
+
+
+def clipped_fraction(samples: np.ndarray, level: float) -> float:
+    """Share of sample positions where any channel reaches ``level`` (digital clipping)."""
+    if samples.size == 0:
+        return 0.0
+    hit = np.abs(samples) >= level
+    if hit.ndim == 2:
+        hit = hit.any(axis=1)
+    return float(np.count_nonzero(hit)) / hit.shape[0]
+
+
+def longest_zero_run_s(x: np.ndarray, sample_rate_hz: int) -> float:
+    """Length of the longest run of exact zeros (digital silence), in seconds."""
+    zero = x == 0
+    if not zero.any():
+        return 0.0
+    padded = np.concatenate(([False], zero, [False]))
+    edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
+    runs = edges[1::2] - edges[::2]
+    return float(runs.max()) / sample_rate_hz
+
+
+def quantize_int16(x: np.ndarray) -> np.ndarray:
+    """float32 in [-1, 1) -> int16, rounding and saturating at full scale."""
+    return np.clip(np.rint(x * FULL_SCALE_INT16), -32768, 32767).astype(np.int16)
+
+
+def int16_to_float(q: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) * np.float32(1.0 / FULL_SCALE_INT16)
+
+
+def write_flac(path: Path, q: np.ndarray, sample_rate_hz: int) -> None:
+    """int16 mono samples -> a 16-bit FLAC file (deterministic bytes).
+
+    Written in place: stages write audio only inside their staging folder, which is swapped
+    in whole (see :func:`pipeline.outputs.staged_dir`), so a per-file rename would add
+    nothing but time.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), q, sample_rate_hz, format="FLAC", subtype="PCM_16")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

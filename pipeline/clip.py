@@ -1,0 +1,211 @@
+"""Stage ``clip``: cut clean single-event clips out of FSD50K-layout corpora.
+
+Input: ``sources.fsd50k_dir`` (real FSD50K or the embedded corpus) and ``params.clip``.
+Output folder ``clip.out_dir``:
+- ``audio/<clip_id>.flac``: the first continuous high-energy segment of every single-label
+  clip whose segment lasts ``min_duration_s``..``max_duration_s``, mono, 16-bit, at
+  ``sample_rate_hz``;
+- ``manifest.parquet``: one :class:`~pipeline.schema.EventClip` per file (source, label, MID,
+  onset/offset in the source, licence, uploader, RMS, LUFS and the A-weighted envelope);
+- ``skipped.csv``: every row or file not used, with the reason; ``summary.json``: counts;
+- ``clipping_examples.png``: envelope, threshold and chosen segment for a few clips.
+
+Per-clip work is independent, so the result does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.audio import (
+    AudioError,
+    clipped_fraction,
+    downmix,
+    int16_to_float,
+    quantize_int16,
+    read_audio,
+    resample,
+    write_atomic,
+    write_flac,
+)
+from pipeline.compute import map_ordered
+from pipeline.fsd50k import FSD50KClip, license_name, read_fsd50k, single_label
+from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, rms_dbfs
+from pipeline.ontology import default_ontology
+from pipeline.outputs import MANIFEST, SKIPPED, SUMMARY, format_summary, staged_dir, summarize, write_json, write_manifest, write_skips
+from pipeline.params import ClipParams, Params
+from pipeline.schema import EventClip, Skip
+from pipeline.segmentation import find_segment
+
+AUDIO_DIR = "audio"
+EXAMPLES_PNG = "clipping_examples.png"
+
+
+@dataclass(frozen=True)
+class ClipTask:
+    clip: FSD50KClip
+    label: str
+    mid: str
+    audioset_name: str
+
+
+def clip_one(task: ClipTask, p: ClipParams, sample_rate_hz: int, audio_dir: Path) -> EventClip | Skip:
+    """Decode one source clip, find its first event segment, write it; or say why not."""
+    c = task.clip
+    try:
+        return _clip_one(task, p, sample_rate_hz, audio_dir)
+    except AudioError as e:
+        return Skip(c.clip_id, c.rel_path, e.reason, e.detail)
+    except Exception as e:  # one bad file must not stop a 50k-clip run; the report keeps it
+        return Skip(c.clip_id, c.rel_path, "unexpected-error", f"{type(e).__name__}: {e}")
+
+
+def _clip_one(task: ClipTask, p: ClipParams, sample_rate_hz: int, audio_dir: Path) -> EventClip | Skip:
+    c = task.clip
+    decoded = read_audio(c.audio_path)
+    sr = decoded.sample_rate_hz
+    x = downmix(decoded.samples)
+    seg = find_segment(x, sr, p.segmentation)
+    if float(seg.frame_energy_db.max()) < p.silence_dbfs:
+        return Skip(c.clip_id, c.rel_path, "silent", f"loudest frame {seg.frame_energy_db.max():.1f} dBFS < {p.silence_dbfs} dBFS")
+    if not seg.found:
+        return Skip(c.clip_id, c.rel_path, "no-segment", "no window reaches the threshold")
+    duration_s = (seg.end - seg.start) / sr
+    if duration_s < p.min_duration_s:
+        return Skip(c.clip_id, c.rel_path, "too-short", f"first segment {duration_s:.3f} s < {p.min_duration_s} s")
+    if duration_s > p.max_duration_s:
+        return Skip(c.clip_id, c.rel_path, "too-long", f"first segment {duration_s:.3f} s > {p.max_duration_s} s")
+    clipped = clipped_fraction(decoded.samples[seg.start : seg.end], p.clip_level)
+    if clipped > p.max_clipped_fraction:
+        return Skip(c.clip_id, c.rel_path, "clipped", f"{clipped:.2%} of samples at |x| >= {p.clip_level}")
+
+    q = quantize_int16(resample(x[seg.start : seg.end], sr, sample_rate_hz))
+    y = int16_to_float(q)  # statistics describe exactly what is stored
+    envelope = a_weighted_envelope(y, sample_rate_hz, p.envelope_frame_s, p.envelope_hop_s)
+    write_flac(audio_dir / f"{c.clip_id}.flac", q, sample_rate_hz)
+    return EventClip(
+        clip_id=c.clip_id,
+        audio_path=f"{AUDIO_DIR}/{c.clip_id}.flac",
+        source_dataset="fsd50k",
+        source_id=c.fname,
+        source_split=c.split,
+        source_path=c.rel_path,
+        label=task.label,
+        mid=task.mid,
+        audioset_name=task.audioset_name,
+        onset_in_source_s=seg.start / sr,
+        offset_in_source_s=seg.end / sr,
+        duration_s=q.shape[0] / sample_rate_hz,
+        num_samples=int(q.shape[0]),
+        sample_rate_hz=sample_rate_hz,
+        source_sample_rate_hz=sr,
+        source_channels=decoded.channels,
+        rms_dbfs=rms_dbfs(y),
+        peak_dbfs=peak_dbfs(y),
+        loudness_lufs=integrated_lufs(y, sample_rate_hz),
+        envelope_frame_s=envelope.frame_s,
+        envelope_hop_s=envelope.hop_s,
+        envelope_db=envelope.energy_db,
+        license_url=c.license_url,
+        license=license_name(c.license_url),
+        uploader=c.uploader,
+        title=c.title,
+    )
+
+
+def plan(params: Params, fsd50k_dir: Path) -> tuple[list[ClipTask], list[Skip]]:
+    """Read the corpus and keep the single-label clips: the tasks, and the rows left out."""
+    clips, skips = read_fsd50k(fsd50k_dir, params.clip.splits)
+    ontology = default_ontology()
+    tasks: list[ClipTask] = []
+    for clip in clips:
+        chosen = single_label(clip, ontology, params.clip.single_label_rule)
+        if isinstance(chosen, Skip):
+            skips.append(chosen)
+            continue
+        label, mid = chosen
+        known = ontology.by_mid.get(mid)
+        tasks.append(ClipTask(clip, label, mid, known.name if known else label.replace("_", " ")))
+    return tasks, skips
+
+
+def run(params: Params, fsd50k_dir: Path | None = None, out_dir: Path | None = None) -> dict:
+    """Run the stage; returns the summary written to ``summary.json``."""
+    fsd50k_dir = Path(fsd50k_dir or params.sources.fsd50k_dir)
+    out_dir = Path(out_dir or params.clip.out_dir)
+    tasks, skips = plan(params, fsd50k_dir)
+    num_rows = len(tasks) + len(skips)
+    with staged_dir(out_dir) as stage:
+        work = partial(clip_one, p=params.clip, sample_rate_hz=params.sample_rate_hz, audio_dir=stage / AUDIO_DIR)
+        results = map_ordered(work, tasks, params.compute, desc="clip")
+        records = [r for r in results if isinstance(r, EventClip)]
+        skips += [r for r in results if isinstance(r, Skip)]
+        (stage / AUDIO_DIR).mkdir(exist_ok=True)
+        write_manifest(stage / MANIFEST, records, EventClip)
+        write_skips(stage / SKIPPED, skips)
+        if params.clip.plot_examples and records:
+            plot_clipping_examples(records[: params.clip.plot_examples], fsd50k_dir, params.clip, stage / EXAMPLES_PNG)
+        summary = summarize(
+            num_inputs=num_rows,
+            num_outputs=len(records),
+            skips=skips,
+            event_seconds=round(sum(r.duration_s for r in records), 3),
+        )
+        write_json(stage / SUMMARY, summary)
+    print(format_summary("clip", summary), file=sys.stderr)
+    return summary
+
+
+def plot_clipping_examples(records: list[EventClip], fsd50k_dir: Path, p: ClipParams, path: Path) -> None:
+    """FineLAP Fig. 6 style: frame and window energy, threshold and the kept segment."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 2
+    rows = -(-len(records) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(12, 2.6 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, records):
+        decoded = read_audio(Path(fsd50k_dir) / r.source_path)
+        x = downmix(decoded.samples)
+        sr = decoded.sample_rate_hz
+        seg = find_segment(x, sr, p.segmentation)
+        t_frame = (np.arange(seg.frame_energy_db.shape[0]) * seg.hop + seg.frame / 2) / sr
+        width = min(p.segmentation.window_frames, seg.frame_energy_db.shape[0])
+        t_window = (np.arange(seg.window_energy_db.shape[0]) * p.segmentation.window_step_frames * seg.hop + width * seg.hop / 2) / sr
+        ax.plot(np.arange(x.shape[0]) / sr, 20 * np.log10(np.abs(x) + 1e-6), color="0.8", lw=0.5, label="|x| (dB)")
+        ax.plot(t_frame, seg.frame_energy_db, color="tab:blue", lw=0.8, label="frame energy")
+        ax.plot(t_window, seg.window_energy_db, color="tab:orange", lw=1.2, label="window mean")
+        ax.axhline(seg.threshold_db, color="tab:red", ls="--", lw=1, label="threshold")
+        ax.axvspan(r.onset_in_source_s, r.offset_in_source_s, color="tab:green", alpha=0.2, label="kept segment")
+        ax.set_ylim(max(-100.0, float(seg.frame_energy_db.min()) - 5), 5)
+        ax.set_xlim(0, x.shape[0] / sr)
+        ax.set_title(f"{r.source_id}  {r.label}  {r.onset_in_source_s:.2f}-{r.offset_in_source_s:.2f} s", fontsize=9)
+        ax.set_xlabel("time (s)", fontsize=8)
+        ax.set_ylabel("dBFS", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(records) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, loc="lower right", ncol=3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.cli import main as cli_main
+
+    return cli_main(["clip", *(argv if argv is not None else sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

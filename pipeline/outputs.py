@@ -1,0 +1,84 @@
+"""Stage outputs that are either complete or absent.
+
+A stage builds its whole output folder under a hidden staging name beside the target and
+swaps it in only when everything is written, so a crash or a kill leaves the previous good
+output (or nothing) in place, never a half-written one. Single files go through a temporary
+name and a rename.
+
+Every stage folder holds ``manifest.parquet`` (one row per output record), ``skipped.csv``
+(one row per input it could not use, with the reason) and ``summary.json`` (counts).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow.parquet as pq
+
+from pipeline.audio import write_atomic
+from pipeline.schema import Skip, to_table
+
+MANIFEST = "manifest.parquet"
+SKIPPED = "skipped.csv"
+SUMMARY = "summary.json"
+
+
+@contextmanager
+def staged_dir(target: Path) -> Iterator[Path]:
+    """Yield an empty staging folder that replaces ``target`` when the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    yield staging
+    old = target.parent / f".{target.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def write_manifest(path: Path, records: list, record_type: type) -> None:
+    """Records -> a Parquet file (zstd), written atomically."""
+    buf = io.BytesIO()
+    pq.write_table(to_table(records, record_type), buf, compression="zstd")
+    write_atomic(path, buf.getvalue())
+
+
+def write_skips(path: Path, skips: list[Skip]) -> None:
+    """The skip report: ``item_id,path,reason,detail``, sorted by item id."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["item_id", "path", "reason", "detail"])
+    for s in sorted(skips, key=lambda s: (s.item_id, s.reason)):
+        writer.writerow([s.item_id, s.path, s.reason, s.detail])
+    write_atomic(path, buf.getvalue().encode("utf-8"))
+
+
+def summarize(num_inputs: int, num_outputs: int, skips: list[Skip], **extra: object) -> dict:
+    by_reason = dict(sorted(Counter(s.reason for s in skips).items()))
+    return {"inputs": num_inputs, "outputs": num_outputs, "skipped": len(skips), "skipped_by_reason": by_reason, **extra}
+
+
+def write_json(path: Path, data: dict) -> None:
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def format_summary(stage: str, summary: dict) -> str:
+    """One human-readable block for the end of a stage run."""
+    lines = [f"{stage}: {summary['outputs']} outputs from {summary['inputs']} inputs, {summary['skipped']} skipped"]
+    for reason, n in summary["skipped_by_reason"].items():
+        lines.append(f"  {reason:<18} {n}")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Fixtures: small hand-built corpora in the real FSD50K and ambience layouts, with known truth."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline.params import ComputeParams, Params
+
+# (fname, labels, mids): leaf first, then ancestors, as FSD50K writes them.
+BARK = ("Bark,Dog,Domestic_animals_and_pets,Animal", "/m/05tny_,/m/0bt9lr,/m/068hy,/m/0jbk")
+MEOW = ("Meow,Cat,Domestic_animals_and_pets,Animal", "/m/07qrkrw,/m/01yrx,/m/068hy,/m/0jbk")
+KNOCK = ("Knock,Door", "/m/07r4wb8,/m/02dgv")
+BARK_AND_MEOW = (
+    "Bark,Dog,Meow,Cat,Domestic_animals_and_pets,Animal",
+    "/m/05tny_,/m/0bt9lr,/m/07qrkrw,/m/01yrx,/m/068hy,/m/0jbk",
+)
+
+
+def tone_burst(sr: int, total_s: float, on_s: float, off_s: float, level_dbfs: float = -12.0, freq_hz: float = 440.0, floor_dbfs: float = -90.0, seed: int = 0) -> np.ndarray:
+    """A sine between ``on_s`` and ``off_s`` over a faint noise floor."""
+    rng = np.random.default_rng(seed)
+    n = int(round(total_s * sr))
+    t = np.arange(n) / sr
+    x = rng.standard_normal(n) * 10 ** (floor_dbfs / 20)
+    a, b = int(round(on_s * sr)), int(round(off_s * sr))
+    x[a:b] += np.sqrt(2) * 10 ** (level_dbfs / 20) * np.sin(2 * np.pi * freq_hz * t[a:b])
+    return x.astype(np.float32)
+
+
+def write_fsd50k(root: Path, dev_rows: list[tuple], eval_rows: list[tuple], audio: dict[str, tuple[np.ndarray, int, str]], licences: dict[str, str] | None = None) -> Path:
+    """Write the FSD50K layout: ground-truth CSVs, metadata JSON and the given audio files.
+
+    ``audio`` maps fname -> (samples (n,) or (n, ch), rate, soundfile subtype); a value of
+    ``bytes`` is written verbatim (for corrupt files).
+    """
+    gt = root / "FSD50K.ground_truth"
+    gt.mkdir(parents=True)
+    for part, rows, header in (("dev", dev_rows, ["fname", "labels", "mids", "split"]), ("eval", eval_rows, ["fname", "labels", "mids"])):
+        with (gt / f"{part}.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            for r in rows:
+                w.writerow(r)
+        (root / f"FSD50K.{part}_audio").mkdir()
+    meta = root / "FSD50K.metadata"
+    meta.mkdir()
+    for part, rows in (("dev", dev_rows), ("eval", eval_rows)):
+        info = {
+            str(r[0]): {
+                "title": f"clip {r[0]}",
+                "description": "",
+                "tags": [],
+                "license": (licences or {}).get(str(r[0]), "http://creativecommons.org/licenses/by/3.0/"),
+                "uploader": f"user{r[0]}",
+            }
+            for r in rows
+        }
+        (meta / f"{part}_clips_info_FSD50K.json").write_text(json.dumps(info))
+    eval_names = {str(r[0]) for r in eval_rows}
+    for fname, value in audio.items():
+        folder = "FSD50K.eval_audio" if fname in eval_names else "FSD50K.dev_audio"
+        path = root / folder / f"{fname}.wav"
+        if isinstance(value, bytes):
+            path.write_bytes(value)
+        else:
+            x, sr, subtype = value
+            sf.write(path, x, sr, subtype=subtype)
+    return root
+
+
+@pytest.fixture
+def params() -> Params:
+    """Default parameters, run in-process (one worker) and with few example plots."""
+    p = Params()
+    return replace(p, compute=ComputeParams(workers=1, chunk_size=4), clip=replace(p.clip, plot_examples=2))

@@ -1,0 +1,1 @@
+"""Training of open-vocabulary frame- and clip-level audio-text models on the pipeline's shards."""
