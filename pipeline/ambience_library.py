@@ -45,6 +45,17 @@ def _selected(text: str, keywords: tuple[str, ...]) -> bool:
     return any(k.lower() in low for k in keywords)
 
 
+def _relative(cell: str, root: Path) -> str:
+    """A metadata path cell -> a POSIX path relative to the library root."""
+    text = cell.strip().replace("\\", "/")
+    if Path(text).is_absolute():
+        try:
+            return Path(text).relative_to(root.resolve()).as_posix()
+        except ValueError:
+            return text
+    return text.removeprefix("./")
+
+
 def _audio_files(root: Path, extensions: tuple[str, ...]) -> list[str]:
     exts = {"." + e.lower().lstrip(".") for e in extensions}
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.suffix.lower() in exts)
@@ -72,10 +83,13 @@ def _read_with_metadata(root: Path, csv_path: Path, files: list[str], p: Ambienc
     recordings: list[AmbienceRecording] = []
     skips: list[Skip] = []
     listed: set[str] = set()
-    with csv_path.open(newline="", encoding="utf-8", errors="replace") as f:
+    by_basename: dict[str, list[str]] = {}
+    for rel in files:
+        by_basename.setdefault(rel.rsplit("/", 1)[-1], []).append(rel)
+    with csv_path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
-        header = [h.strip() for h in next(reader, [])]
-        missing = [c for c in (p.path_column, p.category_column) if c not in header]
+        header = [h.strip().lower() for h in next(reader, [])]
+        missing = [c for c in (p.path_column, p.category_column) if c.lower() not in header]
         if missing:
             raise ValueError(
                 f"{csv_path}: no column {', '.join(repr(m) for m in missing)} (columns: {', '.join(header)}); "
@@ -86,17 +100,20 @@ def _read_with_metadata(root: Path, csv_path: Path, files: list[str], p: Ambienc
             if not row or all(not c.strip() for c in row):
                 continue
             where = f"{csv_path.name} line {line_no}"
-            rel = row[col[p.path_column]].strip().replace("\\", "/") if len(row) > col[p.path_column] else ""
+            path_at = col[p.path_column.lower()]
+            rel = _relative(row[path_at], root) if len(row) > path_at else ""
             if len(row) != len(header) or not rel:
                 skips.append(Skip(rel or f"line{line_no}", str(csv_path), "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
                 continue
+            if not (root / rel).is_file() and len(by_basename.get(rel.rsplit("/", 1)[-1], [])) == 1:
+                rel = by_basename[rel.rsplit("/", 1)[-1]][0]  # metadata that names files without their folder
             if rel in listed:
                 skips.append(Skip(rel, str(csv_path), "malformed-row", f"{where}: {rel} is listed twice"))
                 continue
             listed.add(rel)
 
             def cell(name: str) -> str:
-                return row[col[name]].strip() if name in col else ""
+                return row[col[name.lower()]].strip() if name.lower() in col else ""
 
             category = cell(p.category_column)
             if not _selected(category, p.keywords):

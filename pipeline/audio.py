@@ -55,6 +55,8 @@ def open_audio(path: Path) -> Iterator[sf.SoundFile]:
     """Open a file for reading, turning every failure into an AudioError."""
     if not os.path.exists(path):
         raise AudioError("missing-file", str(path))
+    if os.path.getsize(path) == 0:
+        raise AudioError("empty", "the file is 0 bytes")
     try:
         f = sf.SoundFile(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:

@@ -90,3 +90,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"  clipping / decode                    : {f['ratio_clip_to_decode']:10.2f}  (target >= 0.70)")
         print(f"  peak RSS                             : {f['peak_rss_mib']:10.0f} MiB")
     return 0
+
+
+if __name__ == "__main__":
+    from pipeline.cli import main as cli_main
+
+    raise SystemExit(cli_main(["bench", *sys.argv[1:]]))

@@ -180,12 +180,19 @@ def plot_clipping_examples(records: list[EventClip], fsd50k_dir: Path, p: ClipPa
         t_frame = (np.arange(seg.frame_energy_db.shape[0]) * seg.hop + seg.frame / 2) / sr
         width = min(p.segmentation.window_frames, seg.frame_energy_db.shape[0])
         t_window = (np.arange(seg.window_energy_db.shape[0]) * p.segmentation.window_step_frames * seg.hop + width * seg.hop / 2) / sr
-        ax.plot(np.arange(x.shape[0]) / sr, 20 * np.log10(np.abs(x) + 1e-6), color="0.8", lw=0.5, label="|x| (dB)")
+        wave = ax.twinx()
+        step = max(1, x.shape[0] // 4000)  # the picture needs a few thousand points, not every sample
+        wave.plot(np.arange(0, x.shape[0], step) / sr, x[::step], color="0.75", lw=0.4)
+        peak = float(np.max(np.abs(x))) or 1.0
+        wave.set_ylim(-peak * 1.05, peak * 1.05)
+        wave.set_yticks([])
+        ax.set_zorder(wave.get_zorder() + 1)
+        ax.patch.set_visible(False)
         ax.plot(t_frame, seg.frame_energy_db, color="tab:blue", lw=0.8, label="frame energy")
         ax.plot(t_window, seg.window_energy_db, color="tab:orange", lw=1.2, label="window mean")
         ax.axhline(seg.threshold_db, color="tab:red", ls="--", lw=1, label="threshold")
         ax.axvspan(r.onset_in_source_s, r.offset_in_source_s, color="tab:green", alpha=0.2, label="kept segment")
-        ax.set_ylim(max(-100.0, float(seg.frame_energy_db.min()) - 5), 5)
+        ax.set_ylim(max(-100.0, float(seg.frame_energy_db.min()) - 5), float(seg.frame_energy_db.max()) + 10)
         ax.set_xlim(0, x.shape[0] / sr)
         ax.set_title(f"{r.source_id}  {r.label}  {r.onset_in_source_s:.2f}-{r.offset_in_source_s:.2f} s", fontsize=9)
         ax.set_xlabel("time (s)", fontsize=8)
@@ -193,8 +200,10 @@ def plot_clipping_examples(records: list[EventClip], fsd50k_dir: Path, p: ClipPa
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(records) :]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7, loc="lower right", ncol=3)
-    fig.tight_layout()
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.suptitle("Event clipping: the first continuous segment above the threshold is kept (waveform in grey)", fontsize=10, y=0.995)
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.975), ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
     plt.close(fig)

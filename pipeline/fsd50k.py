@@ -99,12 +99,14 @@ def read_fsd50k(root: Path, splits: tuple[str, ...] = ("train", "val", "eval")) 
 def _read_rows(root: Path, csv_path: Path, part: str, meta: dict[str, dict]) -> tuple[list[FSD50KClip], list[Skip]]:
     clips: list[FSD50KClip] = []
     skips: list[Skip] = []
-    with csv_path.open(newline="", encoding="utf-8", errors="replace") as f:
+    with csv_path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        expected = ["fname", "labels", "mids"] + (["split"] if part == "dev" else [])
-        if header is None or [h.strip() for h in header[: len(expected)]] != expected:
-            raise ValueError(f"{csv_path}: header {header} is not FSD50K's {','.join(expected)}")
+        header = [h.strip().lower() for h in next(reader, [])]
+        missing = [c for c in ("fname", "labels", "mids") if c not in header]
+        if missing:
+            raise ValueError(f"{csv_path}: header {header} lacks {', '.join(missing)}; FSD50K's is fname,labels,mids[,split]")
+        col = {name: header.index(name) for name in ("fname", "labels", "mids")}
+        split_col = header.index("split") if "split" in header else None
         seen: set[str] = set()
         for line_no, row in enumerate(reader, start=2):
             where = f"{csv_path.name} line {line_no}"
@@ -112,12 +114,13 @@ def _read_rows(root: Path, csv_path: Path, part: str, meta: dict[str, dict]) -> 
                 continue
             fname = row[0].strip()
             item = f"fsd50k-{fname}" if fname else f"fsd50k-{part}-line{line_no}"
-            if len(row) != len(expected):
-                skips.append(Skip(item, str(csv_path), "malformed-row", f"{where}: {len(row)} fields, expected {len(expected)}"))
+            if len(row) != len(header):
+                skips.append(Skip(item, str(csv_path), "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
                 continue
-            labels = tuple(x.strip() for x in row[1].split(",") if x.strip())
-            mids = tuple(x.strip() for x in row[2].split(",") if x.strip())
-            split = row[3].strip() if part == "dev" else "eval"
+            fname = row[col["fname"]].strip()
+            labels = tuple(x.strip() for x in row[col["labels"]].split(",") if x.strip())
+            mids = tuple(x.strip() for x in row[col["mids"]].split(",") if x.strip())
+            split = "eval" if part == "eval" else (row[split_col].strip().lower() if split_col is not None else "train")
             problem = None
             if not fname:
                 problem = "empty fname"
@@ -132,7 +135,7 @@ def _read_rows(root: Path, csv_path: Path, part: str, meta: dict[str, dict]) -> 
                 continue
             seen.add(fname)
             rel = f"{AUDIO_DIRS[part]}/{fname}.wav"
-            info = meta.get(fname, {}) if isinstance(meta.get(fname), dict) else {}
+            info = meta.get(fname) if isinstance(meta.get(fname), dict) else {}
             clips.append(
                 FSD50KClip(
                     fname=fname,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -80,3 +81,8 @@ def params() -> Params:
     """Default parameters, run in-process (one worker) and with few example plots."""
     p = Params()
     return replace(p, compute=ComputeParams(workers=1, chunk_size=4), clip=replace(p.clip, plot_examples=2))
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder``, keyed by relative path."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}

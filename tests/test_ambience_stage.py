@@ -13,7 +13,9 @@ import soundfile as sf
 
 from pipeline import ambience
 from pipeline.ambience_library import read_ambience_library
+from pipeline.params import ComputeParams
 from pipeline.schema import BackgroundSegment, from_table
+from tests.conftest import tree_digest
 
 
 def _noise(sr: int, seconds: float, level_dbfs: float = -30.0, channels: int = 1, seed: int = 0) -> np.ndarray:
@@ -107,6 +109,21 @@ def test_without_metadata_the_path_selects(library: Path, tmp_path: Path, params
 
 
 def test_wrong_column_names_fail_with_the_fix(library: Path, params) -> None:
-    p = replace(params.ambience, category_column="Category")
+    p = replace(params.ambience, category_column="kind")
     with pytest.raises(ValueError, match="ambience.category_column"):
         read_ambience_library(library, p)
+
+
+def test_one_and_two_workers_write_identical_bytes(library: Path, tmp_path: Path, params) -> None:
+    ambience.run(params, library, tmp_path / "one")
+    ambience.run(replace(params, compute=ComputeParams(workers=2, chunk_size=1)), library, tmp_path / "two")
+    assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "two")
+
+
+def test_metadata_quirks_bom_header_case_and_bare_file_names(library: Path, params) -> None:
+    text = "\ufeffFileName,Category,License\nrain.wav,AMBIANCE,CC0\nstreet.flac,ambience,CC-BY\n"
+    (library / "metadata.csv").write_text(text, encoding="utf-8")
+    p = replace(params.ambience, path_column="filename", category_column="category")
+    recordings, _ = read_ambience_library(library, p)
+    assert [r.rel_path for r in recordings] == ["Ambiance/rain.wav", "Ambience/street.flac"]
+    assert [r.license for r in recordings] == ["CC0", "CC-BY"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from pipeline.fsd50k import read_fsd50k, single_label
 from pipeline.ontology import default_ontology
 from pipeline.params import ComputeParams
 from pipeline.schema import EventClip, from_table
-from tests.conftest import BARK, BARK_AND_MEOW, KNOCK, MEOW, tone_burst, write_fsd50k
+from tests.conftest import BARK, BARK_AND_MEOW, KNOCK, MEOW, tone_burst, tree_digest, write_fsd50k
 
 SR = 44100
 
@@ -42,6 +41,7 @@ def _rows_and_audio() -> tuple[list, list, dict]:
         (111, *BARK, "train"),     # digital silence
         (112, *MEOW, "train"),     # clipped
         (113, "Bark,Dog", "/m/05tny_", "train"),  # 2 labels, 1 mid
+        (115, *BARK, "train"),     # 0-byte file
     ]
     dev.append(("114",))  # a row with one field
     ev = [(201, *KNOCK)]
@@ -57,6 +57,7 @@ def _rows_and_audio() -> tuple[list, list, dict]:
         "110": (tone_burst(SR, 12.0, 1.0, 10.0), SR, "PCM_16"),
         "111": (np.zeros(SR * 3, dtype=np.float32), SR, "PCM_16"),
         "112": (clipped, SR, "PCM_16"),
+        "115": b"",
         "201": (tone_burst(SR, 3.0, 0.25, 1.75, freq_hz=1500), SR, "PCM_16"),
     }
     return dev, ev, audio
@@ -75,6 +76,7 @@ EXPECTED_SKIPS = {
     "fsd50k-112": "clipped",
     "fsd50k-113": "malformed-row",
     "fsd50k-114": "malformed-row",
+    "fsd50k-115": "empty",
 }
 
 
@@ -115,22 +117,18 @@ def test_stage_keeps_good_clips_and_reports_every_bad_one(corpus: Path, tmp_path
     assert not list(tmp_path.glob(".events.*")), "staging folders are cleaned up"
 
 
-def _tree_digest(folder: Path) -> dict[str, str]:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def test_one_and_two_workers_write_identical_bytes(corpus: Path, tmp_path: Path, params) -> None:
     one = tmp_path / "one"
     two = tmp_path / "two"
     clip.run(params, corpus, one)
     clip.run(replace(params, compute=ComputeParams(workers=2, chunk_size=1)), corpus, two)
-    assert _tree_digest(one) == _tree_digest(two)
+    assert tree_digest(one) == tree_digest(two)
 
 
 def test_failed_run_keeps_the_previous_output(corpus: Path, tmp_path: Path, params, monkeypatch) -> None:
     out = tmp_path / "events"
     clip.run(params, corpus, out)
-    before = _tree_digest(out)
+    before = tree_digest(out)
 
     def explode(*args, **kwargs):
         raise RuntimeError("disk full")
@@ -138,7 +136,7 @@ def test_failed_run_keeps_the_previous_output(corpus: Path, tmp_path: Path, para
     monkeypatch.setattr(clip, "write_manifest", explode)
     with pytest.raises(RuntimeError):
         clip.run(params, corpus, out)
-    assert _tree_digest(out) == before
+    assert tree_digest(out) == before
 
 
 def test_single_label_rule_uses_the_ontology_leaves(corpus: Path) -> None:

@@ -1,0 +1,56 @@
+"""The real DVC pipeline, end to end, on a small embedded corpus; and the README's commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DVC_NO_ANALYTICS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_dvc_repro_runs_corpus_clip_and_ambience(tmp_path: Path) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, work / name)
+    shutil.copytree(ROOT / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["corpus"]["fsd50k_clips"] = 60
+    params["corpus"]["ambience_recordings"] = 4
+    params["clip"]["plot_examples"] = 2
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert _dvc(work, "init", "--no-scm", "-q").returncode == 0
+
+    first = _dvc(work, "repro")
+    assert first.returncode == 0, first.stdout + first.stderr
+    events = work / "data" / "events"
+    backgrounds = work / "data" / "backgrounds"
+    clips = pq.read_table(events / "manifest.parquet")
+    segments = pq.read_table(backgrounds / "manifest.parquet")
+    assert clips.num_rows > 10 and segments.num_rows > 3
+    assert len(list((events / "audio").glob("*.flac"))) == clips.num_rows
+    assert len(list((backgrounds / "audio").glob("*.flac"))) == segments.num_rows
+    summary = json.loads((events / "summary.json").read_text())
+    assert summary["skipped_by_reason"].get("multi-label", 0) > 0, "the corpus has multi-label clips to exclude"
+    assert json.loads((backgrounds / "summary.json").read_text())["skipped_by_reason"].get("filtered-category", 0) > 0
+    assert (work / "dvc.lock").exists()
+
+    again = _dvc(work, "repro")
+    assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci in (ROOT / "README.md").read_text(), "the README's test command and .ci/run agree"
