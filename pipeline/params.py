@@ -157,6 +157,8 @@ def _check(p: Params) -> None:
     need(p.sample_rate_hz >= 8000, "sample_rate_hz", "must be at least 8000")
     need(p.compute.workers >= 1, "compute.workers", "must be at least 1")
     need(p.compute.chunk_size >= 1, "compute.chunk_size", "must be at least 1")
+    need(p.corpus.fsd50k_clips >= 1, "corpus.fsd50k_clips", "must be at least 1")
+    need(p.corpus.ambience_recordings >= 8, "corpus.ambience_recordings", "must be at least 8 (the library's fixed cases)")
     s = p.clip.segmentation
     need(s.frame_s > 0 and s.hop_s > 0, "clip.segmentation.frame_s/hop_s", "must be positive")
     need(s.hop_s <= s.frame_s, "clip.segmentation.hop_s", "must not exceed frame_s (frames would leave gaps)")

@@ -28,7 +28,7 @@ def test_dvc_repro_runs_corpus_clip_and_ambience(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["corpus"]["fsd50k_clips"] = 60
-    params["corpus"]["ambience_recordings"] = 4
+    params["corpus"]["ambience_recordings"] = 8
     params["clip"]["plot_examples"] = 2
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert _dvc(work, "init", "--no-scm", "-q").returncode == 0
