@@ -152,3 +152,13 @@ def test_single_label_rule_uses_the_ontology_leaves(corpus: Path) -> None:
 def test_missing_ground_truth_says_what_to_point_at(tmp_path: Path, params) -> None:
     with pytest.raises(FileNotFoundError, match="sources.fsd50k_dir"):
         clip.run(params, tmp_path / "nowhere", tmp_path / "events")
+
+
+def test_a_dask_scheduler_address_gives_the_same_bytes(corpus: Path, tmp_path: Path, params) -> None:
+    from distributed import LocalCluster
+
+    clip.run(params, corpus, tmp_path / "local")
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
+        remote = replace(params, compute=ComputeParams(scheduler=cluster.scheduler_address, chunk_size=2))
+        clip.run(remote, corpus, tmp_path / "remote")
+    assert tree_digest(tmp_path / "local") == tree_digest(tmp_path / "remote")
