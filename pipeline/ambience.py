@@ -59,6 +59,8 @@ def segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int, 
     except AudioError as e:
         return [Skip(rec.recording_id, rec.rel_path, e.reason, e.detail)]
     except Exception as e:  # keep going; the report names the recording and the error
+        for stale in audio_dir.glob(f"{rec.recording_id}-*.flac"):
+            stale.unlink()  # no audio without a manifest row
         return [Skip(rec.recording_id, rec.rel_path, "unexpected-error", f"{type(e).__name__}: {e}")]
 
 
@@ -74,7 +76,13 @@ def _segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int,
         target_len = int(round(p.segment_s * sample_rate_hz))
         for k in range(total // span):
             seg_id = f"{rec.recording_id}-{k:04d}"
-            block = read_block(f, k * span, span)
+            try:
+                block = read_block(f, k * span, span)
+            except AudioError as e:
+                out.append(Skip(seg_id, rec.rel_path, e.reason, f"segment at {k * p.segment_s:.1f} s: {e.detail}"))
+                if e.reason == "non-finite":
+                    continue  # bad samples here say nothing about the next segment
+                break  # a decoder error: nothing after it can be trusted
             if block.shape[0] < span:
                 out.append(Skip(seg_id, rec.rel_path, "unreadable", f"file ends at sample {k * span + block.shape[0]}, header says {total}"))
                 break

@@ -63,6 +63,7 @@ def clip_one(task: ClipTask, p: ClipParams, sample_rate_hz: int, audio_dir: Path
     except AudioError as e:
         return Skip(c.clip_id, c.rel_path, e.reason, e.detail)
     except Exception as e:  # one bad file must not stop a 50k-clip run; the report keeps it
+        (audio_dir / f"{c.clip_id}.flac").unlink(missing_ok=True)  # no audio without a manifest row
         return Skip(c.clip_id, c.rel_path, "unexpected-error", f"{type(e).__name__}: {e}")
 
 

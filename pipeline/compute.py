@@ -15,9 +15,12 @@ import logging
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence, TypeVar
 
+import dask
 from tqdm import tqdm
 
 from pipeline.params import ComputeParams
+
+SINGLE_THREADED_LIBRARIES = {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1}
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -33,13 +36,18 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
     from distributed import Client, LocalCluster
 
     if compute.scheduler == "local":
-        cluster = LocalCluster(
-            n_workers=compute.workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=logging.ERROR,
-        )
+        # distributed's default worker environment sets MALLOC_TRIM_THRESHOLD_, which turns
+        # off glibc's adaptive mmap threshold: every large numpy temporary is then mapped and
+        # unmapped afresh, and page faults tripled the system time of the stages. Keep the
+        # one-thread-per-library settings only.
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": SINGLE_THREADED_LIBRARIES}):
+            cluster = LocalCluster(
+                n_workers=compute.workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
         try:
             with Client(cluster) as client:
                 yield client

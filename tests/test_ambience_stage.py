@@ -97,6 +97,7 @@ def test_segments_and_skip_report(library: Path, tmp_path: Path, params) -> None
         assert sr == params.sample_rate_hz and audio.shape == (r.num_samples,) == (10 * sr,)
         assert -40 < r.loudness_lufs < -20 and r.peak_to_median_db < params.ambience.max_peak_to_median_db
     assert {r.license for r in records} == {"CC0", "CC-BY"}
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "audio").iterdir()) == sorted(r.audio_path for r in records)
     assert summary["recordings_used"] == 3
 
 
@@ -127,3 +128,17 @@ def test_metadata_quirks_bom_header_case_and_bare_file_names(library: Path, para
     recordings, _ = read_ambience_library(library, p)
     assert [r.rel_path for r in recordings] == ["Ambiance/rain.wav", "Ambience/street.flac"]
     assert [r.license for r in recordings] == ["CC0", "CC-BY"]
+
+
+def test_nan_inside_a_recording_rejects_only_its_segment(tmp_path: Path, params) -> None:
+    root = tmp_path / "lib"
+    (root / "Ambiance").mkdir(parents=True)
+    x = _noise(16000, 30.0, seed=9)
+    x[16000 * 15] = np.nan
+    sf.write(root / "Ambiance" / "nan.wav", x, 16000, subtype="FLOAT")
+    p = replace(params, ambience=replace(params.ambience, metadata_csv=None))
+    out = tmp_path / "out"
+    ambience.run(p, root, out)
+    records = from_table(pq.read_table(out / "manifest.parquet"), BackgroundSegment)
+    assert [r.offset_in_source_s for r in records] == [0.0, 20.0]
+    assert _skips(out) == [("Ambiance/nan.wav", "non-finite")]

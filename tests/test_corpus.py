@@ -15,6 +15,7 @@ import soundfile as sf
 from pipeline.corpus import FSD50K_LEAF_CLASSES, write_ambience_library, write_fsd50k_corpus
 from pipeline.corpus import ambience_like, fsd50k_like, sound_models
 from pipeline.ontology import default_ontology
+from pipeline.params import ComputeParams
 
 N_CLIPS = 60
 N_RECORDINGS = ambience_like.MIN_RECORDINGS + 1
@@ -59,6 +60,11 @@ def test_fsd50k_is_deterministic(fsd: Path, tmp_path: Path) -> None:
     assert digest(tmp_path / "again") == digest(fsd)
     write_fsd50k_corpus(tmp_path / "other", n_clips=5, seed=4)
     assert digest(tmp_path / "other") != digest(fsd)
+
+
+def test_fsd50k_does_not_depend_on_the_number_of_workers(fsd: Path, tmp_path: Path) -> None:
+    write_fsd50k_corpus(tmp_path / "two", n_clips=N_CLIPS, seed=3, compute=ComputeParams(workers=2, chunk_size=7))
+    assert digest(tmp_path / "two") == digest(fsd)
 
 
 def test_fsd50k_prefix_does_not_depend_on_size(fsd: Path, tmp_path: Path) -> None:

@@ -32,13 +32,16 @@ import json
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
+from pipeline.compute import map_ordered
 from pipeline.corpus import sound_models
 from pipeline.ontology import Ontology, default_ontology, fsd50k_label_name
+from pipeline.params import ComputeParams
 
 FSD50K_LEAF_CLASSES: tuple[str, ...] = sound_models.CLASS_NAMES
 
@@ -368,8 +371,26 @@ def csv_text(rows: list[list[str]]) -> str:
     return buf.getvalue()
 
 
-def write_fsd50k_corpus(out_dir: Path, n_clips: int = 240, seed: int = 0) -> None:
-    """Write ``n_clips`` synthetic clips with FSD50K's folders, ground truth and metadata."""
+def _write_clip(i: int, seed: int, out_dir: Path, n_uploaders: int) -> tuple[str, list[str], dict]:
+    """Render and write clip ``i``; return its split part, CSV row and metadata entry."""
+    onto = default_ontology()
+    rng = np.random.default_rng([seed, i])
+    plan = _plan_clip(i, seed, rng)
+    audio = _render(plan, rng)
+    part = "eval" if plan.split == "eval" else "dev"
+    write_audio_atomically(out_dir / AUDIO_DIRS[part] / f"{plan.fname}.wav", audio, SAMPLE_RATE_HZ, "PCM_16", "WAV")
+    labels, mids = _labels_and_mids(onto, plan.classes)
+    row = [str(plan.fname), ",".join(labels), ",".join(mids)]
+    return part, (row + [plan.split] if part == "dev" else row), _metadata(plan, rng, n_uploaders)
+
+
+def write_fsd50k_corpus(out_dir: Path, n_clips: int = 240, seed: int = 0, compute: ComputeParams | None = None) -> None:
+    """Write ``n_clips`` synthetic clips with FSD50K's folders, ground truth and metadata.
+
+    Clips are rendered through :func:`pipeline.compute.map_ordered` (in this process unless
+    ``compute`` asks for workers); each depends on ``(seed, index)`` alone, so the bytes do
+    not depend on the number of workers.
+    """
     if n_clips < 1:
         raise ValueError(f"n_clips must be at least 1, not {n_clips}")
     if n_clips > _FNAME_MODULUS:
@@ -382,16 +403,10 @@ def write_fsd50k_corpus(out_dir: Path, n_clips: int = 240, seed: int = 0) -> Non
     n_uploaders = max(8, n_clips // 6)
     rows: dict[str, list[list[str]]] = {"dev": [], "eval": []}
     meta: dict[str, dict[str, dict]] = {"dev": {}, "eval": {}}
-    for i in range(n_clips):
-        rng = np.random.default_rng([seed, i])
-        plan = _plan_clip(i, seed, rng)
-        audio = _render(plan, rng)
-        part = "eval" if plan.split == "eval" else "dev"
-        write_audio_atomically(out_dir / AUDIO_DIRS[part] / f"{plan.fname}.wav", audio, SAMPLE_RATE_HZ, "PCM_16", "WAV")
-        labels, mids = _labels_and_mids(onto, plan.classes)
-        row = [str(plan.fname), ",".join(labels), ",".join(mids)]
-        rows[part].append(row + [plan.split] if part == "dev" else row)
-        meta[part][str(plan.fname)] = _metadata(plan, rng, n_uploaders)
+    work = partial(_write_clip, seed=seed, out_dir=out_dir, n_uploaders=n_uploaders)
+    for part, row, info in map_ordered(work, range(n_clips), compute or ComputeParams(workers=1, chunk_size=64), desc="fsd50k corpus"):
+        rows[part].append(row)
+        meta[part][row[0]] = info
 
     # Ground truth last: an interrupted run leaves no tables pointing at missing audio.
     gt = out_dir / GROUND_TRUTH

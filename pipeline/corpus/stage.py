@@ -21,7 +21,7 @@ def run(params: Params, fsd50k_dir: Path | None = None, ambience_dir: Path | Non
     c = params.corpus
     t0 = time.perf_counter()
     with staged_dir(Path(fsd50k_dir or c.fsd50k_dir)) as stage:
-        write_fsd50k_corpus(stage, n_clips=c.fsd50k_clips, seed=c.seed)
+        write_fsd50k_corpus(stage, n_clips=c.fsd50k_clips, seed=c.seed, compute=params.compute)
     with staged_dir(Path(ambience_dir or c.ambience_dir)) as stage:
         write_ambience_library(stage, n_recordings=c.ambience_recordings, seed=c.seed)
     print(
