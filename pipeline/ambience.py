@@ -32,6 +32,7 @@ from pipeline.audio import (
     open_audio,
     quantize_int16,
     read_block,
+    remove_dc,
     resample,
     write_flac,
 )
@@ -112,7 +113,7 @@ def _one_segment(
     zero_run = longest_zero_run_s(x, sr)
     if zero_run > p.max_digital_silence_s:
         return skip("digital-silence", f"{zero_run:.2f} s of exact zeros")
-    y = resample(x, sr, sample_rate_hz)
+    y = resample(remove_dc(x), sr, sample_rate_hz)
     q = quantize_int16(np.pad(y, (0, max(0, target_len - y.shape[0])))[:target_len])
     y = int16_to_float(q)
     level = rms_dbfs(y)
@@ -151,7 +152,7 @@ def run(params: Params, ambience_dir: Path | None = None, out_dir: Path | None =
     """Run the stage; returns the summary written to ``summary.json``."""
     ambience_dir = Path(ambience_dir or params.sources.ambience_dir)
     out_dir = Path(out_dir or params.ambience.out_dir)
-    recordings, skips = read_ambience_library(ambience_dir, params.ambience)
+    recordings, skips, selection = read_ambience_library(ambience_dir, params.ambience)
     num_inputs = len(recordings) + len(skips)
     with staged_dir(out_dir) as stage:
         work = partial(segment_one, p=params.ambience, sample_rate_hz=params.sample_rate_hz, audio_dir=stage / AUDIO_DIR)
@@ -165,6 +166,7 @@ def run(params: Params, ambience_dir: Path | None = None, out_dir: Path | None =
             num_inputs=num_inputs,
             num_outputs=len(records),
             skips=skips,
+            selection=selection,
             recordings_used=len({r.source_id for r in records}),
             background_seconds=round(sum(r.duration_s for r in records), 3),
         )

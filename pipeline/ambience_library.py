@@ -14,12 +14,13 @@ Output: the selected :class:`AmbienceRecording` list, sorted by relative path, a
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.metadata_csv import plain_text, read_header_and_rows
 from pipeline.params import AmbienceParams
 from pipeline.schema import Skip
 
@@ -37,7 +38,7 @@ class AmbienceRecording:
         """A readable, filesystem-safe id, unique through a hash of the relative path."""
         stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(self.rel_path).with_suffix("").as_posix()).strip("-").lower()
         digest = hashlib.sha1(self.rel_path.encode("utf-8")).hexdigest()[:8]
-        return f"{stem[:60]}-{digest}"
+        return f"{stem[:60]}-{digest}" if stem else digest
 
 
 def _selected(text: str, keywords: tuple[str, ...]) -> bool:
@@ -61,22 +62,34 @@ def _audio_files(root: Path, extensions: tuple[str, ...]) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.suffix.lower() in exts)
 
 
-def read_ambience_library(root: Path, p: AmbienceParams) -> tuple[list[AmbienceRecording], list[Skip]]:
+def read_ambience_library(root: Path, p: AmbienceParams) -> tuple[list[AmbienceRecording], list[Skip], str]:
+    """Selected recordings, skips, and the selection mode used (``metadata: NAME`` or ``folder``).
+
+    A configured metadata CSV that does not exist falls back to folder mode with a warning
+    on stderr, so a library without metadata works with the default params.
+    """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"ambience library {root} not found: point sources.ambience_dir at a folder of recordings")
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"ambience library {root} {what}: point sources.ambience_dir at a folder of recordings")
     files = _audio_files(root, p.extensions)
     csv_path = root / p.metadata_csv if p.metadata_csv else None
-    if csv_path is None or not csv_path.exists():
-        recordings, skips = [], []
-        for rel in files:
-            category = rel.split("/", 1)[0] if "/" in rel else ""
-            if _selected(rel, p.keywords):
-                recordings.append(AmbienceRecording(rel, root / rel, category, "", ""))
-            else:
-                skips.append(Skip(rel, rel, "filtered-category", f"path matches none of {list(p.keywords)}"))
-        return recordings, skips
-    return _read_with_metadata(root, csv_path, files, p)
+    if csv_path is not None and csv_path.exists():
+        recordings, skips = _read_with_metadata(root, csv_path, files, p)
+        return recordings, skips, f"metadata: {p.metadata_csv}"
+    if csv_path is not None:
+        print(
+            f"ambience: {csv_path} not found; selecting by path instead (set ambience.metadata_csv: null to silence this)",
+            file=sys.stderr,
+        )
+    recordings, skips = [], []
+    for rel in files:
+        category = rel.split("/", 1)[0] if "/" in rel else ""
+        if _selected(rel, p.keywords):
+            recordings.append(AmbienceRecording(rel, root / rel, category, "", ""))
+        else:
+            skips.append(Skip(rel, rel, "filtered-category", f"path matches none of {list(p.keywords)}"))
+    return recordings, skips, "folder"
 
 
 def _read_with_metadata(root: Path, csv_path: Path, files: list[str], p: AmbienceParams) -> tuple[list[AmbienceRecording], list[Skip]]:
@@ -86,43 +99,44 @@ def _read_with_metadata(root: Path, csv_path: Path, files: list[str], p: Ambienc
     by_basename: dict[str, list[str]] = {}
     for rel in files:
         by_basename.setdefault(rel.rsplit("/", 1)[-1], []).append(rel)
-    with csv_path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
-        reader = csv.reader(f)
-        header = [h.strip().lower() for h in next(reader, [])]
-        missing = [c for c in (p.path_column, p.category_column) if c.lower() not in header]
-        if missing:
-            raise ValueError(
-                f"{csv_path}: no column {', '.join(repr(m) for m in missing)} (columns: {', '.join(header)}); "
-                f"set ambience.path_column / ambience.category_column to the names this CSV uses"
-            )
-        col = {name: header.index(name) for name in header}
-        for line_no, row in enumerate(reader, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            where = f"{csv_path.name} line {line_no}"
-            path_at = col[p.path_column.lower()]
-            rel = _relative(row[path_at], root) if len(row) > path_at else ""
-            if len(row) != len(header) or not rel:
-                skips.append(Skip(rel or f"line{line_no}", str(csv_path), "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
-                continue
-            if not (root / rel).is_file() and len(by_basename.get(rel.rsplit("/", 1)[-1], [])) == 1:
-                rel = by_basename[rel.rsplit("/", 1)[-1]][0]  # metadata that names files without their folder
-            if rel in listed:
-                skips.append(Skip(rel, str(csv_path), "malformed-row", f"{where}: {rel} is listed twice"))
-                continue
-            listed.add(rel)
+    header, rows = read_header_and_rows(csv_path)
+    missing = [c for c in (p.path_column, p.category_column) if c.lower() not in header]
+    if missing:
+        raise ValueError(
+            f"{csv_path}: no column {', '.join(repr(m) for m in missing)} (columns: {', '.join(header)}); "
+            f"set ambience.path_column / ambience.category_column to the names this CSV uses"
+        )
+    col = {name: header.index(name) for name in header}
+    path_at = col[p.path_column.lower()]
+    for line_no, row in rows:
+        where = f"{csv_path.name} line {line_no}"
+        if len(row) != len(header):
+            skips.append(Skip(f"line{line_no}", csv_path.name, "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
+            continue
+        rel = _relative(row[path_at], root)
+        if not rel:
+            skips.append(Skip(f"line{line_no}", csv_path.name, "malformed-row", f"{where}: the {p.path_column} cell is empty"))
+            continue
+        candidates = by_basename.get(rel.rsplit("/", 1)[-1], [])
+        if not (root / rel).is_file() and len(candidates) == 1:
+            rel = candidates[0]  # metadata that names files without their folder
+        if rel in listed:
+            skips.append(Skip(f"line{line_no}", csv_path.name, "malformed-row", f"{where}: {rel} is listed twice"))
+            continue
+        listed.add(rel)
 
-            def cell(name: str) -> str:
-                return row[col[name.lower()]].strip() if name.lower() in col else ""
+        def cell(name: str) -> str:
+            return plain_text(row[col[name.lower()]].strip()) if name.lower() in col else ""
 
-            category = cell(p.category_column)
-            if not _selected(category, p.keywords):
-                skips.append(Skip(rel, rel, "filtered-category", f"category {category!r} matches none of {list(p.keywords)}"))
-                continue
-            if not (root / rel).is_file():
-                skips.append(Skip(rel, rel, "missing-file", f"{where} names {rel}, which does not exist"))
-                continue
-            recordings.append(AmbienceRecording(rel, root / rel, category, cell(p.license_column), cell(p.author_column)))
+        category = cell(p.category_column)
+        if not _selected(category, p.keywords):
+            skips.append(Skip(rel, rel, "filtered-category", f"category {category!r} matches none of {list(p.keywords)}"))
+            continue
+        if not (root / rel).is_file():
+            found = f"; {len(candidates)} files have that name: {', '.join(candidates)}" if len(candidates) > 1 else ""
+            skips.append(Skip(rel, rel, "missing-file", f"{where} names {rel}, which does not exist{found}"))
+            continue
+        recordings.append(AmbienceRecording(rel, root / rel, category, cell(p.license_column), cell(p.author_column)))
     for rel in files:
         if rel not in listed:
             skips.append(Skip(rel, rel, "not-in-metadata", f"{csv_path.name} has no row for this file"))

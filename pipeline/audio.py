@@ -108,6 +108,16 @@ def downmix(samples: np.ndarray) -> np.ndarray:
     return samples.mean(axis=1, dtype=np.float32)
 
 
+DC_FLOOR = 1e-4  # -80 dBFS: smaller offsets change no decision, and subtracting costs a copy
+
+
+def remove_dc(x: np.ndarray) -> np.ndarray:
+    """Subtract the mean when it exceeds -80 dBFS: a constant offset (a common recorder
+    fault) would otherwise count as event energy and be stored in the output."""
+    mean = np.float32(x.mean())
+    return x - mean if abs(mean) > DC_FLOOR else x
+
+
 def resample(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     """Band-limited resampling with libsoxr at its "HQ" quality; mono float32 in and out."""
     if from_hz == to_hz:

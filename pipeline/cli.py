@@ -78,9 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ParamsError, FileNotFoundError, ValueError) as e:
+    except (ParamsError, FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"sedsynth {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"sedsynth {args.command}: interrupted; the previous output, if any, is unchanged", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

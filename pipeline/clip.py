@@ -30,6 +30,7 @@ from pipeline.audio import (
     int16_to_float,
     quantize_int16,
     read_audio,
+    remove_dc,
     resample,
     write_atomic,
     write_flac,
@@ -71,7 +72,7 @@ def _clip_one(task: ClipTask, p: ClipParams, sample_rate_hz: int, audio_dir: Pat
     c = task.clip
     decoded = read_audio(c.audio_path)
     sr = decoded.sample_rate_hz
-    x = downmix(decoded.samples)
+    x = remove_dc(downmix(decoded.samples))
     seg = find_segment(x, sr, p.segmentation)
     if float(seg.frame_energy_db.max()) < p.silence_dbfs:
         return Skip(c.clip_id, c.rel_path, "silent", f"loudest frame {seg.frame_energy_db.max():.1f} dBFS < {p.silence_dbfs} dBFS")
@@ -175,7 +176,7 @@ def plot_clipping_examples(records: list[EventClip], fsd50k_dir: Path, p: ClipPa
     fig, axes = plt.subplots(rows, cols, figsize=(12, 2.6 * rows), squeeze=False)
     for ax, r in zip(axes.flat, records):
         decoded = read_audio(Path(fsd50k_dir) / r.source_path)
-        x = downmix(decoded.samples)
+        x = remove_dc(downmix(decoded.samples))
         sr = decoded.sample_rate_hz
         seg = find_segment(x, sr, p.segmentation)
         t_frame = (np.arange(seg.frame_energy_db.shape[0]) * seg.hop + seg.frame / 2) / sr

@@ -15,18 +15,20 @@ ontology count as leaves. ``one-label`` accepts only rows with exactly one label
 
 from __future__ import annotations
 
-import csv
 import json
-import warnings
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
+from pipeline.metadata_csv import plain_text, read_header_and_rows
 from pipeline.ontology import Ontology
 from pipeline.schema import Skip
 
 GROUND_TRUTH = "FSD50K.ground_truth"
 METADATA = "FSD50K.metadata"
 AUDIO_DIRS = {"dev": "FSD50K.dev_audio", "eval": "FSD50K.eval_audio"}
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # FSD50K fnames are integers; never a path
 LICENSES = {
     "publicdomain/zero": "CC0",
     "licenses/by-nc": "CC-BY-NC",
@@ -60,21 +62,32 @@ def license_name(url: str) -> str:
     return "unknown"
 
 
-def _read_metadata(path: Path) -> dict[str, dict]:
+def _read_metadata(path: Path) -> tuple[dict[str, dict], Skip | None]:
+    """The clips-info JSON, or {} and a Skip saying why it cannot be used."""
     if not path.exists():
-        return {}
+        return {}, None
+    rel = f"{METADATA}/{path.name}"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        warnings.warn(f"{path}: not valid JSON ({e}); licences and uploaders read as 'unknown'", stacklevel=2)
-        return {}
-    return data if isinstance(data, dict) else {}
+        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as e:
+        return {}, Skip(rel, rel, "malformed-row", f"not valid JSON ({e}); licences and uploaders read as unknown")
+    if not isinstance(data, dict):
+        return {}, Skip(rel, rel, "malformed-row", f"a JSON {type(data).__name__}, not an object keyed by fname; licences read as unknown")
+    return data, None
 
 
 def read_fsd50k(root: Path, splits: tuple[str, ...] = ("train", "val", "eval")) -> tuple[list[FSD50KClip], list[Skip]]:
-    """Rows of the requested splits, sorted by fname (numeric where possible), and skips."""
+    """Rows of the requested splits, sorted by fname (numeric where possible), and skips.
+
+    Also reported as skips: a ground-truth CSV that is missing, empty or has no
+    ``fname,labels,mids`` header (its split is left out), an unusable metadata JSON, and
+    audio files that no CSV row names. Raises FileNotFoundError or ValueError when no
+    ground truth at all can be read.
+    """
     root = Path(root)
     gt = root / GROUND_TRUTH
+    if not root.is_dir():
+        raise FileNotFoundError(f"FSD50K root {root} does not exist: point sources.fsd50k_dir at the folder holding {GROUND_TRUTH}/")
     if not gt.is_dir():
         raise FileNotFoundError(
             f"no {GROUND_TRUTH}/ under {root}: point sources.fsd50k_dir at the FSD50K root "
@@ -82,73 +95,96 @@ def read_fsd50k(root: Path, splits: tuple[str, ...] = ("train", "val", "eval")) 
         )
     clips: list[FSD50KClip] = []
     skips: list[Skip] = []
+    seen: dict[str, str] = {}  # fname -> where it was first listed, across dev and eval
+    usable = 0
     parts = {"dev": bool(set(splits) & {"train", "val"}), "eval": "eval" in splits}
     for part in [p for p, wanted in parts.items() if wanted]:
         csv_path = gt / f"{part}.csv"
+        rel = f"{GROUND_TRUTH}/{part}.csv"
         if not csv_path.exists():
-            skips.append(Skip(f"fsd50k-{part}.csv", str(csv_path), "missing-file", f"{part}.csv not found; its split is skipped"))
+            skips.append(Skip(rel, rel, "missing-file", f"{part}.csv not found; its split is left out"))
             continue
-        meta = _read_metadata(root / METADATA / f"{part}_clips_info_FSD50K.json")
-        c, s = _read_rows(root, csv_path, part, meta)
+        header, rows = read_header_and_rows(csv_path)
+        missing = [c for c in ("fname", "labels", "mids") if c not in header]
+        if missing:
+            skips.append(Skip(rel, rel, "malformed-row", f"header {header} lacks {', '.join(missing)} (FSD50K's is fname,labels,mids[,split]); its split is left out"))
+            continue
+        usable += 1
+        meta, meta_problem = _read_metadata(root / METADATA / f"{part}_clips_info_FSD50K.json")
+        skips.extend([meta_problem] if meta_problem else [])
+        c, s = _read_rows(root, rel, part, header, rows, meta, seen)
         clips.extend(x for x in c if x.split in splits)
         skips.extend(s)
+        skips.extend(_unlisted_audio(root, part, {x.fname for x in c}))
+    if not usable:
+        details = "; ".join(f"{s.path}: {s.detail}" for s in skips)
+        raise ValueError(f"no usable FSD50K ground truth under {gt} ({details})")
     clips.sort(key=lambda c: (int(c.fname) if c.fname.isdigit() else float("inf"), c.fname))
     return clips, skips
 
 
-def _read_rows(root: Path, csv_path: Path, part: str, meta: dict[str, dict]) -> tuple[list[FSD50KClip], list[Skip]]:
+def _unlisted_audio(root: Path, part: str, listed: set[str]) -> list[Skip]:
+    folder = root / AUDIO_DIRS[part]
+    if not folder.is_dir():
+        return []
+    return [
+        Skip(f"{AUDIO_DIRS[part]}/{p.name}", f"{AUDIO_DIRS[part]}/{p.name}", "not-in-metadata", f"no row of {part}.csv names this file")
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not p.name.startswith(".") and not (p.suffix == ".wav" and p.stem in listed)
+    ]
+
+
+def _read_rows(
+    root: Path,
+    rel_csv: str,
+    part: str,
+    header: list[str],
+    rows: Iterator[tuple[int, list[str]]],
+    meta: dict[str, dict],
+    seen: dict[str, str],
+) -> tuple[list[FSD50KClip], list[Skip]]:
     clips: list[FSD50KClip] = []
     skips: list[Skip] = []
-    with csv_path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
-        reader = csv.reader(f)
-        header = [h.strip().lower() for h in next(reader, [])]
-        missing = [c for c in ("fname", "labels", "mids") if c not in header]
-        if missing:
-            raise ValueError(f"{csv_path}: header {header} lacks {', '.join(missing)}; FSD50K's is fname,labels,mids[,split]")
-        col = {name: header.index(name) for name in ("fname", "labels", "mids")}
-        split_col = header.index("split") if "split" in header else None
-        seen: set[str] = set()
-        for line_no, row in enumerate(reader, start=2):
-            where = f"{csv_path.name} line {line_no}"
-            if not row or all(not c.strip() for c in row):
-                continue
-            fname = row[0].strip()
-            item = f"fsd50k-{fname}" if fname else f"fsd50k-{part}-line{line_no}"
-            if len(row) != len(header):
-                skips.append(Skip(item, str(csv_path), "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
-                continue
-            fname = row[col["fname"]].strip()
-            labels = tuple(x.strip() for x in row[col["labels"]].split(",") if x.strip())
-            mids = tuple(x.strip() for x in row[col["mids"]].split(",") if x.strip())
-            split = "eval" if part == "eval" else (row[split_col].strip().lower() if split_col is not None else "train")
-            problem = None
-            if not fname:
-                problem = "empty fname"
-            elif fname in seen:
-                problem = f"duplicate fname {fname}"
-            elif len(labels) != len(mids):
-                problem = f"{len(labels)} labels but {len(mids)} mids"
-            elif split not in ("train", "val", "eval"):
-                problem = f"split {split!r} is not train or val"
-            if problem:
-                skips.append(Skip(item, str(csv_path), "malformed-row", f"{where}: {problem}"))
-                continue
-            seen.add(fname)
-            rel = f"{AUDIO_DIRS[part]}/{fname}.wav"
-            info = meta.get(fname) if isinstance(meta.get(fname), dict) else {}
-            clips.append(
-                FSD50KClip(
-                    fname=fname,
-                    split=split,
-                    labels=labels,
-                    mids=mids,
-                    audio_path=root / rel,
-                    rel_path=rel,
-                    license_url=str(info.get("license", "")),
-                    uploader=str(info.get("uploader", "")),
-                    title=str(info.get("title", "")),
-                )
+    col = {name: header.index(name) for name in ("fname", "labels", "mids")}
+    split_col = header.index("split") if "split" in header else None
+    for line_no, row in rows:
+        where = f"{part}.csv line {line_no}"
+        line_item = f"fsd50k-{part}-line{line_no}"
+        if len(row) != len(header):
+            skips.append(Skip(line_item, rel_csv, "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
+            continue
+        fname = row[col["fname"]].strip()
+        labels = tuple(x.strip() for x in row[col["labels"]].split(",") if x.strip())
+        mids = tuple(x.strip() for x in row[col["mids"]].split(",") if x.strip())
+        split = "eval" if part == "eval" else (row[split_col].strip().lower() if split_col is not None else "train")
+        problem = None
+        if not _PLAIN_NAME.fullmatch(fname):
+            problem = f"fname {fname!r} is not a plain file name"
+        elif fname in seen:
+            problem = f"fname {fname} is already listed at {seen[fname]}"
+        elif len(labels) != len(mids):
+            problem = f"{len(labels)} labels but {len(mids)} mids"
+        elif split not in ("train", "val", "eval"):
+            problem = f"split {split!r} is not train or val"
+        if problem:
+            skips.append(Skip(line_item, rel_csv, "malformed-row", f"{where}: {problem}"))
+            continue
+        seen[fname] = where
+        rel = f"{AUDIO_DIRS[part]}/{fname}.wav"
+        info = meta.get(fname) if isinstance(meta.get(fname), dict) else {}
+        clips.append(
+            FSD50KClip(
+                fname=fname,
+                split=split,
+                labels=labels,
+                mids=mids,
+                audio_path=root / rel,
+                rel_path=rel,
+                license_url=plain_text(info.get("license")),
+                uploader=plain_text(info.get("uploader")),
+                title=plain_text(info.get("title")),
             )
+        )
     return clips, skips
 
 

@@ -32,14 +32,24 @@ SUMMARY = "summary.json"
 
 @contextmanager
 def staged_dir(target: Path) -> Iterator[Path]:
-    """Yield an empty staging folder that replaces ``target`` when the block succeeds."""
+    """Yield an empty staging folder that replaces ``target`` when the block succeeds.
+
+    If the block raises (or is interrupted) the staging folder is removed and ``target`` is
+    left as it was; a folder left by a killed run is removed by the next run.
+    """
     target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a folder: choose another output path or remove it")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.partial"
     if staging.exists():
-        shutil.rmtree(staging)
+        shutil.rmtree(staging)  # left by a run that was killed outright
     staging.mkdir()
-    yield staging
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     old = target.parent / f".{target.name}.old"
     if old.exists():
         shutil.rmtree(old)

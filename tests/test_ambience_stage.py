@@ -88,7 +88,7 @@ def test_segments_and_skip_report(library: Path, tmp_path: Path, params) -> None
             ("Foley/door.wav", "filtered-category"),
             ("Ambiance/broken.wav", "unreadable"),
             ("Ambiance/gone.wav", "missing-file"),
-            (str(library / "metadata.csv"), "malformed-row"),
+            ("metadata.csv", "malformed-row"),
             ("Ambiance/unlisted.wav", "not-in-metadata"),
         ]
     )
@@ -104,7 +104,8 @@ def test_segments_and_skip_report(library: Path, tmp_path: Path, params) -> None
 def test_without_metadata_the_path_selects(library: Path, tmp_path: Path, params) -> None:
     (library / "metadata.csv").unlink()
     p = replace(params, ambience=replace(params.ambience, metadata_csv=None))
-    recordings, skips = read_ambience_library(library, p.ambience)
+    recordings, skips, mode = read_ambience_library(library, p.ambience)
+    assert mode == "folder"
     assert {r.category for r in recordings} == {"Ambiance", "Ambience"}
     assert [s.path for s in skips] == ["Foley/door.wav"]
 
@@ -125,7 +126,7 @@ def test_metadata_quirks_bom_header_case_and_bare_file_names(library: Path, para
     text = "\ufeffFileName,Category,License\nrain.wav,AMBIANCE,CC0\nstreet.flac,ambience,CC-BY\n"
     (library / "metadata.csv").write_text(text, encoding="utf-8")
     p = replace(params.ambience, path_column="filename", category_column="category")
-    recordings, _ = read_ambience_library(library, p)
+    recordings, _, _ = read_ambience_library(library, p)
     assert [r.rel_path for r in recordings] == ["Ambiance/rain.wav", "Ambience/street.flac"]
     assert [r.license for r in recordings] == ["CC0", "CC-BY"]
 
