@@ -171,7 +171,7 @@ def run(params: Params, ambience_dir: Path | None = None, out_dir: Path | None =
             background_seconds=round(sum(r.duration_s for r in records), 3),
         )
         write_json(stage / SUMMARY, summary)
-    print(format_summary("ambience", summary), file=sys.stderr)
+    print(format_summary("ambience", summary, "segments", "recordings and rows"), file=sys.stderr)
     return summary
 
 

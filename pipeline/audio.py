@@ -8,7 +8,6 @@ stage can report the file and go on.
 
 from __future__ import annotations
 
-import io
 import os
 import tempfile
 from contextlib import contextmanager

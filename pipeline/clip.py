@@ -160,7 +160,7 @@ def run(params: Params, fsd50k_dir: Path | None = None, out_dir: Path | None = N
             event_seconds=round(sum(r.duration_s for r in records), 3),
         )
         write_json(stage / SUMMARY, summary)
-    print(format_summary("clip", summary), file=sys.stderr)
+    print(format_summary("clip", summary, "event clips", "rows"), file=sys.stderr)
     return summary
 
 

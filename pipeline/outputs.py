@@ -86,9 +86,9 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def format_summary(stage: str, summary: dict) -> str:
-    """One human-readable block for the end of a stage run."""
-    lines = [f"{stage}: {summary['outputs']} outputs from {summary['inputs']} inputs, {summary['skipped']} skipped"]
+def format_summary(stage: str, summary: dict, outputs: str = "outputs", inputs: str = "inputs") -> str:
+    """One human-readable block for the end of a stage run, e.g. ``clip: 165 event clips from 240 rows``."""
+    lines = [f"{stage}: {summary['outputs']} {outputs} from {summary['inputs']} {inputs}, {summary['skipped']} skipped"]
     for reason, n in summary["skipped_by_reason"].items():
         lines.append(f"  {reason:<18} {n}")
     return "\n".join(lines)
