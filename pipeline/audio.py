@@ -44,10 +44,6 @@ class Decoded:
     def channels(self) -> int:
         return self.samples.shape[1]
 
-    @property
-    def duration_s(self) -> float:
-        return self.samples.shape[0] / self.sample_rate_hz
-
 
 @contextmanager
 def open_audio(path: Path) -> Iterator[sf.SoundFile]:

@@ -30,13 +30,10 @@ import soundfile as sf
 from pipeline.params import Params
 
 
-def _best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def bench_clip(params: Params, corpus: Path | None, n_clips: int, repeat: int) -> dict:
@@ -90,7 +87,7 @@ def bench_clip(params: Params, corpus: Path | None, n_clips: int, repeat: int) -
         best = {name: float("inf") for name in passes}
         for _ in range(repeat):
             for name, fn in passes.items():
-                best[name] = min(best[name], _best(fn, 1))
+                best[name] = min(best[name], _timed(fn))
         figures = {
             "files": len(paths),
             "source_hours": source_s / 3600,

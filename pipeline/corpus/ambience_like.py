@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 from scipy import signal
 
-from pipeline.corpus.fsd50k_like import LICENSES, csv_text, write_audio_atomically, write_text_atomically
+from pipeline.audio import write_atomic
+from pipeline.corpus.fsd50k_like import LICENSES, csv_text, write_audio_atomically
 
 SAMPLE_RATES_HZ = (16000, 22050, 32000, 44100, 48000)
 METADATA_COLUMNS = ("filename", "category", "subcategory", "description", "license", "author")
@@ -420,4 +421,4 @@ def write_ambience_library(out_dir: Path, n_recordings: int = 12, seed: int = 0)
         author = _AUTHORS[int(rng.integers(len(_AUTHORS)))]
         rows.append([rel, spec.category, subcategory, text, LICENSES[int(rng.integers(len(LICENSES)))], author])
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(out_dir / "metadata.csv", csv_text(rows))
+    write_atomic(out_dir / "metadata.csv", csv_text(rows).encode("utf-8"))

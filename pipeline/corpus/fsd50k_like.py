@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from pipeline.audio import write_atomic
 from pipeline.compute import map_ordered
 from pipeline.corpus import sound_models
 from pipeline.ontology import Ontology, default_ontology, fsd50k_label_name
@@ -352,17 +353,6 @@ def write_audio_atomically(path: Path, data: np.ndarray, sample_rate_hz: int, su
             tmp.unlink()
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def csv_text(rows: list[list[str]]) -> str:
     """Rows as CSV; fields with commas are quoted, as in FSD50K's ground truth."""
     buf = io.StringIO()
@@ -410,9 +400,9 @@ def write_fsd50k_corpus(out_dir: Path, n_clips: int = 240, seed: int = 0, comput
 
     # Ground truth last: an interrupted run leaves no tables pointing at missing audio.
     gt = out_dir / GROUND_TRUTH
-    write_text_atomically(gt / "vocabulary.csv", csv_text([[str(k), lab, mid] for k, (lab, mid) in enumerate(vocabulary(onto))]))
-    write_text_atomically(gt / "dev.csv", csv_text([["fname", "labels", "mids", "split"], *rows["dev"]]))
-    write_text_atomically(gt / "eval.csv", csv_text([["fname", "labels", "mids"], *rows["eval"]]))
+    write_atomic(gt / "vocabulary.csv", csv_text([[str(k), lab, mid] for k, (lab, mid) in enumerate(vocabulary(onto))]).encode("utf-8"))
+    write_atomic(gt / "dev.csv", csv_text([["fname", "labels", "mids", "split"], *rows["dev"]]).encode("utf-8"))
+    write_atomic(gt / "eval.csv", csv_text([["fname", "labels", "mids"], *rows["eval"]]).encode("utf-8"))
     for part in ("dev", "eval"):
         text = json.dumps(meta[part], sort_keys=True, ensure_ascii=False)
-        write_text_atomically(out_dir / METADATA / f"{part}_clips_info_FSD50K.json", text)
+        write_atomic(out_dir / METADATA / f"{part}_clips_info_FSD50K.json", text.encode("utf-8"))
