@@ -36,7 +36,8 @@ from pipeline.audio import (
     write_flac,
 )
 from pipeline.compute import map_ordered
-from pipeline.fsd50k import FSD50KClip, license_name, read_fsd50k, single_label
+from pipeline.fsd50k import FSD50KClip, read_fsd50k, single_label
+from pipeline.licenses import license_name
 from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, rms_dbfs
 from pipeline.ontology import default_ontology
 from pipeline.outputs import MANIFEST, SKIPPED, SUMMARY, format_summary, staged_dir, summarize, write_json, write_manifest, write_skips

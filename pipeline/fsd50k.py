@@ -29,12 +29,6 @@ GROUND_TRUTH = "FSD50K.ground_truth"
 METADATA = "FSD50K.metadata"
 AUDIO_DIRS = {"dev": "FSD50K.dev_audio", "eval": "FSD50K.eval_audio"}
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # FSD50K fnames are integers; never a path
-LICENSES = {
-    "publicdomain/zero": "CC0",
-    "licenses/by-nc": "CC-BY-NC",
-    "licenses/by/": "CC-BY",
-    "sampling+": "CC-Sampling+",
-}
 
 
 @dataclass(frozen=True)
@@ -52,14 +46,6 @@ class FSD50KClip:
     @property
     def clip_id(self) -> str:
         return f"fsd50k-{self.fname}"
-
-
-def license_name(url: str) -> str:
-    """Creative Commons URL -> short name (CC0, CC-BY, CC-BY-NC, CC-Sampling+), else 'unknown'."""
-    for key, name in LICENSES.items():
-        if key in url:
-            return name
-    return "unknown"
 
 
 def _read_metadata(path: Path) -> tuple[dict[str, dict], Skip | None]:

@@ -45,14 +45,17 @@ def _k_weighting(sample_rate_hz: int) -> np.ndarray:
     return np.stack(sos)
 
 
-def integrated_lufs(x: np.ndarray, sample_rate_hz: int) -> float:
+def integrated_lufs(x: np.ndarray, sample_rate_hz: int, tile_below_s: float = _GATING_BLOCK_S) -> float:
     """BS.1770-4 integrated loudness of a mono signal; short signals self-tiled; floor -70 LUFS.
+
+    Signals shorter than ``tile_below_s`` are repeated until they are not (Scaper tiles
+    below 0.5 s; the default tiles only what is shorter than one gating block).
 
     Same filters, block boundaries and gates as ``pyloudnorm.Meter.integrated_loudness``
     (tested equal), with the per-block loop replaced by prefix sums: the stage measures
     every clip, and the loop was a quarter of its time.
     """
-    need = int(np.ceil(_GATING_BLOCK_S * sample_rate_hz)) + 1
+    need = int(np.ceil(max(tile_below_s, _GATING_BLOCK_S) * sample_rate_hz)) + 1
     if x.shape[0] < need:
         x = np.tile(x, int(np.ceil(need / max(x.shape[0], 1))))
     y = scipy.signal.sosfilt(_k_weighting(sample_rate_hz), x.astype(np.float64))
