@@ -1,5 +1,7 @@
 """Benchmarks that print figures next to a peer measured in the same run.
 
+``sedsynth bench mix``: see :mod:`pipeline.mix.bench`.
+
 ``sedsynth bench clip``: clipping throughput against decoding the same files, all on one
 core in this process, in seconds of source audio per second. Passes over every
 single-label candidate file:
@@ -118,6 +120,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"  output floor / decode          {f['ratio_floor_to_decode']:6.2f}")
         print(f"  clipping / (decode + resample) {f['ratio_clip_to_decode_resample']:6.2f}")
         print(f"  peak RSS                       {f['peak_rss_mib']:6.0f} MiB")
+    elif args.what == "mix":
+        from pipeline.mix.bench import bench_mix, print_figures
+
+        workers = [int(w) for w in args.workers.split(",")]
+        print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures))
     return 0
 
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.audio import write_atomic
@@ -50,6 +51,39 @@ def staged_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    _swap_in(staging, target)
+
+
+FINGERPRINT = "fingerprint.txt"
+
+
+@contextmanager
+def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]:
+    """Like :func:`staged_dir`, but a run that fails or is killed leaves its staging folder.
+
+    Yields ``(staging, resumed)``. The next run with the same ``fingerprint`` (a digest of
+    everything that decides the output) gets the same folder back, ``resumed=True``, and
+    can skip the work it holds; a different fingerprint starts from an empty folder. The
+    block must remove its bookkeeping files before it ends; the folder is then swapped in.
+    """
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a folder: choose another output path or remove it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.partial"
+    marker = staging / FINGERPRINT
+    resumed = marker.exists() and marker.read_text(encoding="utf-8") == fingerprint
+    if staging.exists() and not resumed:
+        shutil.rmtree(staging)
+    if not resumed:
+        staging.mkdir()
+        write_atomic(marker, fingerprint.encode("utf-8"))
+    yield staging, resumed
+    marker.unlink(missing_ok=True)
+    _swap_in(staging, target)
+
+
+def _swap_in(staging: Path, target: Path) -> None:
     old = target.parent / f".{target.name}.old"
     if old.exists():
         shutil.rmtree(old)
@@ -62,8 +96,13 @@ def staged_dir(target: Path) -> Iterator[Path]:
 
 def write_manifest(path: Path, records: list, record_type: type) -> None:
     """Records -> a Parquet file (zstd), written atomically."""
+    write_table(path, to_table(records, record_type))
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    """An Arrow table -> a Parquet file (zstd), written atomically."""
     buf = io.BytesIO()
-    pq.write_table(to_table(records, record_type), buf, compression="zstd")
+    pq.write_table(table, buf, compression="zstd")
     write_atomic(path, buf.getvalue())
 
 

@@ -17,6 +17,8 @@ from typing import Literal
 
 import yaml
 
+from pipeline.mix.distributions import SpecError
+from pipeline.mix.relabel import RelabelParams
 from pipeline.segmentation import SegmentationParams
 
 
@@ -91,6 +93,45 @@ class AmbienceParams:
 
 
 @dataclass(frozen=True)
+class MixtureCounts:
+    """Mixtures to make per split."""
+
+    train: int = 400
+    valid: int = 50
+    test: int = 50
+
+
+@dataclass(frozen=True)
+class HoldoutFractions:
+    """Shares of source groups (recordings, or source clips with ``event_split: random``) per split."""
+
+    train: float = 0.8
+    valid: float = 0.1
+    test: float = 0.1
+
+
+@dataclass(frozen=True)
+class MixExportParams:
+    jams: bool = False  # Scaper-compatible JAMS per mixture (needs the jams extra)
+    txt: bool = False  # Scaper-style onset/offset/label txt per mixture (placed occurrences)
+    timelines: int = 6  # mixtures drawn in timelines.png (0: no picture)
+
+
+@dataclass(frozen=True)
+class MixParams:
+    preset: str = "finelap"
+    spec: dict = field(default_factory=dict)
+    mixtures: MixtureCounts = field(default_factory=MixtureCounts)
+    event_split: Literal["fsd50k", "random"] = "fsd50k"
+    holdout: HoldoutFractions = field(default_factory=HoldoutFractions)
+    allowed_licenses: tuple[str, ...] = ("CC0", "CC-BY", "CC-Sampling+", "CC-BY-NC")
+    relabel: RelabelParams = field(default_factory=RelabelParams)
+    partition_size: int = 100
+    export: MixExportParams = field(default_factory=MixExportParams)
+    out_dir: str = "data/mixtures"
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 1234
     sample_rate_hz: int = 16000
@@ -99,6 +140,7 @@ class Params:
     sources: SourcesParams = field(default_factory=SourcesParams)
     clip: ClipParams = field(default_factory=ClipParams)
     ambience: AmbienceParams = field(default_factory=AmbienceParams)
+    mix: MixParams = field(default_factory=MixParams)
 
 
 def _describe(hint: object) -> str:
@@ -127,6 +169,10 @@ def _coerce(value: object, hint: object, key: str) -> object:
             raise ParamsError(f"params: '{key}' must be a list, got {value!r}")
         inner = typing.get_args(hint)[0]
         return tuple(_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise ParamsError(f"params: '{key}' must be a mapping, got {value!r}")
+        return value
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if hint in (int, str, bool) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
@@ -170,6 +216,20 @@ def _check(p: Params) -> None:
         name = "clip" if section is p.clip else "ambience"
         need(0 < section.envelope_hop_s <= section.envelope_frame_s, f"{name}.envelope_hop_s", "must be positive and not above envelope_frame_s")
     need(set(p.clip.splits) <= {"train", "val", "eval"}, "clip.splits", "may hold only train, val and eval")
+    m = p.mix
+    for split in ("train", "valid", "test"):
+        need(getattr(m.mixtures, split) >= 0, f"mix.mixtures.{split}", "must be 0 or more")
+        need(getattr(m.holdout, split) >= 0, f"mix.holdout.{split}", "must be 0 or more")
+    need(abs(m.holdout.train + m.holdout.valid + m.holdout.test - 1.0) < 1e-6, "mix.holdout", "fractions must sum to 1")
+    need(m.partition_size >= 1, "mix.partition_size", "must be at least 1")
+    need(m.export.timelines >= 0, "mix.export.timelines", "must be 0 or more")
+    need(m.relabel.fill_gaps_below_s >= 0 and m.relabel.drop_runs_below_s >= 0, "mix.relabel", "durations must be 0 or more")
+    from pipeline.mix.spec import resolve_spec
+
+    try:
+        resolve_spec(m.preset, m.spec)
+    except SpecError as e:
+        raise ParamsError(f"params: {e} (in mix.spec, over preset {m.preset!r})") from None
 
 
 def load_params(path: Path | str = "params.yaml", overrides: dict | None = None) -> Params:

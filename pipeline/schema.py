@@ -33,6 +33,7 @@ SkipReason = typing.Literal[
     "filtered-category",  # the ambience filter does not select this recording
     "not-in-metadata",    # an audio file the metadata CSV does not list
     "salient-event",      # a background segment with a transient above the salience limit
+    "license-not-allowed",  # the source's licence is not in mix.allowed_licenses
     "unexpected-error",   # anything else; the detail holds the exception
 ]
 
@@ -117,6 +118,82 @@ class BackgroundSegment:
     envelope_db: tuple[float, ...]
     license: str
     author: str
+
+
+@dataclass(frozen=True)
+class MixtureRecipe:
+    """Everything needed to re-render one mixture (row of ``mixtures/mixtures.parquet``).
+
+    The occurrences live in ``occurrences.parquet`` (joined on ``mixture_id``). Levels: the
+    background is scaled by ``background_gain_db``, each occurrence by its ``gain_db``, their
+    sum by ``mixture_gain_db`` (normalisation); ``peak_dbfs`` is that of the stored audio. ``license`` is the most restrictive licence among the sources.
+    """
+
+    mixture_id: str
+    split: str
+    index: int
+    audio_path: str
+    duration_s: float
+    num_samples: int
+    sample_rate_hz: int
+    level_mode: str
+    background_id: str
+    background_offset_s: float
+    background_gain_db: float
+    background_level_db: float
+    mixture_gain_db: float
+    peak_dbfs: float
+    num_events: int
+    num_occurrences: int
+    max_polyphony: int
+    labels: tuple[str, ...]
+    license: str
+    licenses: tuple[str, ...]
+    attribution: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EventOccurrence:
+    """One placement of (part of) an event clip in a mixture (row of ``occurrences.parquet``).
+
+    Samples ``[source_in_s, source_out_s)`` of clip ``clip_id`` sound at ``[onset_s, offset_s)``
+    of the mixture, scaled by ``gain_db``. Occurrences of one sampled event (repeats, or the
+    pieces of a split event) share ``event_index`` and ``gain_db``. ``snr_db`` is the value
+    drawn; ``realised_snr_db`` is measured on the rendered signals in the spec's level mode
+    (for pieces, the draw applies to the whole event, so a piece's realised value may differ).
+    """
+
+    mixture_id: str
+    occurrence_index: int
+    event_index: int
+    role: str  # whole | repeat | piece
+    clip_id: str
+    label: str
+    mid: str
+    source_in_s: float
+    source_out_s: float
+    onset_s: float
+    offset_s: float
+    fade_in_s: float
+    fade_out_s: float
+    gain_db: float
+    snr_db: float
+    realised_snr_db: float
+    license: str
+
+
+@dataclass(frozen=True)
+class LabelSegment:
+    """Where one label is audible in a mixture, derived by relabeling (``segments.parquet``).
+
+    Segments of the same label never overlap or touch: they are merged first.
+    """
+
+    mixture_id: str
+    label: str
+    mid: str
+    onset_s: float
+    offset_s: float
 
 
 _ARROW_TYPES: dict[object, pa.DataType] = {

@@ -1,0 +1,111 @@
+"""The source bank: every event clip and background segment, decoded once, memory-mapped.
+
+Input: the event and background manifests and their folders. Output: a folder holding
+``events.pcm`` and ``backgrounds.pcm`` (16-bit samples at the mixing rate, one clip after the
+other) and ``index.json`` (id -> offset and length). Each worker maps the files read-only, so
+sources are decoded once per run instead of once per mixture, the operating system shares the
+pages between workers, and a worker's memory does not grow with the number of mixtures.
+
+:class:`FileSources` reads the same samples straight from the FLAC files; it re-renders a
+mixture from its recipe without a bank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.audio import downmix, quantize_int16, read_audio, resample, write_atomic
+
+INDEX = "index.json"
+COMPLETE = "complete"
+
+
+def load_source(path: Path, sample_rate_hz: int) -> np.ndarray:
+    """One stored clip as int16 at ``sample_rate_hz`` (resampled with libsoxr if needed)."""
+    decoded = read_audio(path)
+    if decoded.sample_rate_hz == sample_rate_hz and decoded.channels == 1:
+        return quantize_int16(decoded.samples[:, 0])
+    return quantize_int16(resample(downmix(decoded.samples), decoded.sample_rate_hz, sample_rate_hz))
+
+
+def build_bank(bank_dir: Path, sample_rate_hz: int, events: list[tuple[str, Path]], backgrounds: list[tuple[str, Path]]) -> None:
+    """Decode ``(id, path)`` lists into ``bank_dir``; a ``complete`` marker is written last."""
+    bank_dir.mkdir(parents=True, exist_ok=True)
+    index: dict = {"sample_rate_hz": sample_rate_hz}
+    for kind, items in (("events", events), ("backgrounds", backgrounds)):
+        offsets, lengths = [], []
+        position = 0
+        with open(bank_dir / f"{kind}.pcm", "wb") as f:
+            for _, path in tqdm(items, desc=f"bank {kind}", unit="clip", disable=None, dynamic_ncols=True):
+                q = load_source(path, sample_rate_hz)
+                f.write(q.tobytes())
+                offsets.append(position)
+                lengths.append(int(q.shape[0]))
+                position += q.shape[0]
+        index[kind] = {"ids": [i for i, _ in items], "offsets": offsets, "lengths": lengths}
+    write_atomic(bank_dir / INDEX, json.dumps(index).encode("utf-8"))
+    write_atomic(bank_dir / COMPLETE, b"")
+
+
+class _Table:
+    def __init__(self, pcm: Path, entry: dict):
+        self.samples = np.memmap(pcm, dtype=np.int16, mode="r") if os.path.getsize(pcm) else np.zeros(0, np.int16)
+        self.rows = {cid: (o, n) for cid, o, n in zip(entry["ids"], entry["offsets"], entry["lengths"])}
+
+    def get(self, item_id: str) -> np.ndarray:
+        offset, length = self.rows[item_id]
+        return self.samples[offset : offset + length]
+
+
+class SourceBank:
+    """Read-only access to a built bank: ``event(clip_id)`` and ``background(segment_id)`` as int16."""
+
+    def __init__(self, bank_dir: Path):
+        bank_dir = Path(bank_dir)
+        if not (bank_dir / COMPLETE).exists():
+            raise FileNotFoundError(f"{bank_dir} is not a complete source bank; re-run the mix stage to rebuild it")
+        index = json.loads((bank_dir / INDEX).read_text(encoding="utf-8"))
+        self.sample_rate_hz = int(index["sample_rate_hz"])
+        self._events = _Table(bank_dir / "events.pcm", index["events"])
+        self._backgrounds = _Table(bank_dir / "backgrounds.pcm", index["backgrounds"])
+
+    def event(self, clip_id: str) -> np.ndarray:
+        return self._events.get(clip_id)
+
+    def background(self, segment_id: str) -> np.ndarray:
+        return self._backgrounds.get(segment_id)
+
+
+@lru_cache(maxsize=4)
+def open_bank(bank_dir: str) -> SourceBank:
+    """The bank at ``bank_dir``, opened once per process (workers keep it between tasks)."""
+    return SourceBank(Path(bank_dir))
+
+
+class FileSources:
+    """The bank's interface over the stage folders: reads FLAC files on demand (cached)."""
+
+    def __init__(self, events_dir: Path, backgrounds_dir: Path, sample_rate_hz: int,
+                 event_paths: dict[str, str], background_paths: dict[str, str]):
+        self.sample_rate_hz = sample_rate_hz
+        self._dirs = (Path(events_dir), Path(backgrounds_dir))
+        self._paths = (event_paths, background_paths)
+        self._cache: dict[tuple[int, str], np.ndarray] = {}
+
+    def _get(self, kind: int, item_id: str) -> np.ndarray:
+        key = (kind, item_id)
+        if key not in self._cache:
+            self._cache[key] = load_source(self._dirs[kind] / self._paths[kind][item_id], self.sample_rate_hz)
+        return self._cache[key]
+
+    def event(self, clip_id: str) -> np.ndarray:
+        return self._get(0, clip_id)
+
+    def background(self, segment_id: str) -> np.ndarray:
+        return self._get(1, segment_id)

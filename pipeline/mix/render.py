@@ -1,0 +1,107 @@
+"""Rendering: a recipe and its sources -> the mixture's samples. A pure function.
+
+Input: a :class:`~pipeline.schema.MixtureRecipe`, its
+:class:`~pipeline.schema.EventOccurrence` rows and a source reader (a
+:class:`~pipeline.mix.bank.SourceBank` or :class:`~pipeline.mix.bank.FileSources`). Output:
+float32 samples. The mixing stage renders through exactly these functions, so re-rendering
+a stored recipe gives the stored audio bit for bit.
+
+Order of operations (fixed, because float addition is not associative): background slice x
+background gain, then each occurrence in ``occurrence_index`` order (int16 -> float32 times
+gain, quarter-sine fades) added in place, then the whole sum times the mixture gain.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from pipeline.audio import FULL_SCALE_INT16, quantize_int16
+from pipeline.schema import EventOccurrence, MixtureRecipe
+
+
+class Sources(Protocol):
+    sample_rate_hz: int
+
+    def event(self, clip_id: str) -> np.ndarray: ...
+
+    def background(self, segment_id: str) -> np.ndarray: ...
+
+
+def samples(t_s: float, sample_rate_hz: int) -> int:
+    """Seconds -> a sample index (recipes store seconds that are whole samples)."""
+    return int(round(t_s * sample_rate_hz))
+
+
+def db_to_gain(db: float) -> float:
+    return float(10.0 ** (db / 20.0))
+
+
+@lru_cache(maxsize=256)
+def fade_ramp(n: int) -> np.ndarray:
+    """A quarter-sine fade-in of ``n`` samples, 0 to 1 (Scaper's shape); reversed for fade-outs."""
+    return np.sin(np.linspace(0.0, np.pi / 2, n)).astype(np.float32)
+
+
+def _scaled(q: np.ndarray, gain_db: float) -> np.ndarray:
+    return np.multiply(q, np.float32(db_to_gain(gain_db) / FULL_SCALE_INT16), dtype=np.float32)
+
+
+def background_signal(sources: Sources, segment_id: str, offset_s: float, gain_db: float, num_samples: int) -> np.ndarray:
+    """The background's part of a mixture: ``num_samples`` from the offset, zero-padded."""
+    sr = sources.sample_rate_hz
+    q = sources.background(segment_id)
+    start = samples(offset_s, sr)
+    part = q[start : start + num_samples]
+    out = _scaled(part, gain_db)
+    if out.shape[0] < num_samples:
+        out = np.concatenate([out, np.zeros(num_samples - out.shape[0], np.float32)])
+    return out
+
+
+def occurrence_signal(sources: Sources, occ: EventOccurrence) -> np.ndarray:
+    """One occurrence as it sounds in the mixture: the source span, gain, fades (each at most half of it)."""
+    sr = sources.sample_rate_hz
+    start = samples(occ.source_in_s, sr)
+    length = samples(occ.offset_s, sr) - samples(occ.onset_s, sr)
+    x = _scaled(sources.event(occ.clip_id)[start : start + length], occ.gain_db)
+    return apply_fades(x, samples(occ.fade_in_s, sr), samples(occ.fade_out_s, sr))
+
+
+def apply_fades(x: np.ndarray, fade_in: int, fade_out: int) -> np.ndarray:
+    """Fade float32 ``x`` in place over ``fade_in`` / ``fade_out`` samples (each at most half of it)."""
+    fade_in, fade_out = min(fade_in, x.shape[0] // 2), min(fade_out, x.shape[0] // 2)
+    if fade_in:
+        x[:fade_in] *= fade_ramp(fade_in)
+    if fade_out:
+        x[x.shape[0] - fade_out :] *= fade_ramp(fade_out)[::-1]
+    return x
+
+
+def mix_components(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """(sum before the mixture gain, background part, occurrence parts), all float32."""
+    sr = sources.sample_rate_hz
+    background = background_signal(sources, recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples)
+    mix = background.copy()
+    parts = []
+    for occ in sorted(occurrences, key=lambda o: o.occurrence_index):
+        x = occurrence_signal(sources, occ)
+        start = samples(occ.onset_s, sr)
+        mix[start : start + x.shape[0]] += x
+        parts.append(x)
+    return mix, background, parts
+
+
+def apply_gain(mix: np.ndarray, gain_db: float) -> np.ndarray:
+    """The mixture gain (normalisation); 0 dB returns the samples unchanged."""
+    return mix if gain_db == 0.0 else mix * np.float32(db_to_gain(gain_db))
+
+
+def render(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources) -> np.ndarray:
+    """A recipe -> the stored int16 samples of its mixture."""
+    if sources.sample_rate_hz != recipe.sample_rate_hz:
+        raise ValueError(f"sources are at {sources.sample_rate_hz} Hz but the recipe at {recipe.sample_rate_hz} Hz")
+    mix, _, _ = mix_components(recipe, occurrences, sources)
+    return quantize_int16(apply_gain(mix, recipe.mixture_gain_db))
