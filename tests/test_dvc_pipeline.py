@@ -20,7 +20,7 @@ def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_dvc_repro_runs_corpus_clip_and_ambience(tmp_path: Path) -> None:
+def test_dvc_repro_runs_corpus_clip_ambience_and_mix(tmp_path: Path) -> None:
     work = tmp_path / "project"
     work.mkdir()
     for name in ("dvc.yaml", "params.yaml"):
@@ -30,6 +30,10 @@ def test_dvc_repro_runs_corpus_clip_and_ambience(tmp_path: Path) -> None:
     params["corpus"]["fsd50k_clips"] = 60
     params["corpus"]["ambience_recordings"] = 8
     params["clip"]["plot_examples"] = 2
+    params["mix"]["mixtures"] = {"train": 12, "valid": 3, "test": 3}
+    params["mix"]["event_split"] = "random"  # 60 clips leave too few FSD50K val/eval clips for 5-event mixtures
+    params["mix"]["spec"] = {"events_per_mixture": ["choose", [1, 2, 3]]}
+    params["mix"]["export"]["timelines"] = 1
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert _dvc(work, "init", "--no-scm", "-q").returncode == 0
 
@@ -45,6 +49,11 @@ def test_dvc_repro_runs_corpus_clip_and_ambience(tmp_path: Path) -> None:
     summary = json.loads((events / "summary.json").read_text())
     assert summary["skipped_by_reason"].get("multi-label", 0) > 0, "the corpus has multi-label clips to exclude"
     assert json.loads((backgrounds / "summary.json").read_text())["skipped_by_reason"].get("filtered-category", 0) > 0
+    mixtures = work / "data" / "mixtures"
+    assert pq.read_table(mixtures / "mixtures.parquet").num_rows == 18
+    assert len(list((mixtures / "audio").rglob("*.flac"))) == 18
+    for split in ("train", "valid", "test"):
+        assert (mixtures / "metadata" / split / "events.tsv").exists()
     assert (work / "dvc.lock").exists()
 
     again = _dvc(work, "repro")

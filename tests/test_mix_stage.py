@@ -1,0 +1,229 @@
+"""The mix stage end to end on the embedded corpus: outputs, splits, licences, determinism
+across worker counts, re-rendering from the stored recipe, kill and resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from pipeline import ambience, clip
+from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
+from pipeline.mix.bank import FileSources
+from pipeline.mix.render import render
+from pipeline.mix.stage import MixError, run
+from pipeline.params import ComputeParams, MixtureCounts, Params, ParamsError, load_params
+from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe, from_table
+from tests.conftest import tree_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> tuple[Path, Path]:
+    """Event clips and background segments made by the real stages from the embedded corpus."""
+    tmp = tmp_path_factory.mktemp("mix-sources")
+    p = replace(Params(), compute=ComputeParams(workers=1))
+    p = replace(p, clip=replace(p.clip, plot_examples=0))
+    write_fsd50k_corpus(tmp / "fsd50k", n_clips=160, seed=3)
+    write_ambience_library(tmp / "ambience", n_recordings=10, seed=3)
+    clip.run(p, tmp / "fsd50k", tmp / "events")
+    ambience.run(p, tmp / "ambience", tmp / "backgrounds")
+    return tmp / "events", tmp / "backgrounds"
+
+
+def small(workers: int = 1, **mix) -> Params:
+    p = Params()
+    m = replace(p.mix, mixtures=MixtureCounts(train=24, valid=6, test=6), partition_size=8,
+                export=replace(p.mix.export, timelines=2, txt=True))
+    return replace(p, compute=ComputeParams(workers=workers, chunk_size=1), mix=replace(m, **mix))
+
+
+def tables(out: Path):
+    mixtures = from_table(pq.read_table(out / "mixtures.parquet"), MixtureRecipe)
+    occurrences = from_table(pq.read_table(out / "occurrences.parquet"), EventOccurrence)
+    return mixtures, occurrences, pq.read_table(out / "segments.parquet").to_pylist()
+
+
+def test_outputs_splits_and_licences(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    summary = run(small(), events_dir, backgrounds_dir, out)
+    mixtures, occurrences, segments = tables(out)
+    assert summary["mixtures"] == 36 == len(mixtures)
+    for name in ("timelines.png", "licenses.json", "attribution.csv", "spec.json", "skipped.csv", "summary.json"):
+        assert (out / name).exists(), name
+    assert not (out / "parts").exists() and not (out / "bank").exists(), "bookkeeping is removed"
+    for m in mixtures:
+        audio, sr = sf.read(out / m.audio_path, dtype="int16")
+        assert sr == 16000 and audio.shape == (m.num_samples,)
+        assert (out / m.audio_path).with_suffix(".txt").exists()
+
+    # disjoint splits: FSD50K's own split for events, whole recordings for backgrounds
+    clips = {e.clip_id: e for e in from_table(pq.read_table(events_dir / "manifest.parquet"), EventClip)}
+    bgs = {b.segment_id: b for b in from_table(pq.read_table(backgrounds_dir / "manifest.parquet"), BackgroundSegment)}
+    split_of = {m.mixture_id: m.split for m in mixtures}
+    used = {s: set() for s in ("train", "valid", "test")}
+    recordings = {s: set() for s in ("train", "valid", "test")}
+    for o in occurrences:
+        used[split_of[o.mixture_id]].add(o.clip_id)
+        expected = {"train": "train", "val": "valid", "eval": "test"}[clips[o.clip_id].source_split]
+        assert split_of[o.mixture_id] == expected
+    for m in mixtures:
+        recordings[m.split].add(bgs[m.background_id].source_id)
+    for a, b in (("train", "valid"), ("train", "test"), ("valid", "test")):
+        assert not used[a] & used[b] and not recordings[a] & recordings[b]
+
+    # DCASE metadata agrees with the derived segments
+    rows = (out / "metadata" / "train" / "events.tsv").read_text().splitlines()
+    assert rows[0] == "filename\tonset\toffset\tevent_label"
+    n_train = sum(1 for s in segments if split_of[s["mixture_id"]] == "train")
+    assert len(rows) - 1 == n_train
+    durations = (out / "metadata" / "test" / "durations.tsv").read_text().splitlines()
+    assert durations[1] == "test_0000000.flac\t10.000"
+
+    licenses = json.loads((out / "licenses.json").read_text())
+    assert licenses["dataset_license"] in ("CC-BY-NC", "CC-Sampling+", "CC-BY", "CC0")
+    assert sum(licenses["mixtures_by_license"].values()) == 36
+    assert all(m.license in m.licenses and m.attribution for m in mixtures)
+
+
+def test_allowed_licenses_filter_sources(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    run(small(allowed_licenses=("CC0", "CC-BY")), events_dir, backgrounds_dir, out)
+    mixtures, occurrences, _ = tables(out)
+    assert {o.license for o in occurrences} <= {"CC0", "CC-BY"}
+    assert all(set(m.licenses) <= {"CC0", "CC-BY"} for m in mixtures)
+    skipped = (out / "skipped.csv").read_text()
+    assert "license-not-allowed" in skipped and "CC-BY-NC" in skipped
+
+
+def test_rerender_from_recipe_is_bit_identical(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    run(small(), events_dir, backgrounds_dir, out)
+    mixtures, occurrences, _ = tables(out)
+    clips = from_table(pq.read_table(events_dir / "manifest.parquet"), EventClip)
+    bgs = from_table(pq.read_table(backgrounds_dir / "manifest.parquet"), BackgroundSegment)
+    files = FileSources(events_dir, backgrounds_dir, 16000, {c.clip_id: c.audio_path for c in clips}, {b.segment_id: b.audio_path for b in bgs})
+    for m in mixtures[::5]:
+        stored, _ = sf.read(out / m.audio_path, dtype="int16")
+        again = render(m, [o for o in occurrences if o.mixture_id == m.mixture_id], files)
+        assert np.array_equal(stored, again), m.mixture_id
+
+
+def test_same_bytes_for_one_and_two_workers(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    run(small(workers=1), events_dir, backgrounds_dir, tmp_path / "one")
+    run(small(workers=2), events_dir, backgrounds_dir, tmp_path / "two")
+    assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "two")
+
+
+def test_killed_run_resumes_without_redoing_partitions(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((ROOT / "params.yaml").read_text())
+    sets = [
+        "compute.workers=1", "mix.mixtures.train=80", "mix.mixtures.valid=6", "mix.mixtures.test=6",
+        "mix.partition_size=4", "mix.export.timelines=1", f"clip.out_dir={events_dir}",
+        f"ambience.out_dir={backgrounds_dir}",
+    ]
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "pipeline", "mix", "--params", str(params_file),
+           *[a for s in sets + [f"mix.out_dir={out}"] for a in ("--set", s)]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    parts = tmp_path / ".killed.partial" / "parts"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(parts.glob("*.done.json"))) < 3:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = len(list(parts.glob("*.done.json")))
+    assert 3 <= done_before < 23, "killed part-way through"
+    assert not out.exists(), "nothing half-finished in place"
+
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = [line for line in again.stdout.splitlines() if "resuming" in line]
+    assert resumed and int(resumed[0].split("resuming: ")[1].split()[0]) >= done_before
+
+    reference = tmp_path / "reference"
+    p = load_params(params_file, {"compute": {"workers": 1}, "mix": {"mixtures": {"train": 80, "valid": 6, "test": 6},
+                                                                        "partition_size": 4, "export": {"timelines": 1}}})
+    run(p, events_dir, backgrounds_dir, reference)
+    assert tree_digest(out) == tree_digest(reference)
+
+
+def test_jams_export_validates(sources, tmp_path: Path) -> None:
+    jams = pytest.importorskip("jams")
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    p = small()
+    run(replace(p, mix=replace(p.mix, export=replace(p.mix.export, jams=True))), events_dir, backgrounds_dir, out)
+    mixtures, occurrences, _ = tables(out)
+    m = mixtures[0]
+    jam = jams.load(str((out / m.audio_path).with_suffix(".jams")))
+    ann = jam.annotations[0]
+    assert ann.namespace == "scaper"
+    fg = [obs for obs in ann.data if obs.value["role"] == "foreground"]
+    mine = sorted((o for o in occurrences if o.mixture_id == m.mixture_id), key=lambda o: (o.onset_s, o.occurrence_index))
+    assert [(round(x.time, 9), x.value["label"]) for x in fg] == [(round(o.onset_s, 9), o.label) for o in mine]
+    assert all(Path(x.value["source_file"]).exists() for x in ann.data)
+
+
+SCAPER_PYTHON = ROOT / ".venv-scaper" / "bin" / "python"
+
+
+@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper 1.6.5 in .venv-scaper (README, 'Benchmarks')")
+def test_scaper_rerenders_exported_jams(sources, tmp_path: Path) -> None:
+    """Scaper re-renders a JAMS file into the same events and, up to its full-scale
+    normalisation (a constant gain), the same audio."""
+    pytest.importorskip("jams")
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    p = small()
+    run(replace(p, mix=replace(p.mix, export=replace(p.mix.export, jams=True))), events_dir, backgrounds_dir, out)
+    mixtures, _, _ = tables(out)
+    m = mixtures[1]
+    script = (
+        "import sys, warnings, scaper, jams, numpy as np, soundfile as sf\n"
+        "warnings.filterwarnings('ignore')\n"
+        "scaper.generate_from_jams(sys.argv[1], sys.argv[2], jams_outfile=sys.argv[3])\n"
+        "a, b = jams.load(sys.argv[1]).annotations[0].data, jams.load(sys.argv[3]).annotations[0].data\n"
+        "assert [(x.time, x.duration, x.value['label']) for x in a] == [(x.time, x.duration, x.value['label']) for x in b]\n"
+        "x, _ = sf.read(sys.argv[2]); y, _ = sf.read(sys.argv[4])\n"
+        "g = np.dot(x, y) / np.dot(x, x)\n"
+        "print(20 * np.log10(np.linalg.norm(g * x - y) / np.linalg.norm(y)))\n"
+    )
+    done = subprocess.run([str(SCAPER_PYTHON), "-c", script, str((out / m.audio_path).with_suffix(".jams")),
+                           str(tmp_path / "re.wav"), str(tmp_path / "re.jams"), str(out / m.audio_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip().splitlines()[-1]) < -40.0, "residual after the constant gain, in dB"
+
+
+def test_bad_input_fails_clearly(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    with pytest.raises(FileNotFoundError, match="sedsynth clip"):
+        run(small(), tmp_path / "nothing", backgrounds_dir, tmp_path / "out")
+    with pytest.raises(MixError, match="no background"):
+        run(replace(small(), mix=replace(small().mix, allowed_licenses=("CC0",), holdout=replace(small().mix.holdout, train=0.0, valid=0.5, test=0.5))),
+            events_dir, backgrounds_dir, tmp_path / "out")
+    with pytest.raises(MixError, match="distinct clips"):
+        run(small(spec={"events_per_mixture": ["const", 400]}), events_dir, backgrounds_dir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ParamsError, match="snr_db"):
+        load_params(ROOT / "params.yaml", {"mix": {"spec": {"snr_db": ["uniform", 30, 6]}}})
+    with pytest.raises(ParamsError, match="did you mean 'max_polyphony'"):
+        load_params(ROOT / "params.yaml", {"mix": {"spec": {"max_polyphone": 3}}})
