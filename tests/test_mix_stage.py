@@ -185,7 +185,7 @@ def test_jams_export_validates(sources, tmp_path: Path) -> None:
 SCAPER_PYTHON = ROOT / ".venv-scaper" / "bin" / "python"
 
 
-@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper 1.6.5 in .venv-scaper (README, 'Benchmarks')")
+@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper 1.6.5 in .venv-scaper (README, Benchmark: Mixing)")
 def test_scaper_rerenders_exported_jams(sources, tmp_path: Path) -> None:
     """Scaper re-renders a JAMS file into the same events and, up to its full-scale
     normalisation (a constant gain), the same audio."""
