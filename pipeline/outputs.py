@@ -39,10 +39,7 @@ def staged_dir(target: Path) -> Iterator[Path]:
     left as it was; a folder left by a killed run is removed by the next run.
     """
     target = Path(target)
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"{target} exists and is not a folder: choose another output path or remove it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.partial"
+    staging = _staging_path(target)
     if staging.exists():
         shutil.rmtree(staging)  # left by a run that was killed outright
     staging.mkdir()
@@ -67,10 +64,7 @@ def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]
     block must remove its bookkeeping files before it ends; the folder is then swapped in.
     """
     target = Path(target)
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"{target} exists and is not a folder: choose another output path or remove it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.partial"
+    staging = _staging_path(target)
     marker = staging / FINGERPRINT
     resumed = marker.exists() and marker.read_text(encoding="utf-8") == fingerprint
     if staging.exists() and not resumed:
@@ -81,6 +75,14 @@ def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]
     yield staging, resumed
     marker.unlink(missing_ok=True)
     _swap_in(staging, target)
+
+
+def _staging_path(target: Path) -> Path:
+    """The hidden staging folder beside ``target`` (whose parent is created)."""
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"{target} exists and is not a folder: choose another output path or remove it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.parent / f".{target.name}.partial"
 
 
 def _swap_in(staging: Path, target: Path) -> None:

@@ -165,12 +165,20 @@ def test_killed_run_resumes_without_redoing_partitions(sources, tmp_path: Path) 
     assert tree_digest(out) == tree_digest(reference)
 
 
-def test_jams_export_validates(sources, tmp_path: Path) -> None:
-    jams = pytest.importorskip("jams")
-    events_dir, backgrounds_dir = sources
-    out = tmp_path / "mix"
+@pytest.fixture(scope="module")
+def jams_run(sources, tmp_path_factory) -> Path:
+    """A small run with JAMS export (shared by the JAMS tests)."""
+    pytest.importorskip("jams")
+    out = tmp_path_factory.mktemp("mix-jams") / "mix"
     p = small()
-    run(replace(p, mix=replace(p.mix, export=replace(p.mix.export, jams=True))), events_dir, backgrounds_dir, out)
+    run(replace(p, mix=replace(p.mix, export=replace(p.mix.export, jams=True))), *sources, out)
+    return out
+
+
+def test_jams_export_validates(jams_run: Path) -> None:
+    import jams
+
+    out = jams_run
     mixtures, occurrences, _ = tables(out)
     m = mixtures[0]
     jam = jams.load(str((out / m.audio_path).with_suffix(".jams")))
@@ -186,14 +194,10 @@ SCAPER_PYTHON = ROOT / ".venv-scaper" / "bin" / "python"
 
 
 @pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper 1.6.5 in .venv-scaper (README, Benchmark: Mixing)")
-def test_scaper_rerenders_exported_jams(sources, tmp_path: Path) -> None:
+def test_scaper_rerenders_exported_jams(jams_run: Path, tmp_path: Path) -> None:
     """Scaper re-renders a JAMS file into the same events and, up to its full-scale
     normalisation (a constant gain), the same audio."""
-    pytest.importorskip("jams")
-    events_dir, backgrounds_dir = sources
-    out = tmp_path / "mix"
-    p = small()
-    run(replace(p, mix=replace(p.mix, export=replace(p.mix.export, jams=True))), events_dir, backgrounds_dir, out)
+    out = jams_run
     mixtures, _, _ = tables(out)
     m = mixtures[1]
     script = (

@@ -47,28 +47,32 @@ def _seconds(x: float) -> str:
     return f"{x:.3f}"
 
 
+def by_mixture(table: pa.Table) -> dict[str, list[dict]]:
+    """Rows of an occurrences or segments table grouped by ``mixture_id``."""
+    out: dict[str, list[dict]] = {}
+    for row in table.to_pylist():
+        out.setdefault(row["mixture_id"], []).append(row)
+    return out
+
+
 def write_dcase_metadata(stage: Path, mixtures: pa.Table, segments: pa.Table) -> None:
-    by_mixture: dict[str, list] = {}
-    for s in segments.to_pylist():
-        by_mixture.setdefault(s["mixture_id"], []).append(s)
+    segments_of = by_mixture(segments)
     for split in SPLITS:
         events, durations = [], []
         for m in mixtures.filter(pa.compute.equal(mixtures["split"], split)).to_pylist():
             name = Path(m["audio_path"]).name
             durations.append([name, _seconds(m["duration_s"])])
-            for s in sorted(by_mixture.get(m["mixture_id"], []), key=lambda s: (s["onset_s"], s["label"])):
+            for s in sorted(segments_of.get(m["mixture_id"], []), key=lambda s: (s["onset_s"], s["label"])):
                 events.append([name, _seconds(s["onset_s"]), _seconds(s["offset_s"]), s["label"]])
         write_atomic(stage / "metadata" / split / "events.tsv", _tsv(events, ["filename", "onset", "offset", "event_label"]))
         write_atomic(stage / "metadata" / split / "durations.tsv", _tsv(durations, ["filename", "duration"]))
 
 
 def write_txt(stage: Path, mixtures: pa.Table, occurrences: pa.Table) -> None:
-    by_mixture: dict[str, list] = {}
-    for o in occurrences.to_pylist():
-        by_mixture.setdefault(o["mixture_id"], []).append(o)
+    occurrences_of = by_mixture(occurrences)
     for m in mixtures.to_pylist():
         rows = [[repr(o["onset_s"]), repr(o["offset_s"]), o["label"]]
-                for o in sorted(by_mixture.get(m["mixture_id"], []), key=lambda o: o["occurrence_index"])]
+                for o in sorted(occurrences_of.get(m["mixture_id"], []), key=lambda o: o["occurrence_index"])]
         write_atomic((stage / m["audio_path"]).with_suffix(".txt"), _tsv(rows, None))
 
 
@@ -119,8 +123,7 @@ def plot_timelines(stage: Path, mixtures: pa.Table, occurrences: pa.Table, segme
     if not rows or count <= 0:
         return
     picks = [rows[int(i)] for i in np.unique(np.linspace(0, len(rows) - 1, min(count, len(rows))).round())]
-    occ = occurrences.to_pylist()
-    seg = segments.to_pylist()
+    occurrences_of, segments_of = by_mixture(occurrences), by_mixture(segments)
     fig, axes = plt.subplots(2 * len(picks), 1, figsize=(10, 3.2 * len(picks)), gridspec_kw={"height_ratios": [2, 1.2] * len(picks)})
     for k, m in enumerate(picks):
         ax_s, ax_l = axes[2 * k], axes[2 * k + 1]
@@ -135,8 +138,8 @@ def plot_timelines(stage: Path, mixtures: pa.Table, occurrences: pa.Table, segme
         ax_s.set_ylabel("kHz")
         ax_s.set_title(f"{m['mixture_id']}  ({m['num_occurrences']} occurrences, background {m['background_id']})", fontsize=9, loc="left")
         ax_s.set_xticks([])
-        mine_o = [o for o in occ if o["mixture_id"] == m["mixture_id"]]
-        mine_s = [s for s in seg if s["mixture_id"] == m["mixture_id"]]
+        mine_o = occurrences_of.get(m["mixture_id"], [])
+        mine_s = segments_of.get(m["mixture_id"], [])
         labels = sorted({o["label"] for o in mine_o})
         lane = {label: i for i, label in enumerate(labels)}
         for o in mine_o:

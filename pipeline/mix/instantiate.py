@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pipeline.audio import FULL_SCALE_INT16, quantize_int16
+from pipeline.audio import FULL_SCALE_INT16, int16_to_float, quantize_int16
 from pipeline.licenses import license_name, most_restrictive
 from pipeline.loudness import integrated_lufs, power_db
 from pipeline.mix.relabel import Envelope, RelabelParams, occurrence_envelopes, relabel
@@ -78,16 +78,16 @@ def mixture_rng(seed: int, split: str, index: int) -> np.random.Generator:
     return np.random.default_rng([seed, SPLITS.index(split), index])
 
 
-def _level_db(q: np.ndarray, mode: str, sample_rate_hz: int) -> float:
-    """Level of int16 samples in dB re full scale: RMS, or LUFS in ``lufs`` mode."""
-    return _signal_level_db(q.astype(np.float32) * np.float32(1.0 / FULL_SCALE_INT16), mode, sample_rate_hz)
+def level_db(q: np.ndarray, mode: str, sample_rate_hz: int) -> float:
+    """Level of int16 samples in dB re full scale: RMS, or LUFS (Scaper's tiling) in ``lufs`` mode."""
+    return _signal_level_db(int16_to_float(q), mode, sample_rate_hz)
 
 
 def _faded_level_db(q: np.ndarray, fade_in: int, fade_out: int, mode: str, sample_rate_hz: int) -> float:
     """Level of int16 samples as they sound after its fades (what the SNR refers to)."""
     if not (fade_in or fade_out):
-        return _level_db(q, mode, sample_rate_hz)
-    x = apply_fades(q.astype(np.float32) * np.float32(1.0 / FULL_SCALE_INT16), fade_in, fade_out)
+        return level_db(q, mode, sample_rate_hz)
+    x = apply_fades(int16_to_float(q), fade_in, fade_out)
     return _signal_level_db(x, mode, sample_rate_hz)
 
 
@@ -197,7 +197,7 @@ def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_
     key = ("bg", bg.segment_id, bg_start, num_samples, mode)
     if key not in ctx._levels:  # measured as mixed: zero-padded when the background is short
         padded = bg_window if bg_window.shape[0] == num_samples else np.concatenate([bg_window, np.zeros(num_samples - bg_window.shape[0], np.int16)])
-        ctx._levels[key] = _level_db(padded, mode, sr)
+        ctx._levels[key] = level_db(padded, mode, sr)
     bg_level = ctx._levels[key]
     bg_gain = 0.0 if spec.ref_db is None else spec.ref_db - bg_level
 
@@ -244,7 +244,7 @@ def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_
             occ_gain = gain
             if occ_gain is None:  # local: the background in this occurrence's own window
                 window = bg_window[onset:end]
-                level = _level_db(window, "rms", sr) if window.shape[0] else -120.0
+                level = level_db(window, "rms", sr) if window.shape[0] else -120.0
                 occ_gain = level + bg_gain + snr - _faded_level_db(q[s_start : s_start + s_len], fade_in, fade_out, "rms", sr)
             drafts.append((event_index, role, clip, s_start, s_len, onset, fade_in, fade_out, snr, occ_gain))
 
@@ -276,7 +276,7 @@ def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_
     )
 
     mix, background, parts = mix_components(recipe, occurrences, sources)
-    bg_mixed_level = _signal_level_db(background, "rms" if mode == "local" else mode, sr)
+    bg_mixed_level = None if mode == "local" else _signal_level_db(background, mode, sr)
     occurrences = [
         replace(o, realised_snr_db=_realised_snr(x, o, background, bg_mixed_level, mode, sr)) for o, x in zip(occurrences, parts)
     ]
@@ -291,7 +291,7 @@ def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_
     return Mixture(recipe, occurrences, segments, audio, dropped)
 
 
-def _realised_snr(x: np.ndarray, occ: EventOccurrence, background: np.ndarray, background_level: float, mode: str, sr: int) -> float:
+def _realised_snr(x: np.ndarray, occ: EventOccurrence, background: np.ndarray, background_level: float | None, mode: str, sr: int) -> float:
     """The occurrence's level against the background as mixed (its window in ``local`` mode)."""
     if mode == "local":
         start = int(round(occ.onset_s * sr))

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
-from pipeline.audio import FULL_SCALE_INT16, write_atomic
-from pipeline.loudness import integrated_lufs
-from pipeline.mix.instantiate import SCAPER_TILE_BELOW_S
+from pipeline.audio import write_atomic
+from pipeline.mix.exports import by_mixture
+from pipeline.mix.instantiate import level_db
 from pipeline.mix.render import Sources, samples
 from pipeline.mix.spec import MixSpec
 from pipeline.schema import BackgroundSegment, EventClip
-
-
-def _lufs(q: np.ndarray, sr: int) -> float:
-    return integrated_lufs(q.astype(np.float32) / np.float32(FULL_SCALE_INT16), sr, tile_below_s=SCAPER_TILE_BELOW_S)
 
 
 def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: MixSpec, sources: Sources,
@@ -43,20 +38,18 @@ def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: Mix
     sr = sources.sample_rate_hz
     ev = {e.clip_id: e for e in events}
     bg = {b.segment_id: b for b in backgrounds}
-    by_mixture: dict[str, list] = {}
-    for o in occurrences.to_pylist():
-        by_mixture.setdefault(o["mixture_id"], []).append(o)
+    occurrences_of = by_mixture(occurrences)
     cache: dict[tuple, float] = {}
 
     def lufs(kind: str, item: str, start: int, length: int) -> float:
         key = (kind, item, start, length)
         if key not in cache:
             q = sources.event(item) if kind == "event" else sources.background(item)
-            cache[key] = _lufs(q[start : start + length], sr)
+            cache[key] = level_db(q[start : start + length], "lufs", sr)
         return cache[key]
 
     for m in mixtures.to_pylist():
-        occ = sorted(by_mixture.get(m["mixture_id"], []), key=lambda o: o["occurrence_index"])
+        occ = sorted(occurrences_of.get(m["mixture_id"], []), key=lambda o: o["occurrence_index"])
         duration = m["duration_s"]
         b = bg[m["background_id"]]
         ref_db = lufs("bg", b.segment_id, samples(m["background_offset_s"], sr), m["num_samples"]) + m["background_gain_db"]

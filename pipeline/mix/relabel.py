@@ -34,6 +34,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pipeline.audio import int16_to_float
 from pipeline.loudness import a_weighted_envelope
 from pipeline.schema import EventOccurrence, LabelSegment
 
@@ -169,8 +170,7 @@ def span_envelope(q: np.ndarray, sample_rate_hz: int, like: Envelope, source_in_
     A span cut from inside a clip (a piece, a trimmed event) must not be judged by clip
     frames that reach outside it: audio that is not placed would count as audible.
     """
-    x = q.astype(np.float32) * np.float32(1.0 / 32768.0)
-    env = a_weighted_envelope(x, sample_rate_hz, like.frame_s, like.hop_s)
+    env = a_weighted_envelope(int16_to_float(q), sample_rate_hz, like.frame_s, like.hop_s)
     return Envelope.from_db(env.frame_s, env.hop_s, env.energy_db, origin_s=source_in_s)
 
 

@@ -301,9 +301,3 @@ def format_mix_summary(summary: dict) -> str:
     lines.append(f"  dataset licence: {summary['licenses']['dataset_license']}; "
                  f"{summary['skipped']} sources not allowed; {summary['dropped_occurrences']} occurrences dropped by placement")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pipeline.cli import main as cli_main
-
-    return cli_main(["mix", *(argv or [])])
