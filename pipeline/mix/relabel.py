@@ -85,8 +85,11 @@ def _runs(active: np.ndarray) -> np.ndarray:
 
 def smooth(active: np.ndarray, fill_gap_frames: int, drop_run_frames: int, span_frames: int) -> np.ndarray:
     """FLAM's two smoothing rules on one occurrence's frame activity."""
-    if active.all() or not active.any():
+    if not active.any():
         return active
+    if active.all():  # one run: only the drop rule can apply
+        n = active.shape[0]
+        return np.zeros_like(active) if n > span_frames and n < drop_run_frames else active
     out = active.copy()
     runs = _runs(out)
     for (_, end), (start, _) in zip(runs[:-1], runs[1:]):
