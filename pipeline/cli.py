@@ -8,6 +8,11 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth ambience                    # ambience library -> background segments
     sedsynth mix                         # clips + backgrounds -> soundscapes, recipes, labels
     sedsynth mix --set mix.preset=flam --set mix.mixtures.train=100000
+    sedsynth captions                    # mixtures -> label phrases and captions (offline by default)
+    sedsynth clusters                    # phrases -> clusters of the AudioSet-derived inventory
+    sedsynth shards                      # -> Hugging Face Parquet shards, index and dataset card
+    sedsynth validate data/dataset       # check a shard folder against the schema and index
+    sedsynth publish data/dataset --repo-id you/name --dry-run
     sedsynth clip --set sources.fsd50k_dir=/data/FSD50K --set compute.workers=8
     sedsynth bench clip                  # clipping throughput vs plain decoding
     sedsynth bench mix                   # mixtures/s and memory vs Scaper on the same sources
@@ -19,6 +24,7 @@ import argparse
 import sys
 
 from pipeline.params import ParamsError, load_params, merge, parse_override
+from pipeline.text.llm import LLMError
 
 
 def _params(args: argparse.Namespace):
@@ -56,6 +62,44 @@ def _mix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _captions(args: argparse.Namespace) -> int:
+    from pipeline.text.captions import run
+
+    run(_params(args))
+    return 0
+
+
+def _clusters(args: argparse.Namespace) -> int:
+    from pipeline.text.clusters import run
+
+    run(_params(args))
+    return 0
+
+
+def _shards(args: argparse.Namespace) -> int:
+    from pipeline.shards.stage import run
+
+    run(_params(args))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from pipeline.shards.validate import validate
+
+    folder = args.folder or _params(args).shards.out_dir
+    summary = validate(folder, decode=args.decode)
+    print(f"{folder}: valid, {summary['rows']} rows in {summary['files']} shards ({', '.join(summary['splits'])})")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from pipeline.shards.publish import publish
+
+    folder = args.folder or _params(args).shards.out_dir
+    publish(folder, args.repo_id, token_env=args.token_env, private=args.private, dry_run=args.dry_run, batch_files=args.batch_files)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from pipeline.bench import main as bench_main
 
@@ -77,6 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
     stage("clip", _clip, "cut single-event clips from an FSD50K-layout corpus")
     stage("ambience", _ambience, "cut background segments from an ambience library")
     stage("mix", _mix, "mix event clips over backgrounds into soundscapes with relabeled boundaries")
+    stage("captions", _captions, "write label phrases and captions for the mixtures")
+    stage("clusters", _clusters, "assign every phrase to a cluster of the AudioSet-derived inventory")
+    stage("shards", _shards, "write Hugging Face Parquet shards, their index and the dataset card")
+    val = stage("validate", _validate, "check a shard folder against the shard schema and its index")
+    val.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
+    val.add_argument("--decode", action="store_true", help="also decode every audio cell")
+    pub = stage("publish", _publish, "upload a shard folder to the Hugging Face hub (resumable)")
+    pub.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
+    pub.add_argument("--repo-id", required=True, help="the hub dataset repo, e.g. you/sed-mixtures")
+    pub.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding a write token (default HF_TOKEN)")
+    pub.add_argument("--private", action="store_true", help="create the repo private")
+    pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
+    pub.add_argument("--batch-files", type=int, default=50, help="shards per commit (default 50)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
     bench.add_argument("what", choices=["clip", "mix"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
@@ -93,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ParamsError, FileNotFoundError, FileExistsError, ValueError) as e:
+    except (ParamsError, FileNotFoundError, FileExistsError, ValueError, LLMError) as e:
         print(f"sedsynth {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

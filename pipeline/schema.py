@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+Float32 = typing.NewType("Float32", float)  # a float stored in 32 bits (envelopes)
+
 SkipReason = typing.Literal[
     "malformed-row",      # a metadata row that does not parse
     "missing-file",       # the row names a file that does not exist
@@ -54,7 +56,7 @@ class EnergyEnvelope:
 
     frame_s: float
     hop_s: float
-    energy_db: tuple[float, ...]
+    energy_db: tuple[Float32, ...]
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class EventClip:
     loudness_lufs: float
     envelope_frame_s: float
     envelope_hop_s: float
-    envelope_db: tuple[float, ...]
+    envelope_db: tuple[Float32, ...]
     license_url: str
     license: str
     uploader: str
@@ -115,7 +117,7 @@ class BackgroundSegment:
     peak_to_median_db: float
     envelope_frame_s: float
     envelope_hop_s: float
-    envelope_db: tuple[float, ...]
+    envelope_db: tuple[Float32, ...]
     license: str
     author: str
 
@@ -196,37 +198,190 @@ class LabelSegment:
     offset_s: float
 
 
+@dataclass(frozen=True)
+class TimeSpan:
+    """A half-open interval ``[start_s, end_s)`` of a mixture's timeline."""
+
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class LabelPhrase:
+    """One label of a mixture as a phrase (row of ``captions/phrases.parquet``).
+
+    One row per distinct label with audible segments; ``segments`` are that label's rows of
+    ``segments.parquet`` (derived by relabeling), ``source_clip_ids`` and ``snr_db`` list the
+    label's sampled events in event order. ``phrase`` is the words used for the label in this
+    mixture's caption.
+    """
+
+    mixture_id: str
+    label: str
+    mid: str
+    phrase: str
+    segments: tuple[TimeSpan, ...]
+    source_clip_ids: tuple[str, ...]
+    snr_db: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Caption:
+    """The caption of one mixture (row of ``captions/captions.parquet``).
+
+    ``template`` is the template with its one ``{}`` slot (empty for an LLM timeline caption);
+    ``source`` says where the text came from: ``template``, ``timeline`` (LLM, cached) or
+    ``empty`` (no audible event).
+    """
+
+    mixture_id: str
+    caption: str
+    template: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One cluster of the phrase inventory (row of ``clusters/clusters.parquet``).
+
+    ``parent_ids`` and ``child_ids`` are the nearest inventory clusters up and down the
+    AudioSet hierarchy; ``ancestor_ids``/``descendant_ids`` close them transitively;
+    ``near_synonym_ids`` are clusters whose centroids are at least the configured cosine
+    similarity apart. A negative sampler must avoid all three for a positive cluster.
+    """
+
+    cluster_id: int
+    mid: str
+    name: str
+    alternatives: tuple[str, ...]
+    sources: tuple[str, ...]
+    parent_ids: tuple[int, ...]
+    child_ids: tuple[int, ...]
+    ancestor_ids: tuple[int, ...]
+    descendant_ids: tuple[int, ...]
+    near_synonym_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PhraseAssignment:
+    """One phrase of the phrase database and its cluster (row of ``clusters/phrases.parquet``).
+
+    ``method`` is ``mid`` (the label's MID is a cluster of the inventory) or ``sbert``
+    (nearest centroid by cosine); ``similarity`` is the cosine to the cluster's centroid in
+    both cases. ``count`` is how many mixtures use the phrase; inventory alternatives that no
+    mixture uses have ``count`` 0 and ``source`` ``inventory``.
+    """
+
+    phrase: str
+    label: str
+    mid: str
+    cluster_id: int
+    cluster_name: str
+    similarity: float
+    method: str
+    count: int
+    source: str
+
+
+@dataclass(frozen=True)
+class AudioFile:
+    """The Hugging Face ``Audio`` storage: encoded file bytes and a file name."""
+
+    bytes: bytes
+    path: str
+
+
+@dataclass(frozen=True)
+class ShardPhrase:
+    """One labelled phrase of a shard row: a :class:`LabelPhrase` with its cluster."""
+
+    phrase: str
+    label: str
+    mid: str
+    cluster_id: int
+    segments: tuple[TimeSpan, ...]
+    source_clip_ids: tuple[str, ...]
+    snr_db: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ShardRow:
+    """One mixture as a row of the published Parquet shards (``data/<split>-*.parquet``)."""
+
+    id: str
+    audio: AudioFile
+    sample_rate_hz: int
+    duration_s: float
+    caption: str
+    phrases: tuple[ShardPhrase, ...]
+    background_id: str
+    split: str
+    license: str
+    licenses: tuple[str, ...]
+    attribution: tuple[str, ...]
+    seed: int
+
+
 _ARROW_TYPES: dict[object, pa.DataType] = {
     str: pa.string(),
     int: pa.int64(),
     float: pa.float64(),
     bool: pa.bool_(),
-    tuple[float, ...]: pa.list_(pa.float32()),
+    bytes: pa.binary(),
+    tuple[Float32, ...]: pa.list_(pa.float32()),
+    tuple[float, ...]: pa.list_(pa.float64()),
     tuple[str, ...]: pa.list_(pa.string()),
+    tuple[int, ...]: pa.list_(pa.int64()),
 }
 
 
+def _arrow_type(hint: object) -> pa.DataType:
+    if typing.get_origin(hint) is typing.Literal:
+        return pa.string()
+    if dataclasses.is_dataclass(hint):
+        return pa.struct(arrow_schema(hint))
+    if typing.get_origin(hint) is tuple and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+        return pa.list_(pa.struct(arrow_schema(typing.get_args(hint)[0])))
+    return _ARROW_TYPES[hint]
+
+
 def arrow_schema(record_type: type) -> pa.Schema:
-    """The Parquet schema of a record dataclass (field order kept, none nullable)."""
+    """The Parquet schema of a record dataclass (field order kept, none nullable).
+
+    Nested records become structs, tuples of records lists of structs; floats are float64
+    except :data:`Float32` (envelopes).
+    """
     hints = typing.get_type_hints(record_type)
-    fields = []
-    for f in dataclasses.fields(record_type):
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Literal:
-            hint = str
-        fields.append(pa.field(f.name, _ARROW_TYPES[hint], nullable=False))
-    return pa.schema(fields)
+    return pa.schema([pa.field(f.name, _arrow_type(hints[f.name]), nullable=False) for f in dataclasses.fields(record_type)])
+
+
+def _as_record(hint: object, value: object) -> object:
+    """A value read back from Arrow (dicts and lists) -> the annotation's Python type."""
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return hint(**{f.name: _as_record(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)})
+    if typing.get_origin(hint) is tuple:
+        inner = typing.get_args(hint)[0]
+        return tuple(_as_record(inner, v) for v in value)
+    return value
+
+
+def _as_arrow(value: object) -> object:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _as_arrow(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_as_arrow(v) for v in value]
+    return value
 
 
 def to_table(records: list, record_type: type) -> pa.Table:
     """Records of one dataclass type -> an Arrow table with the type's schema."""
     schema = arrow_schema(record_type)
-    columns = {name: [getattr(r, name) for r in records] for name in schema.names}
+    columns = {name: [_as_arrow(getattr(r, name)) for r in records] for name in schema.names}
     return pa.Table.from_pydict(columns, schema=schema)
 
 
 def from_table(table: pa.Table, record_type: type) -> list:
-    """An Arrow table written by :func:`to_table` -> records (list columns become tuples)."""
+    """An Arrow table written by :func:`to_table` -> records (lists become tuples, structs records)."""
     names = [f.name for f in dataclasses.fields(record_type)]
-    rows = table.select(names).to_pylist()
-    return [record_type(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in rows]
+    return [_as_record(record_type, row) for row in table.select(names).to_pylist()]

@@ -20,12 +20,13 @@ def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_dvc_repro_runs_corpus_clip_ambience_and_mix(tmp_path: Path) -> None:
+def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     work = tmp_path / "project"
     work.mkdir()
     for name in ("dvc.yaml", "params.yaml"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "configs", work / "configs")
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["corpus"]["fsd50k_clips"] = 60
     params["corpus"]["ambience_recordings"] = 8
@@ -55,6 +56,12 @@ def test_dvc_repro_runs_corpus_clip_ambience_and_mix(tmp_path: Path) -> None:
     for split in ("train", "valid", "test"):
         assert (mixtures / "metadata" / split / "events.tsv").exists()
     assert (work / "dvc.lock").exists()
+    dataset = work / "data" / "dataset"
+    index = json.loads((dataset / "index.json").read_text())
+    assert {s: v["num_rows"] for s, v in index["splits"].items()} == {"train": 12, "valid": 3, "test": 3}
+    from pipeline.shards.validate import validate
+
+    assert validate(dataset, decode=True)["rows"] == 18
 
     again = _dvc(work, "repro")
     assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr

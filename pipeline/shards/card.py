@@ -1,0 +1,217 @@
+"""The dataset card: ``README.md`` with the YAML ``datasets`` reads, statistics and pictures.
+
+Input: a shard folder being built (shards and ``index.json`` written), the params and the mix
+stage's folder (licences, timelines picture). Output: ``README.md`` whose front matter holds
+``configs`` (split -> ``data/<split>-*``), ``dataset_info`` (features, splits, sizes) and the
+licence; its body holds how to load the data, the fields, statistics (events per mixture,
+phrases, clusters, durations, SNRs), the licence summary and attribution; and
+``images/statistics.png`` and ``images/timelines.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import yaml
+
+from pipeline.audio import write_atomic
+from pipeline.shards.layout import CARD, DATA, features
+
+HF_LICENSES = {"CC0": "cc0-1.0", "CC-BY": "cc-by-4.0", "CC-BY-NC": "cc-by-nc-4.0", "CC-Sampling+": "other"}
+ATTRIBUTION_LINES_SHOWN = 20
+
+
+def statistics(folder: Path, index: dict) -> dict:
+    """Per-split figures from the shards' metadata columns (the audio is not read)."""
+    out = {}
+    for split in index["splits"]:
+        tables = [pq.read_table(folder / f["path"], columns=["duration_s", "phrases"]) for f in index["files"] if f["split"] == split]
+        rows = [r for t in tables for r in t.to_pylist()]
+        phrases = [ph for r in rows for ph in r["phrases"]]
+        spans = [s["end_s"] - s["start_s"] for ph in phrases for s in ph["segments"]]
+        snrs = [x for ph in phrases for x in ph["snr_db"]]
+        out[split] = {
+            "mixtures": len(rows),
+            "hours": sum(r["duration_s"] for r in rows) / 3600.0,
+            "labels_per_mixture": [len(r["phrases"]) for r in rows],
+            "phrases": Counter(ph["phrase"] for ph in phrases),
+            "clusters": Counter(ph["cluster_id"] for ph in phrases),
+            "segment_s": spans,
+            "snr_db": snrs,
+        }
+    return out
+
+
+def plot(stats: dict, cluster_names: dict[int, str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ax = axes[0, 0]
+    top = max((max(s["labels_per_mixture"], default=0) for s in stats.values()), default=0)
+    for split, s in stats.items():
+        ax.hist(s["labels_per_mixture"], bins=np.arange(-0.5, top + 1.5), alpha=0.6, label=split)
+    ax.set(title="labelled phrases per mixture", xlabel="phrases", ylabel="mixtures")
+    ax.legend()
+    ax = axes[0, 1]
+    for split, s in stats.items():
+        ax.hist(s["segment_s"], bins=30, alpha=0.6, label=split)
+    ax.set(title="audible segment durations", xlabel="seconds", ylabel="segments")
+    ax = axes[1, 0]
+    for split, s in stats.items():
+        ax.hist(s["snr_db"], bins=30, alpha=0.6, label=split)
+    ax.set(title="event SNR against the background", xlabel="dB", ylabel="events")
+    ax = axes[1, 1]
+    clusters = sum((s["clusters"] for s in stats.values()), Counter()).most_common(15)
+    ax.barh([cluster_names.get(c, str(c))[:28] for c, _ in reversed(clusters)], [n for _, n in reversed(clusters)])
+    ax.set(title="most frequent clusters (all splits)", xlabel="label phrases")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
+def front_matter(params, index: dict, licenses: dict) -> dict:
+    info = {
+        "features": features(index["sample_rate_hz"])._to_yaml_list(),
+        "splits": [{"name": s, "num_bytes": v["num_bytes"], "num_examples": v["num_rows"]} for s, v in index["splits"].items()],
+        "download_size": sum(f["num_bytes"] for f in index["files"]),
+        "dataset_size": sum(f["num_bytes"] for f in index["files"]),
+    }
+    n = sum(v["num_rows"] for v in index["splits"].values())
+    size = next(c for limit, c in ((1e3, "n<1K"), (1e4, "1K<n<10K"), (1e5, "10K<n<100K"), (1e6, "100K<n<1M"), (float("inf"), "n>1M")) if n < limit)
+    return {
+        "pretty_name": params.shards.card_title,
+        "license": HF_LICENSES.get(licenses.get("dataset_license", ""), "other"),
+        "task_categories": ["audio-classification", "audio-text-to-text"],
+        "tags": ["sound-event-detection", "text-to-audio-grounding", "synthetic", "audio"],
+        "size_categories": [size],
+        "configs": [{"config_name": "default", "data_files": [{"split": s, "path": f"{DATA}/{s}-*"} for s in index["splits"]]}],
+        "dataset_info": info,
+    }
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def body(params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]], cluster_names: dict[int, str]) -> str:
+    splits = list(index["splits"])
+    stat_rows = []
+    for split in splits:
+        s = stats[split]
+        lpm = np.asarray(s["labels_per_mixture"], float)
+        seg = np.asarray(s["segment_s"], float)
+        snr = np.asarray(s["snr_db"], float)
+        stat_rows.append([
+            split, s["mixtures"], f"{s['hours']:.2f}", f"{lpm.mean():.2f}" if lpm.size else "-", len(s["phrases"]), len(s["clusters"]),
+            f"{np.median(seg):.2f}" if seg.size else "-", f"{snr.min():.1f} to {snr.max():.1f}" if snr.size else "-",
+        ])
+    clusters = sum((s["clusters"] for s in stats.values()), Counter()).most_common(10)
+    phrases = sum((s["phrases"] for s in stats.values()), Counter()).most_common(10)
+    lic = licenses.get("mixtures_by_license", {})
+    shown = attribution[:ATTRIBUTION_LINES_SHOWN]
+    return f"""
+# {params.shards.card_title}
+
+Synthetic sound-event-detection soundscapes with frame-exact event boundaries and captions, for
+training and evaluating open-vocabulary (language-queried) sound event detectors and audio-text
+models. Each row is one {index['sample_rate_hz'] / 1000:g} kHz mixture of single-event clips (FSD50K-style
+sources) over a background ambience, with the recipe's labels relabeled from the rendered
+signals: a label's segments are where it is audible, not where its clip was placed.
+Mixing preset `{params.mix.preset}`, seed {params.seed}.
+
+## Load
+
+```python
+from datasets import Audio, load_dataset
+import io, soundfile as sf
+
+ds = load_dataset("path/or/repo-id")                     # splits: {", ".join(splits)}
+ds = ds.cast_column("audio", Audio(decode=False))       # keep the FLAC bytes
+row = ds["{splits[0]}"][0]
+samples, rate = sf.read(io.BytesIO(row["audio"]["bytes"]))
+for p in row["phrases"]:
+    print(p["phrase"], [(s["start_s"], s["end_s"]) for s in p["segments"]])
+```
+
+`clusters/phrases.parquet` is the phrase database (phrase, label, MID, cluster id, similarity,
+method, count) and `clusters/clusters.parquet` the cluster inventory with the ancestor,
+descendant and near-synonym relations a negative sampler should avoid.
+
+## Fields
+
+| field | type | meaning |
+|---|---|---|
+| `id` | string | mixture id (`<split>_<index>`) |
+| `audio` | Audio | FLAC bytes and file name |
+| `sample_rate_hz`, `duration_s` | int, float | |
+| `caption` | string | a template filled with the phrases in temporal order |
+| `phrases` | list | one per audible label: `phrase`, `label` (FSD50K name), `mid` (AudioSet), `cluster_id`, `segments` (`start_s`, `end_s`), `source_clip_ids` and `snr_db` (one per sampled event of the label) |
+| `background_id` | string | background segment |
+| `split` | string | |
+| `license`, `licenses`, `attribution` | | most restrictive licence, all source licences, credit lines |
+| `seed` | int | the generation seed |
+
+## Statistics
+
+{_table(["split", "mixtures", "hours", "labels per mixture", "distinct phrases", "clusters", "median segment s", "SNR dB"], stat_rows)}
+
+Most frequent clusters: {", ".join(f"{cluster_names.get(c, c)} ({n})" for c, n in clusters)}.
+
+Most frequent phrases: {", ".join(f"{p} ({n})" for p, n in phrases)}.
+
+![statistics](images/statistics.png)
+
+![timelines](images/timelines.png)
+
+## Licence
+
+Each mixture carries the most restrictive licence of its sources; the dataset as a whole is
+**{licenses.get("dataset_license", "unknown")}**. Mixtures by licence: {", ".join(f"{k} {v}" for k, v in sorted(lic.items()))}.
+Every source is credited in `attribution.csv` ({len(attribution)} sources); the first {len(shown)}:
+
+{_table(["role", "id", "title", "author", "licence"], [[a[0], a[1], a[4], a[5], a[6]] for a in shown])}
+
+## Files
+
+{_table(["file", "split", "rows", "bytes", "sha256"], [[f["path"], f["split"], f["num_rows"], f["num_bytes"], f["sha256"][:16] + "..."] for f in index["files"]])}
+
+`index.json` lists every shard with its full sha256; `sedsynth validate <folder>` checks a copy.
+
+## Sources and citation
+
+Mixing follows FineLAP (Scaper-style soundscapes, 1-5 events at 12-20 dB SNR over ambience) with
+FLAM's boundary smoothing. Event sources: FSD50K (Fonseca et al., 2022). Label hierarchy:
+AudioSet ontology (Gemmeke et al., 2017); cluster inventory from AudioSet-Strong (Hershey et
+al., 2021).
+"""
+
+
+def write(folder: Path, params, mix_dir: Path, index: dict) -> None:
+    """Write ``README.md`` and ``images/`` into the dataset folder being built."""
+    licenses = json.loads((mix_dir / "licenses.json").read_text(encoding="utf-8"))
+    with open(mix_dir / "attribution.csv", newline="", encoding="utf-8") as f:
+        attribution = list(csv.reader(f))[1:]
+    clusters = pq.read_table(folder / "clusters" / "clusters.parquet", columns=["cluster_id", "name"]).to_pylist()
+    names = {c["cluster_id"]: c["name"] for c in clusters}
+    stats = statistics(folder, index)
+    (folder / "images").mkdir(exist_ok=True)
+    plot(stats, names, folder / "images" / "statistics.png")
+    if (mix_dir / "timelines.png").exists():
+        shutil.copyfile(mix_dir / "timelines.png", folder / "images" / "timelines.png")
+    meta = yaml.safe_dump(front_matter(params, index, licenses), sort_keys=False, allow_unicode=True)
+    text = f"---\n{meta}---\n{body(params, index, stats, licenses, attribution, names)}"
+    write_atomic(folder / CARD, text.encode("utf-8"))
