@@ -134,7 +134,7 @@ class MixParams:
 
 @dataclass(frozen=True)
 class CaptionParams:
-    templates: str = "default"  # default (configs/caption_templates.txt), llm, or a file of templates
+    templates: str = "default"  # default (pipeline/data/caption_templates.txt), llm, or a file of templates
     llm_templates: int = 30  # templates to ask for with templates: llm
     phrases: Literal["default", "llm"] = "default"  # llm adds LLM-written variants to the derived phrases
     llm_phrase_variants: int = 3

@@ -86,3 +86,28 @@ def params() -> Params:
 def tree_digest(folder: Path) -> dict[str, str]:
     """sha256 of every file under ``folder``, keyed by relative path."""
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def mixed(tmp_path_factory):
+    """A small mix stage output made by the real stages from the embedded corpus.
+
+    Returns ``(params, mix_dir, events_dir, backgrounds_dir)``; params point ``mix.out_dir``
+    at the folder and run everything in-process.
+    """
+    from pipeline import ambience, clip
+    from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
+    from pipeline.mix.stage import run as mix
+    from pipeline.params import MixtureCounts
+
+    tmp = tmp_path_factory.mktemp("mixed")
+    p = replace(Params(), compute=ComputeParams(workers=1, chunk_size=4))
+    p = replace(p, clip=replace(p.clip, plot_examples=0))
+    p = replace(p, mix=replace(p.mix, mixtures=MixtureCounts(train=20, valid=5, test=5), partition_size=10, event_split="random",
+                               export=replace(p.mix.export, timelines=1), out_dir=str(tmp / "mix")))
+    write_fsd50k_corpus(tmp / "fsd50k", n_clips=120, seed=5)
+    write_ambience_library(tmp / "ambience", n_recordings=8, seed=5)
+    clip.run(p, tmp / "fsd50k", tmp / "events")
+    ambience.run(p, tmp / "ambience", tmp / "backgrounds")
+    mix(p, tmp / "events", tmp / "backgrounds", tmp / "mix")
+    return p, tmp / "mix", tmp / "events", tmp / "backgrounds"

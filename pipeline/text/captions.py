@@ -3,7 +3,7 @@
 Input: the mix stage's folder (``mixtures.parquet``, ``occurrences.parquet``,
 ``segments.parquet``), the label phrases (shipped ``pipeline/data/label_phrases.json``,
 optionally with LLM variants) and the caption templates (the shipped
-``configs/caption_templates.txt``, a file of your own, or LLM-written ones). Output, in
+``pipeline/data/caption_templates.txt``, a file of your own, or LLM-written ones). Output, in
 ``captions.out_dir``:
 
 - ``phrases.parquet``: :class:`~pipeline.schema.LabelPhrase`, one row per label with audible
@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from pipeline.mix.instantiate import SPLITS
-from pipeline.ontology import default_ontology
+from pipeline.ontology import DATA_DIR, default_ontology
 from pipeline.outputs import staged_dir, write_json, write_manifest
 from pipeline.schema import (
     Caption,
@@ -51,7 +51,7 @@ from pipeline.text.llm import Completer, MalformedCompletion, strip_fences
 from pipeline.text.phrases import join_phrases, name_phrases
 
 log = logging.getLogger(__name__)
-DEFAULT_TEMPLATES = Path("configs/caption_templates.txt")
+DEFAULT_TEMPLATES = DATA_DIR / "caption_templates.txt"
 CAPTION_STREAM = 0xCA
 SLOT = "{}"
 MIN_LLM_TEMPLATES = 5

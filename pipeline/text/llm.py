@@ -122,7 +122,12 @@ class Completer:
         """The validated completion of ``prompt``, from the cache or the endpoint."""
         cached = self.cache.get(self.params.model, prompt)
         if cached is not None:
-            return validate(cached)
+            try:
+                return validate(cached)
+            except MalformedCompletion as e:
+                raise LLMError(f"{self.cache.path}: the cached completion for model {self.params.model!r} "
+                               f"(entry {self.cache.key(self.params.model, prompt)[:12]}...) is no longer usable ({e}); "
+                               "delete that entry to ask the endpoint again") from None
         text, value = self._request(prompt, validate)
         self.cache.put(self.params.model, prompt, text)
         return value
@@ -175,6 +180,8 @@ class Completer:
                 last = f"server error (HTTP {e.status_code})"
             except openai.APIResponseValidationError:
                 last = "malformed completion: the response does not follow the chat-completions format"
+            except json.JSONDecodeError:  # a JSON content type over a body that is not JSON (the client does not wrap it)
+                last = "malformed completion: the response body is not JSON"
             except openai.APIStatusError as e:
                 raise LLMError(_status_advice(e.status_code, self.params, where)) from None
         raise LLMError(
