@@ -1,6 +1,7 @@
 """Benchmarks that print figures next to a peer measured in the same run.
 
-``sedsynth bench mix``: see :mod:`pipeline.mix.bench`.
+``sedsynth bench mix``: see :mod:`pipeline.mix.bench`; ``sedsynth bench shards``: see
+:mod:`pipeline.shards.bench`.
 
 ``sedsynth bench clip``: clipping throughput against decoding the same files, all on one
 core in this process, in seconds of source audio per second. Passes over every
@@ -125,6 +126,11 @@ def main(args: argparse.Namespace) -> int:
 
         workers = [int(w) for w in args.workers.split(",")]
         print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures))
+    elif args.what == "shards":
+        from pipeline.shards.bench import bench_shards
+        from pipeline.shards.bench import print_figures as print_shards
+
+        print_shards(bench_shards(params, args.repeat))
     return 0
 
 

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
     pub.add_argument("--batch-files", type=int, default=50, help="shards per commit (default 50)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
-    bench.add_argument("what", choices=["clip", "mix"], help="which stage to measure")
+    bench.add_argument("what", choices=["clip", "mix", "shards"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
     bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400)")
     bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")

@@ -11,6 +11,7 @@ manifests are relative to the manifest's own folder (outputs) or to the source r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 
@@ -355,10 +356,15 @@ def arrow_schema(record_type: type) -> pa.Schema:
     return pa.schema([pa.field(f.name, _arrow_type(hints[f.name]), nullable=False) for f in dataclasses.fields(record_type)])
 
 
+@functools.cache
+def _hints(record_type: type) -> dict:
+    return typing.get_type_hints(record_type)
+
+
 def _as_record(hint: object, value: object) -> object:
     """A value read back from Arrow (dicts and lists) -> the annotation's Python type."""
     if dataclasses.is_dataclass(hint):
-        hints = typing.get_type_hints(hint)
+        hints = _hints(hint)
         return hint(**{f.name: _as_record(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)})
     if typing.get_origin(hint) is tuple:
         inner = typing.get_args(hint)[0]

@@ -5,7 +5,8 @@ Input: the mix stage's folder (recipes, FLAC audio, licences), the captions stag
 ``shards.out_dir`` (layout in :mod:`pipeline.shards.layout`): Parquet shards of
 :class:`~pipeline.schema.ShardRow`, one row per mixture in (split, index) order, a new shard
 when the audio in one reaches ``shards.shard_size_mb`` and a new row group at
-``shards.row_group_size_mb``; ``index.json``; the dataset card; the phrase database and
+``shards.row_group_size_mb``, every column compressed with ``shards.compression`` but the
+FLAC bytes (stored as they are: they do not compress); ``index.json``; the dataset card; the phrase database and
 cluster relations under ``clusters/``; licences, attribution and pictures.
 
 Every label phrase of a row carries its cluster id, taken from the phrase database by
@@ -15,6 +16,7 @@ under a staging name and swapped in whole.
 
 from __future__ import annotations
 
+import io
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -71,6 +73,15 @@ def plan_chunks(sizes: list[int], limit_bytes: float) -> list[tuple[int, int]]:
     return out
 
 
+def column_compression(schema, codec: str) -> dict[str, str]:
+    """Per-column codecs: ``codec`` for every column but the FLAC bytes, which do not compress."""
+    buf = io.BytesIO()
+    pq.write_table(schema.empty_table(), buf)
+    meta = pq.read_metadata(io.BytesIO(buf.getvalue())).schema
+    paths = [meta.column(i).path for i in range(len(meta))]
+    return {path: ("none" if path == "audio.bytes" else codec) for path in paths}
+
+
 def build_rows(mix_dir: Path, seed: int, captions: dict[str, Caption], phrases: dict[str, list[LabelPhrase]],
                cluster_of: dict[tuple[str, str, str], int]):
     """Row builder: recipe -> :class:`ShardRow` (reads the mixture's FLAC bytes)."""
@@ -117,7 +128,7 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
     for r in sorted(recipes, key=lambda r: (SPLIT_ORDER.index(r.split), r.index)):
         by_split[r.split].append(r)
     files = []
-    compression = None if p.compression == "none" else p.compression
+    compression = column_compression(schema, p.compression)
     with staged_dir(out_dir) as staging, tqdm(total=len(recipes), desc="shards", unit="mix", disable=None) as bar:
         (staging / DATA).mkdir()
         for split, items in by_split.items():
