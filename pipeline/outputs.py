@@ -12,6 +12,7 @@ Every stage folder holds ``manifest.parquet`` (one row per output record), ``ski
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import shutil
@@ -121,6 +122,15 @@ def write_skips(path: Path, skips: list[Skip]) -> None:
 def summarize(num_inputs: int, num_outputs: int, skips: list[Skip], **extra: object) -> dict:
     by_reason = dict(sorted(Counter(s.reason for s in skips).items()))
     return {"inputs": num_inputs, "outputs": num_outputs, "skipped": len(skips), "skipped_by_reason": by_reason, **extra}
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -44,6 +44,7 @@ from pipeline.outputs import (
     MANIFEST,
     SKIPPED,
     SUMMARY,
+    file_sha256,
     resumable_dir,
     write_json,
     write_manifest,
@@ -144,14 +145,6 @@ def assign_splits(
     return event_pools, bg_pools
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class Partition:
     stage_dir: str
@@ -250,7 +243,7 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         "backgrounds_dir": str(backgrounds_dir),
         "event_pools": {s: [e.clip_id for e in event_pools[s]] for s in SPLITS},
         "background_pools": {s: [b.segment_id for b in bg_pools[s]] for s in SPLITS},
-        "inputs": {"events": _file_digest(events_dir / MANIFEST), "backgrounds": _file_digest(backgrounds_dir / MANIFEST)},
+        "inputs": {"events": file_sha256(events_dir / MANIFEST), "backgrounds": file_sha256(backgrounds_dir / MANIFEST)},
     }
     plan_bytes = json.dumps(plan, sort_keys=True).encode("utf-8")
     fingerprint = hashlib.sha256(plan_bytes).hexdigest()

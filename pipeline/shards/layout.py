@@ -11,9 +11,7 @@ types the ``audio`` column (``struct<bytes, path>``, FLAC bytes) as ``Audio``.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -23,7 +21,6 @@ INDEX = "index.json"
 CARD = "README.md"
 DATA = "data"
 INDEX_VERSION = 1
-SPLIT_ORDER = ("train", "valid", "test")
 
 
 def shard_name(split: str, i: int, n: int) -> str:
@@ -43,11 +40,3 @@ def shard_schema(sample_rate_hz: int) -> pa.Schema:
     """The Parquet schema of every shard, with the ``huggingface`` metadata ``datasets`` reads."""
     meta = {"info": {"features": features(sample_rate_hz).to_dict()}}
     return arrow_schema(ShardRow).with_metadata({"huggingface": json.dumps(meta, sort_keys=True)})
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -25,20 +25,23 @@ class PublishError(ValueError):
     """Publishing cannot go on; the message says what to do."""
 
 
-def local_files(folder: Path) -> list[str]:
+def _index(folder: Path) -> dict:
+    return json.loads((folder / INDEX).read_text(encoding="utf-8"))
+
+
+def local_files(folder: Path, index: dict | None = None) -> list[str]:
     """Every file to publish, relative to ``folder``: shards (index order), then the rest sorted."""
-    index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
-    shards = [f["path"] for f in index["files"]]
+    shards = [f["path"] for f in (index or _index(folder))["files"]]
     rest = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     return shards + [p for p in rest if p not in shards]
 
 
-def pending(folder: Path, remote_sha256: dict[str, str | None]) -> list[str]:
+def pending(folder: Path, remote_sha256: dict[str, str | None], index: dict | None = None) -> list[str]:
     """Files whose hub copy is missing or differs (shards by their indexed sha256; other files always)."""
-    index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
+    index = index or _index(folder)
     sha = {f["path"]: f["sha256"] for f in index["files"]}
-    return [p for p in local_files(folder) if p not in sha or remote_sha256.get(p) != sha[p]]
+    return [p for p in local_files(folder, index) if p not in sha or remote_sha256.get(p) != sha[p]]
 
 
 def remote_files(api, repo_id: str) -> dict[str, str | None]:
@@ -65,8 +68,9 @@ def publish(folder: Path | str, repo_id: str, token_env: str = "HF_TOKEN", priva
         from huggingface_hub import HfApi
 
         api = HfApi(token=token)
+    index = _index(folder)
     remote = remote_files(api, repo_id) if api is not None else {}
-    todo = pending(folder, remote)
+    todo = pending(folder, remote, index)
     if dry_run:
         for p in todo:
             print(f"would upload {p} ({(folder / p).stat().st_size / 1e6:.1f} MB)")
@@ -74,7 +78,6 @@ def publish(folder: Path | str, repo_id: str, token_env: str = "HF_TOKEN", priva
               + ("" if api is not None else " (no token: the hub was not asked what it already has)"))
         return todo
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
-    index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
     shard_paths = {f["path"] for f in index["files"]}
     shards = [p for p in todo if p in shard_paths]
     rest = [p for p in todo if p not in shard_paths]

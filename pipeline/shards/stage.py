@@ -24,7 +24,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from pipeline.outputs import staged_dir, write_json
+from pipeline.mix.instantiate import SPLITS
+from pipeline.outputs import file_sha256, staged_dir, write_json
 from pipeline.schema import (
     AudioFile,
     Caption,
@@ -41,8 +42,6 @@ from pipeline.shards.layout import (
     DATA,
     INDEX,
     INDEX_VERSION,
-    SPLIT_ORDER,
-    sha256_file,
     shard_name,
     shard_schema,
 )
@@ -125,7 +124,7 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
     row_of = build_rows(mix_dir, params.seed, captions, phrases, cluster_of)
 
     by_split: dict[str, list[MixtureRecipe]] = defaultdict(list)
-    for r in sorted(recipes, key=lambda r: (SPLIT_ORDER.index(r.split), r.index)):
+    for r in sorted(recipes, key=lambda r: (SPLITS.index(r.split), r.index)):
         by_split[r.split].append(r)
     files = []
     compression = column_compression(schema, p.compression)
@@ -143,7 +142,7 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
                         writer.write_table(to_table(rows, ShardRow).replace_schema_metadata(schema.metadata), row_group_size=len(rows))
                         bar.update(len(rows))
                 files.append({"path": name, "split": split, "num_rows": b - a, "num_row_groups": len(groups),
-                              "num_bytes": (staging / name).stat().st_size, "sha256": sha256_file(staging / name)})
+                              "num_bytes": (staging / name).stat().st_size, "sha256": file_sha256(staging / name)})
         index = {
             "version": INDEX_VERSION,
             "sample_rate_hz": rate,

@@ -21,8 +21,9 @@ import pyarrow.parquet as pq
 import soundfile as sf
 import yaml
 
+from pipeline.outputs import file_sha256
 from pipeline.schema import ShardRow, arrow_schema
-from pipeline.shards.layout import CARD, DATA, INDEX, INDEX_VERSION, sha256_file
+from pipeline.shards.layout import CARD, DATA, INDEX, INDEX_VERSION
 
 
 class ValidationError(ValueError):
@@ -101,7 +102,7 @@ def validate(folder: Path | str, decode: bool = False) -> dict:
         if not path.exists():
             problems.append(f"{f['path']}: listed in {INDEX} but missing; download or copy it again")
             continue
-        if sha256_file(path) != f["sha256"]:
+        if file_sha256(path) != f["sha256"]:
             problems.append(f"{f['path']}: sha256 differs from {INDEX} (the file was changed or truncated); copy it again or re-run `sedsynth shards`")
         try:
             pf = pq.ParquetFile(path)
