@@ -16,6 +16,8 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth clip --set sources.fsd50k_dir=/data/FSD50K --set compute.workers=8
     sedsynth bench clip                  # clipping throughput vs plain decoding
     sedsynth bench mix                   # mixtures/s and memory vs Scaper on the same sources
+    sedsynth train                       # FineLAP on the shards (torchrun --nproc_per_node=8 -m trainer)
+    sedsynth bench train                 # loader clips/s per worker and training steps/s
 """
 
 from __future__ import annotations
@@ -100,6 +102,18 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from trainer.train import run
+
+    summary = run(_params(args))
+    if summary:
+        final, untrained = summary.get("final", {}), summary.get("untrained", {})
+        print(f"train: {summary['steps']} steps, {summary['train_clips_per_s']:.1f} clips/s; held-out frame AUROC "
+              f"{untrained.get('frame_auroc', float('nan')):.3f} untrained -> {final.get('frame_auroc', float('nan')):.3f}, "
+              f"audio->caption R@1 {untrained.get('a2t_r1', float('nan')):.3f} -> {final.get('a2t_r1', float('nan')):.3f}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from pipeline.bench import main as bench_main
 
@@ -134,8 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--private", action="store_true", help="create the repo private")
     pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
     pub.add_argument("--batch-files", type=int, default=50, help="shards per commit (default 50)")
+    stage("train", _train, "train FineLAP on the shards (torchrun -m trainer for several GPUs)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
-    bench.add_argument("what", choices=["clip", "mix", "shards"], help="which stage to measure")
+    bench.add_argument("what", choices=["clip", "mix", "shards", "train"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
     bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400)")
     bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")

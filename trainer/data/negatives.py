@@ -1,0 +1,105 @@
+"""Cluster-based negative phrases (FineLAP Algorithm 1) that never contradict a positive.
+
+Input: the phrase clusters a shard folder carries (``clusters/clusters.parquet``: cluster ids with
+their ancestor, descendant and near-synonym ids; ``clusters/phrases.parquet``: every phrase of
+the database and its cluster). Output, per clip: ``N - K`` negative phrases whose clusters are
+neither a positive cluster nor an ontology relative or near-synonym of one ("Dog" is never a
+negative for "Bark"). ``mode: cluster`` draws a cluster uniformly, then one of its phrases (the
+authors' code); ``mode: phrase`` draws uniformly from the phrase pool (the paper's text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+
+class NegativeError(ValueError):
+    """The cluster tables are missing or cannot supply negatives."""
+
+
+@dataclass(frozen=True)
+class ClusterTables:
+    """The two cluster tables, as plain lists of dicts (rows)."""
+
+    clusters: list[dict]
+    phrases: list[dict]
+
+    @classmethod
+    def read(cls, folder: str) -> "ClusterTables":
+        """Read ``<folder>/clusters.parquet`` and ``<folder>/phrases.parquet`` (local path or fsspec URL)."""
+        import fsspec
+        import pyarrow.parquet as pq
+
+        fs, root = fsspec.core.url_to_fs(str(folder))
+        tables = []
+        for name in ("clusters.parquet", "phrases.parquet"):
+            path = f"{root.rstrip('/')}/{name}"
+            if not fs.exists(path):
+                raise NegativeError(f"negatives: {folder}/{name} not found; run `sedsynth clusters` and `sedsynth shards`, "
+                                    "or set train.data.clusters to a folder holding clusters.parquet and phrases.parquet")
+            with fs.open(path, "rb") as f:
+                tables.append(pq.read_table(f).to_pylist())
+        return cls(*tables)
+
+
+class NegativeSampler:
+    """Draws negative phrases for a clip from the clusters its positives leave open."""
+
+    def __init__(self, tables: ClusterTables, mode: Literal["cluster", "phrase"] = "cluster"):
+        self.mode = mode
+        self.related: dict[int, frozenset[int]] = {}
+        for c in tables.clusters:
+            cid = int(c["cluster_id"])
+            self.related[cid] = frozenset([cid, *c["ancestor_ids"], *c["descendant_ids"], *c["near_synonym_ids"]])
+        by_cluster: dict[int, list[str]] = {}
+        for p in tables.phrases:
+            by_cluster.setdefault(int(p["cluster_id"]), []).append(p["phrase"])
+        self.cluster_ids = np.array(sorted(by_cluster), dtype=np.int64)
+        self.phrases_of = {cid: sorted(set(v)) for cid, v in by_cluster.items()}
+        self.phrase_pool = [(ph, cid) for cid in self.cluster_ids.tolist() for ph in self.phrases_of[cid]]
+        self.cluster_of = {ph: cid for ph, cid in self.phrase_pool}
+        if len(self.cluster_ids) < 2:
+            raise NegativeError("negatives: the phrase database needs phrases in at least two clusters")
+
+    def excluded(self, positive_clusters: list[int]) -> frozenset[int]:
+        """Positive clusters with their ancestors, descendants and near-synonyms."""
+        out: set[int] = set()
+        for cid in positive_clusters:
+            out |= self.related.get(int(cid), frozenset([int(cid)]))
+        return frozenset(out)
+
+    def sample(self, positive_clusters: list[int], count: int, rng: np.random.Generator) -> list[tuple[str, int]]:
+        """``count`` distinct negative phrases with their clusters (fewer only if the pool runs out)."""
+        if count <= 0:
+            return []
+        banned = self.excluded(positive_clusters)
+        if self.mode == "phrase":
+            order = rng.permutation(len(self.phrase_pool))
+            picked = [self.phrase_pool[i] for i in order if self.phrase_pool[i][1] not in banned]
+            return picked[:count]
+        out: list[tuple[str, int]] = []
+        seen: set[str] = set()
+        # Clusters in a random order, cycling when every open cluster has given a phrase.
+        open_clusters = [int(c) for c in self.cluster_ids[rng.permutation(len(self.cluster_ids))] if int(c) not in banned]
+        while len(out) < count and open_clusters:
+            remaining = []
+            for cid in open_clusters:
+                choices = [p for p in self.phrases_of[cid] if p not in seen]
+                if not choices:
+                    continue
+                phrase = choices[int(rng.integers(len(choices)))]
+                seen.add(phrase)
+                out.append((phrase, cid))
+                remaining.append(cid)
+                if len(out) == count:
+                    break
+            open_clusters = remaining
+        return out
+
+
+def default_clusters_folder(shards_path: str) -> str:
+    return str(Path(shards_path) / "clusters") if "://" not in shards_path else shards_path.rstrip("/") + "/clusters"

@@ -1,0 +1,225 @@
+"""Where training rows come from, and how they are cut into pieces for ranks and workers.
+
+Two kinds of source:
+
+- ``shards``: Parquet files in the Hugging Face layout (``data/<split>-*.parquet``; a local folder
+  or any fsspec URL such as ``hf://datasets/you/name`` or ``s3://bucket/set``). Rows carry FLAC
+  bytes, a caption and frame-labelled phrases; a Parquet file of clip-only captions (an audio
+  struct column and a caption column, as AudioCaps or Clotho on the hub) reads the same way.
+- ``captions``: a CSV of captions beside an audio folder (AudioCaps, Clotho, WavCaps as users
+  keep them); ``path_format`` names each row's file from its columns, e.g. ``{youtube_id}.wav``.
+
+A source is cut into :class:`Piece` s (a row range inside one Parquet row group, or of the CSV)
+that :func:`plan_epoch` deals to the global workers (ranks x DataLoader workers): every row
+goes to exactly one worker per epoch, and every worker gets the same number of rows (the few
+left over by uneven pieces wait for a later epoch, where the deal differs).
+"""
+
+from __future__ import annotations
+
+import csv
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.params import SourceParams
+from pipeline.schema import Skip
+
+SHARD_COLUMNS = ("id", "audio", "caption", "phrases")
+
+
+class SourceError(ValueError):
+    """A training source that cannot be read; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[start, stop)`` of one row group of one file (``row_group`` is -1 for a CSV)."""
+
+    source: int
+    file: str
+    row_group: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def stable_hash(text: str) -> int:
+    """A 32-bit hash of an id that does not change between runs or machines."""
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def _fs(path: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(path)
+
+
+def list_parquet(path: str, split: str) -> list[str]:
+    """The split's Parquet files in a folder (``index.json`` first, then a glob) or a single file."""
+    import json
+
+    fs, root = _fs(path)
+    if root.endswith(".parquet"):
+        if not fs.exists(root):
+            raise SourceError(f"train: {path} not found")
+        return [root]
+    index = f"{root.rstrip('/')}/index.json"
+    if fs.exists(index):
+        with fs.open(index, "r") as f:
+            files = [e["path"] for e in json.load(f)["files"] if e["split"] == split]
+        return [f"{root.rstrip('/')}/{p}" for p in files]
+    found = sorted(fs.glob(f"{root.rstrip('/')}/**/{split}-*.parquet")) or sorted(fs.glob(f"{root.rstrip('/')}/{split}-*.parquet"))
+    if not found:
+        raise SourceError(f"train: no {split}-*.parquet files under {path}; build them with `sedsynth shards` "
+                          "or point train.data.sources[].path at a folder in the Hugging Face layout")
+    return found
+
+
+class ParquetSource:
+    """Rows of Parquet files, read one row group at a time (the last one stays cached)."""
+
+    def __init__(self, index: int, params: SourceParams):
+        self.index, self.params = index, params
+        self.fs, _ = _fs(params.path)
+        self.files = list_parquet(params.path, params.split)
+        self._cached: tuple[tuple[str, int], list[dict]] | None = None
+        self.skips: list[Skip] = []
+
+    def row_groups(self) -> list[tuple[str, int, int]]:
+        """``(file, row_group, rows)`` from the files' footers (no data read)."""
+        import pyarrow.parquet as pq
+
+        out = []
+        for file in self.files:
+            with self.fs.open(file, "rb") as f:
+                meta = pq.ParquetFile(f).metadata
+            out += [(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        return out
+
+    def columns(self, names: list[str]) -> list[str]:
+        wanted = [c for c in SHARD_COLUMNS if c in names]
+        wanted += [c for c in self.params.caption_columns if c in names and c not in wanted]
+        if self.params.audio_column in names and self.params.audio_column not in wanted:
+            wanted.append(self.params.audio_column)
+        return wanted
+
+    def read(self, piece: Piece) -> list[dict]:
+        import pyarrow.parquet as pq
+
+        key = (piece.file, piece.row_group)
+        if self._cached is None or self._cached[0] != key:
+            with self.fs.open(piece.file, "rb") as f:
+                pf = pq.ParquetFile(f)
+                table = pf.read_row_group(piece.row_group, columns=self.columns(pf.schema_arrow.names))
+            self._cached = (key, table.to_pylist())
+        rows = self._cached[1][piece.start:piece.stop]
+        for i, r in enumerate(rows):
+            r.setdefault("id", f"{piece.file}#{piece.row_group}:{piece.start + i}")
+            if "audio" not in r and self.params.audio_column in r:
+                r["audio"] = r.pop(self.params.audio_column)
+        return rows
+
+
+class CaptionCsvSource:
+    """Rows of a captions CSV; files missing from ``audio_dir`` are reported, not read."""
+
+    def __init__(self, index: int, params: SourceParams):
+        from pathlib import Path
+
+        self.index, self.params = index, params
+        if params.audio_dir is None:
+            raise SourceError(f"train: caption source {params.path} needs audio_dir (the folder its audio files live in)")
+        path, audio_dir = Path(params.path), Path(params.audio_dir)
+        if not path.exists():
+            raise SourceError(f"train: caption CSV {path} not found")
+        if not audio_dir.is_dir():
+            raise SourceError(f"train: audio_dir {audio_dir} is not a folder")
+        self.rows: list[dict] = []
+        self.skips: list[Skip] = []
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in params.caption_columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise SourceError(f"train: {path} has no column(s) {missing}; its columns are {reader.fieldnames}. "
+                                  "Set caption_columns (and path_format) to match")
+            for line, row in enumerate(reader, start=2):
+                if params.split_column and row.get(params.split_column) != params.split:
+                    continue
+                try:
+                    name = params.path_format.format(**row)
+                except (KeyError, IndexError, ValueError) as e:
+                    self.skips.append(Skip(f"line {line}", str(path), "malformed-row", f"path_format {params.path_format!r}: {e}"))
+                    continue
+                captions = [row[c] for c in params.caption_columns if (row.get(c) or "").strip()]
+                if not captions:
+                    self.skips.append(Skip(f"line {line}", str(path), "malformed-row", "no caption in the caption columns"))
+                    continue
+                audio = audio_dir / name
+                if not audio.is_file():
+                    self.skips.append(Skip(name, str(audio), "missing-file", f"named by {path} line {line}"))
+                    continue
+                self.rows.append({"id": name, "audio": {"bytes": None, "path": str(audio)}, "captions": captions})
+        if not self.rows:
+            raise SourceError(f"train: no usable rows in {path} ({len(self.skips)} skipped; see skipped.csv)")
+        self.files = [str(path)]
+
+    def row_groups(self) -> list[tuple[str, int, int]]:
+        return [(str(self.params.path), -1, len(self.rows))]
+
+    def read(self, piece: Piece) -> list[dict]:
+        return [dict(r) for r in self.rows[piece.start:piece.stop]]
+
+
+def open_source(index: int, params: SourceParams):
+    if params.kind == "captions" and not params.path.endswith(".parquet") and not _is_parquet_folder(params.path):
+        return CaptionCsvSource(index, params)
+    return ParquetSource(index, params)
+
+
+def _is_parquet_folder(path: str) -> bool:
+    return not path.endswith((".csv", ".tsv"))
+
+
+def pieces_of(source, piece_rows: int) -> list[Piece]:
+    """Cut every row group into pieces of at most ``piece_rows`` rows."""
+    out = []
+    for file, group, rows in source.row_groups():
+        for start in range(0, rows, piece_rows):
+            out.append(Piece(source.index, file, group, start, min(rows, start + piece_rows)))
+    return out
+
+
+@dataclass
+class Deal:
+    """One epoch's assignment: the pieces of each global worker and the rows each may use."""
+
+    pieces: list[list[Piece]] = field(default_factory=list)
+    quota: int = 0
+
+
+def plan_epoch(pieces: list[Piece], num_workers: int, seed: int, epoch: int) -> Deal:
+    """Shuffle the pieces for this epoch and deal them to ``num_workers`` global workers.
+
+    Each piece goes to the worker with the fewest rows so far, so row counts differ by less
+    than one piece; ``quota`` (the smallest count) is what every worker yields, which keeps
+    DDP ranks in step. Depends only on (pieces, num_workers, seed, epoch).
+    """
+    order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(pieces))
+    deal = Deal([[] for _ in range(num_workers)])
+    load = np.zeros(num_workers, dtype=np.int64)
+    for i in order:
+        w = int(np.argmin(load))
+        deal.pieces[w].append(pieces[i])
+        load[w] += pieces[i].rows
+    deal.quota = int(load.min()) if num_workers else 0
+    return deal
+
+
+def piece_rows_for(total_rows: int, num_workers: int, piece_rows: int) -> int:
+    """Pieces small enough that each worker gets several (so the deal stays balanced)."""
+    return max(1, min(piece_rows, -(-total_rows // (8 * max(1, num_workers)))))

@@ -1,0 +1,249 @@
+"""The training stream: sources -> per-worker pieces -> shuffle buffer -> model-ready items.
+
+Each epoch, every source's pieces are dealt to the global workers (DDP ranks x DataLoader
+workers, :func:`~trainer.data.sources.plan_epoch`); a worker reads its pieces, keeps its
+quota, interleaves the sources by weight, shuffles through a buffer of undecoded rows, and
+turns each row into an :class:`Item`: FLAC (or any file soundfile reads) decoded, downmixed,
+resampled to the encoder's rate, cropped or padded to the input length, frame labels at the
+encoder's frame times, and N phrases (positives first, then cluster-based negatives).
+
+Everything random about one item (crop, negatives, caption choice, tag replacement) comes from
+a generator seeded by (seed, epoch, source, id), so an item does not depend on which worker
+made it. Items that cannot be decoded are skipped and reported with their reason (``skips``
+rides on the next item to the training loop, which writes them to ``skipped.csv``).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+import soundfile as sf
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from pipeline.audio import AudioError, downmix, resample
+from pipeline.schema import Skip
+from trainer.data.labels import frame_labels
+from trainer.data.negatives import NegativeSampler
+from pipeline.params import SourceParams
+from trainer.data.sources import open_source, piece_rows_for, pieces_of, plan_epoch, stable_hash
+
+
+@dataclass(frozen=True)
+class ItemParams:
+    """How rows become items (the parts of ``train.data`` the stream needs)."""
+
+    sample_rate_hz: int = 16000
+    input_samples: int = 160000  # crop or pad to this (10 s at 16 kHz)
+    num_phrases: int = 20  # N: positives plus negatives per clip
+    random_crop: bool = True  # False: always the start (evaluation)
+    tag_replacement_p: float = 0.0  # FLAM: replace the caption with one of the clip's phrases
+    min_label_overlap: float = 0.5
+
+
+@dataclass
+class Item:
+    id: str
+    wave: np.ndarray  # (S,) float32
+    caption: str
+    phrases: list[str]  # N strings; "" where no phrase
+    labels: np.ndarray  # (N, L) bool
+    mask: np.ndarray  # (N,) bool: a real phrase of a frame-labelled clip
+    has_frames: bool
+    skips: list[Skip] = field(default_factory=list)
+
+
+class ItemBuilder:
+    """One row (a dict from a source) -> :class:`Item`; raises ``AudioError`` on unusable audio."""
+
+    def __init__(self, params: ItemParams, spans_s: np.ndarray, sampler: NegativeSampler | None, seed: int):
+        self.p, self.spans, self.sampler, self.seed = params, spans_s, sampler, seed
+
+    def decode(self, audio: dict) -> np.ndarray:
+        data = audio.get("bytes")
+        try:
+            x, rate = sf.read(io.BytesIO(data) if data else audio["path"], dtype="float32", always_2d=True)
+        except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+            raise AudioError("unreadable", f"soundfile cannot decode it ({e})") from None
+        if x.shape[0] == 0:
+            raise AudioError("empty", "zero samples")
+        x = downmix(x) if x.shape[1] > 1 else x[:, 0]
+        if not np.isfinite(x).all():
+            raise AudioError("non-finite", "NaN or infinite samples")
+        return resample(x, rate, self.p.sample_rate_hz)
+
+    def crop(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+        n = self.p.input_samples
+        if len(x) > n:
+            start = int(rng.integers(0, len(x) - n + 1)) if self.p.random_crop else 0
+            return x[start:start + n], start / self.p.sample_rate_hz
+        return np.pad(x, (0, n - len(x))), 0.0
+
+    def __call__(self, row: dict, source: int, epoch: int) -> Item:
+        rng = np.random.default_rng([self.seed, epoch, source, stable_hash(str(row["id"]))])
+        wave, offset_s = self.crop(self.decode(row["audio"]), rng)
+        n, L = self.p.num_phrases, len(self.spans)
+        phrases, labels, mask = [""] * n, np.zeros((n, L), bool), np.zeros(n, bool)
+        positives = row.get("phrases") or []
+        has_frames = "phrases" in row and self.sampler is not None
+        if has_frames:
+            if len(positives) > n:
+                positives = [positives[i] for i in sorted(rng.choice(len(positives), n, replace=False))]
+            for k, ph in enumerate(positives):
+                phrases[k] = ph["phrase"]
+                labels[k] = frame_labels([(s["start_s"], s["end_s"]) for s in ph["segments"]], offset_s, self.spans, self.p.min_label_overlap)
+            negatives = self.sampler.sample([ph["cluster_id"] for ph in positives], n - len(positives), rng)
+            for k, (phrase, _) in enumerate(negatives, start=len(positives)):
+                phrases[k] = phrase
+            mask[: len(positives) + len(negatives)] = True
+        captions = row.get("captions") or [row.get("caption") or ""]
+        caption = captions[int(rng.integers(len(captions)))]
+        if positives and rng.random() < self.p.tag_replacement_p:
+            caption = positives[int(rng.integers(len(positives)))]["phrase"]
+        return Item(str(row["id"]), wave.astype(np.float32, copy=False), caption, phrases, labels, mask, has_frames)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed when it is set up, else a single process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class TrainStream(IterableDataset):
+    """Items for this rank and DataLoader worker, one epoch per ``iter`` (call :meth:`set_epoch`)."""
+
+    def __init__(self, sources: list[SourceParams], builder: ItemBuilder, seed: int, shuffle_buffer: int = 256,
+                 piece_rows: int = 128, rank: int | None = None, world_size: int | None = None, shuffle: bool = True):
+        self.params, self.builder, self.seed = sources, builder, seed
+        self.shuffle_buffer, self.piece_rows, self.shuffle = shuffle_buffer, piece_rows, shuffle
+        self.sources = [open_source(i, s) for i, s in enumerate(sources)]
+        self.skips: list[Skip] = [s for src in self.sources for s in src.skips]
+        self.epoch = 0
+        self._rank, self._world = rank, world_size
+        self.skip_batches, self.batch_size = 0, 1
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0, batch_size: int = 1) -> None:
+        """Start ``epoch``; a resume passes the batches this rank already trained on in it."""
+        self.epoch, self.skip_batches, self.batch_size = epoch, skip_batches, batch_size
+
+    def topology(self) -> tuple[int, int]:
+        """(this global worker, number of global workers)."""
+        rank, size = world()
+        rank = self._rank if self._rank is not None else rank
+        size = self._world if self._world is not None else size
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        return rank * nw + wid, size * nw
+
+    def plan(self, num_workers: int) -> list:
+        """Per source: its epoch deal and the rows each worker yields from it."""
+        deals = []
+        for i, src in enumerate(self.sources):
+            total = sum(r for _, _, r in src.row_groups())
+            pieces = pieces_of(src, piece_rows_for(total, num_workers, self.piece_rows))
+            deals.append(plan_epoch(pieces, num_workers, self.seed + i, self.epoch if self.shuffle else 0))
+        primary = deals[0].quota
+        for i, d in enumerate(deals[1:], start=1):
+            wanted = int(round(primary * self.params[i].weight / max(self.params[0].weight, 1e-9)))
+            d.quota = min(d.quota, wanted)
+        return deals
+
+    def rows_per_worker(self, num_workers: int) -> int:
+        return sum(d.quota for d in self.plan(num_workers))
+
+    def _rows(self, source, pieces, quota):
+        left = quota
+        for piece in pieces:
+            for row in source.read(piece):
+                if left == 0:
+                    return
+                left -= 1
+                yield row
+
+    def _already_done(self) -> int:
+        """Items this worker made before a resume point (the DataLoader takes batches from its
+        workers in turn, so worker w made batches w, w + nw, ...)."""
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        return max(0, -(-(self.skip_batches - wid) // nw)) * self.batch_size
+
+    def __iter__(self):
+        me, count = self.topology()
+        done = self._already_done()
+        deals = self.plan(count)
+        streams = [self._rows(src, d.pieces[me], d.quota) for src, d in zip(self.sources, deals)]
+        left = np.array([d.quota for d in deals], dtype=np.float64)
+        weights = np.array([s.weight for s in self.params], dtype=np.float64)
+        rng = np.random.default_rng([self.seed, self.epoch, me, 0xB0F])
+        buffer: list[tuple[int, dict]] = []
+        skips: list[Skip] = []
+
+        def emit(entry):
+            nonlocal done
+            source, row = entry
+            if done > 0:
+                done -= 1
+                return None
+            try:
+                item = self.builder(row, source, self.epoch)
+            except AudioError as e:
+                audio = row.get("audio") or {}
+                skips.append(Skip(str(row.get("id")), str(audio.get("path") or ""), e.reason, e.detail))
+                return None
+            item.skips, skips[:] = list(skips), []
+            return item
+
+        while left.sum() > 0:
+            p = weights * (left > 0)
+            s = int(rng.choice(len(p), p=p / p.sum()))
+            left[s] -= 1
+            row = next(streams[s], None)
+            if row is None:
+                left[s] = 0
+                continue
+            buffer.append((s, row))
+            if len(buffer) >= max(1, self.shuffle_buffer):
+                j = int(rng.integers(len(buffer))) if self.shuffle else 0
+                buffer[j], buffer[-1] = buffer[-1], buffer[j]
+                item = emit(buffer.pop())
+                if item is not None:
+                    yield item
+        order = rng.permutation(len(buffer)) if self.shuffle else range(len(buffer))
+        for j in order:
+            item = emit(buffer[j])
+            if item is not None:
+                yield item
+
+
+@dataclass
+class Batch:
+    ids: list[str]
+    wave: torch.Tensor  # (B, S)
+    captions: list[str]
+    phrases: list[list[str]]  # B x N
+    labels: torch.Tensor  # (B, N, L) bool
+    mask: torch.Tensor  # (B, N) bool
+    has_frames: torch.Tensor  # (B,) bool
+    skips: list[Skip]
+
+    def to(self, device) -> "Batch":
+        self.wave, self.labels, self.mask, self.has_frames = (t.to(device, non_blocking=True) for t in (self.wave, self.labels, self.mask, self.has_frames))
+        return self
+
+
+def collate(items: list[Item]) -> Batch:
+    return Batch(
+        ids=[i.id for i in items],
+        wave=torch.from_numpy(np.stack([i.wave for i in items])),
+        captions=[i.caption for i in items],
+        phrases=[i.phrases for i in items],
+        labels=torch.from_numpy(np.stack([i.labels for i in items])),
+        mask=torch.from_numpy(np.stack([i.mask for i in items])),
+        has_frames=torch.tensor([i.has_frames for i in items]),
+        skips=[s for i in items for s in i.skips],
+    )

@@ -1,0 +1,251 @@
+"""Audio encoders, built by name: ``eat-base`` (ViT-B/16, EAT) and ``small`` (a CNN for CPUs).
+
+Contract of every encoder: ``forward(wave)`` takes ``(B, input_samples)`` float audio at
+``sample_rate_hz`` and returns ``(cls (B, D), dense (B, L, F, D))``: one clip token and a grid of
+L time columns by F frequency rows. ``frame_spans_s()`` gives each time column's extent
+``(L, 2)`` in seconds of the input: the fbank frames pooled into it, from the first window's
+start to the last window's end, which is what frame labels are built against.
+
+``eat-base`` follows EAT (Chen et al., 2024) as its public code builds it: 128-bin Kaldi fbank
+(EAT's constants), 1024 frames, 16x16 patches -> 64 x 8 tokens with a fixed 2-D sin-cos
+position table, a CLS token without position, a LayerNorm, then 12 post-norm blocks (768-d,
+12 heads, MLP 3072, LayerNorm eps 1e-6). :func:`load_eat_weights` reads an EAT checkpoint from a
+local path (the fairseq ``.pt`` or the Hugging Face port's weights); without one it trains from
+scratch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainer.features import Fbank, FbankParams
+
+
+class EncoderError(ValueError):
+    """An unknown encoder name or a checkpoint that does not fit; the message says what to do."""
+
+
+class AudioEncoder(nn.Module):
+    """Base class: the fbank front end and the time stride of the output columns."""
+
+    width: int
+    time_stride_frames: int
+
+    def __init__(self, fbank: FbankParams):
+        super().__init__()
+        self.fbank = Fbank(fbank)
+
+    @property
+    def sample_rate_hz(self) -> int:
+        return self.fbank.params.sample_rate_hz
+
+    @property
+    def num_frames(self) -> int:
+        return self.fbank.params.target_frames // self.time_stride_frames
+
+    def input_samples(self, crop_s: float) -> int:
+        return int(round(crop_s * self.sample_rate_hz))
+
+    def frame_spans_s(self) -> np.ndarray:
+        """``(L, 2)`` start and end seconds of each output column."""
+        p = self.fbank.params
+        first = np.arange(self.num_frames) * self.time_stride_frames
+        last = first + self.time_stride_frames - 1
+        start = first * p.shift_samples / p.sample_rate_hz
+        end = (last * p.shift_samples + p.window_samples) / p.sample_rate_hz
+        return np.stack([start, end], axis=1)
+
+
+# --------------------------------------------------------------------------- EAT (ViT-B/16)
+
+
+def sincos_2d(time: int, freq: int, dim: int) -> torch.Tensor:
+    """EAT's fixed position table ``(time * freq, dim)``, rows time-major: the first half of the
+    channels encodes the frequency index, the second half the time index (sin then cos each)."""
+    quarter = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    t, f = torch.meshgrid(torch.arange(time, dtype=torch.float64), torch.arange(freq, dtype=torch.float64), indexing="ij")
+    f_out, t_out = f.reshape(-1, 1) * omega, t.reshape(-1, 1) * omega
+    return torch.cat([f_out.sin(), f_out.cos(), t_out.sin(), t_out.cos()], dim=1).float()
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)  # 3 x (B, H, N, Dh)
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class PostNormBlock(nn.Module):
+    """data2vec 2.0's block with ``layer_norm_first=False``: ``x = norm1(x + attn(x)); x = norm2(x + mlp(x))``."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, eps: float = 1e-6):
+        super().__init__()
+        self.attn, self.norm1 = Attention(dim, heads), nn.LayerNorm(dim, eps=eps)
+        self.mlp, self.norm2 = Mlp(dim, int(dim * mlp_ratio)), nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.mlp(x))
+
+
+class EATEncoder(AudioEncoder):
+    """ViT on fbank patches; ``dense`` is ``(B, 64, 8, 768)`` for 1024 x 128 input."""
+
+    def __init__(self, dim: int = 768, depth: int = 12, heads: int = 12, patch: int = 16, fbank: FbankParams = FbankParams()):
+        super().__init__(fbank)
+        self.width, self.time_stride_frames, self.patch = dim, patch, patch
+        self.freq_patches = fbank.num_mel_bins // patch
+        self.patch_embed = nn.Conv2d(1, dim, kernel_size=patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.register_buffer("positions", sincos_2d(self.num_frames, self.freq_patches, dim).unsqueeze(0), persistent=False)
+        self.pre_norm = nn.LayerNorm(dim, eps=1e-6)
+        self.blocks = nn.ModuleList(PostNormBlock(dim, heads) for _ in range(depth))
+        self.apply(_init_vit)
+
+    def forward(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.fbank(wave).unsqueeze(1)  # (B, 1, T, F)
+        x = self.patch_embed(x.to(self.patch_embed.weight.dtype))  # (B, D, L, Fp)
+        b, d, L, fp = x.shape
+        x = x.flatten(2).transpose(1, 2) + self.positions[:, : L * fp]  # (B, L*Fp, D), time-major
+        x = torch.cat([self.cls_token.expand(b, -1, -1), x], dim=1)
+        x = self.pre_norm(x)
+        for block in self.blocks:
+            x = block(x)
+        return x[:, 0], x[:, 1:].reshape(b, L, fp, d)
+
+
+def _init_vit(m: nn.Module) -> None:
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=0.02)
+        nn.init.zeros_(m.bias)
+
+
+EAT_RENAMES = (
+    # (prefix in an EAT checkpoint, prefix here); fairseq first, then the Hugging Face port.
+    ("modality_encoders.IMAGE.local_encoder.proj.", "patch_embed."),
+    ("modality_encoders.IMAGE.extra_tokens", "cls_token"),
+    ("modality_encoders.IMAGE.context_encoder.norm.", "pre_norm."),
+    ("model.local_encoder.proj.", "patch_embed."),
+    ("model.extra_tokens", "cls_token"),
+    ("model.pre_norm.", "pre_norm."),
+    ("model.blocks.", "blocks."),
+    ("blocks.", "blocks."),
+)
+
+
+def eat_state_dict(raw: dict) -> dict[str, torch.Tensor]:
+    """Rename an EAT checkpoint's encoder weights to this module's names; drops the decoder,
+    EMA teacher, position table (recomputed) and classification head."""
+    if "model" in raw and isinstance(raw["model"], dict):
+        raw = raw["model"]
+    out = {}
+    for key, value in raw.items():
+        if not isinstance(value, torch.Tensor) or key.startswith("_ema"):
+            continue
+        for old, new in EAT_RENAMES:
+            if key.startswith(old):
+                out[new + key[len(old):]] = value
+                break
+    return out
+
+
+def load_eat_weights(encoder: EATEncoder, path: str) -> dict:
+    """Load EAT weights from a local ``.pt`` / ``.bin`` / ``.safetensors`` file or folder.
+
+    Returns ``{"loaded": n, "missing": [...]}``; raises :class:`EncoderError` when nothing fits.
+    """
+    p = Path(path)
+    if p.is_dir():
+        candidates = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.pt")) + sorted(p.glob("*.bin"))
+        if not candidates:
+            raise EncoderError(f"encoder: no .safetensors, .pt or .bin file in {p}")
+        p = candidates[0]
+    if not p.is_file():
+        raise EncoderError(f"encoder: EAT checkpoint {p} not found; download EAT-base (fairseq .pt or the Hugging Face "
+                           "worstchan/EAT-base_epoch30_pretrain weights) and set train.model.encoder_checkpoint to its path")
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        raw = load_file(str(p))
+    else:
+        raw = torch.load(str(p), map_location="cpu", weights_only=False)
+    state = eat_state_dict(raw)
+    own = encoder.state_dict()
+    fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    wrong = sorted(k for k in state if k in own and own[k].shape != state[k].shape)
+    if not fitting or wrong:
+        raise EncoderError(f"encoder: {p} does not fit eat-base ({len(fitting)} tensors fit; shape mismatches: {wrong[:5]}); "
+                           "is it an EAT-base checkpoint?")
+    missing = sorted(k for k in own if k not in fitting)
+    encoder.load_state_dict(fitting, strict=False)
+    return {"loaded": len(fitting), "missing": missing}
+
+
+# --------------------------------------------------------------------------- small CNN
+
+
+class ConvBlock(nn.Sequential):
+    def __init__(self, cin: int, cout: int, pool: tuple[int, int]):
+        super().__init__(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.GELU(),
+                         nn.AvgPool2d(pool) if pool != (1, 1) else nn.Identity())
+
+
+class SmallEncoder(AudioEncoder):
+    """A 4-block CNN (conv, batch norm, GELU, pooling) on 64-bin fbank that trains on a CPU;
+    columns every 8 frames (80 ms).
+
+    ``dense`` is ``(B, 128, 8, width)`` for 1024 frames; ``cls`` is the mean of the grid.
+    """
+
+    def __init__(self, width: int = 128, fbank: FbankParams = FbankParams(num_mel_bins=64)):
+        super().__init__(fbank)
+        self.width, self.time_stride_frames = width, 8
+        c = [1, width // 8, width // 4, width // 2, width]
+        pools = [(2, 2), (2, 2), (2, 2), (1, 1)]
+        self.blocks = nn.Sequential(*(ConvBlock(c[i], c[i + 1], pools[i]) for i in range(4)))
+
+    def forward(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.fbank(wave).unsqueeze(1)  # (B, 1, T, F)
+        x = self.blocks(x)  # (B, C, T/8, F/8)
+        dense = x.permute(0, 2, 3, 1)  # (B, L, F, C)
+        return dense.mean(dim=(1, 2)), dense
+
+
+ENCODERS = {
+    "eat-base": lambda: EATEncoder(),
+    "small": lambda: SmallEncoder(),
+    "tiny-vit": lambda: EATEncoder(dim=192, depth=4, heads=3, fbank=FbankParams(num_mel_bins=64)),
+}
+
+
+def build_encoder(name: str, checkpoint: str | None = None) -> AudioEncoder:
+    """An encoder from :data:`ENCODERS`; ``checkpoint`` loads EAT weights into ``eat-base``."""
+    if name not in ENCODERS:
+        raise EncoderError(f"encoder: unknown {name!r}; choose one of {sorted(ENCODERS)}")
+    encoder = ENCODERS[name]()
+    if checkpoint:
+        if not isinstance(encoder, EATEncoder):
+            raise EncoderError(f"encoder: encoder_checkpoint is for eat-base; {name!r} trains from scratch")
+        load_eat_weights(encoder, checkpoint)
+    return encoder

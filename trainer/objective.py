@@ -1,0 +1,42 @@
+"""The model and its losses as one module (so DDP sees every trainable parameter).
+
+``forward(batch)`` returns named scalars: ``loss`` (the weighted total) and every term and
+learned temperature/bias, which the loop logs as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainer.data.stream import Batch
+from trainer.losses import FrameSigmoidLoss, PriorLoss, build_clip_loss
+from trainer.model import Embeddings, FineLAP
+
+
+class Objective(nn.Module):
+    def __init__(self, model: FineLAP, loss_params):
+        super().__init__()
+        p = loss_params
+        self.model, self.p = model, p
+        self.clip_loss = build_clip_loss(p.clip, p.init_scale, p.init_bias) if p.clip_weight > 0 else None
+        self.frame_loss = FrameSigmoidLoss(p.init_scale, p.init_bias, p.frame_chunk_clips) if p.frame_weight > 0 else None
+        self.prior_loss = PriorLoss() if model.per_text is not None and p.frame_weight > 0 else None
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return self.terms(self.model(batch.wave, batch.captions, batch.phrases), batch)
+
+    def terms(self, e: Embeddings, batch: Batch) -> dict[str, torch.Tensor]:
+        """The loss terms for embeddings ``e`` of ``batch``."""
+        terms: dict[str, torch.Tensor] = {}
+        total = e.clip.new_zeros(())
+        if self.clip_loss is not None:
+            terms |= self.clip_loss(e.clip, e.caption)
+            total = total + self.p.clip_weight * terms["clip"]
+        if self.frame_loss is not None:
+            terms |= self.frame_loss(e.frames, e.phrases, batch.labels, batch.mask, e.phrase_scale, e.phrase_bias)
+            total = total + self.p.frame_weight * terms["frame"]
+        if self.prior_loss is not None:
+            terms |= self.prior_loss(batch.phrases, batch.labels, batch.mask, e.phrase_bias, batch.has_frames)
+            total = total + self.p.prior_weight * terms["prior"]
+        return {"loss": total, **terms}

