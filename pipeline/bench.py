@@ -131,6 +131,11 @@ def main(args: argparse.Namespace) -> int:
         from pipeline.shards.bench import print_figures as print_shards
 
         print_shards(bench_shards(params, args.repeat))
+    elif args.what == "train":
+        from trainer.bench import print_figures as print_train
+        from trainer.bench import run as bench_train
+
+        print_train(bench_train(params, args.rows, args.steps, args.preset, args.peak_tflops))
     return 0
 
 

@@ -31,6 +31,14 @@ from pipeline.text.llm import LLMError
 
 def _params(args: argparse.Namespace):
     overrides: dict = {}
+    for path in args.overrides or []:
+        import yaml
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                overrides = merge(overrides, yaml.safe_load(f) or {})
+        except OSError as e:
+            raise ParamsError(f"params: cannot read overrides file {path} ({e.strerror})") from None
     for text in args.set or []:
         overrides = merge(overrides, parse_override(text))
     return load_params(args.params, overrides)
@@ -127,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     def stage(name: str, fn, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+        p.add_argument("--overrides", action="append", metavar="FILE", help="a YAML of params merged over --params, e.g. configs/train/finelap.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, e.g. clip.max_duration_s=5")
         p.set_defaults(fn=fn)
         return p
@@ -158,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workers", default="1,2", help="mix: comma-separated worker counts to time (default 1,2)")
     bench.add_argument("--scaper-python", default=None, help="mix: python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present)")
     bench.add_argument("--scaper-mixtures", type=int, default=200, help="mix: soundscapes Scaper makes (default 200)")
+    bench.add_argument("--rows", type=int, default=200, help="train: shard rows the loader makes (default 200)")
+    bench.add_argument("--steps", type=int, default=5, help="train: timed training steps (default 5)")
+    bench.add_argument("--preset", choices=["default", "gpu"], default="default",
+                       help="train: default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16)")
+    bench.add_argument("--peak-tflops", type=float, default=None, help="train: the device's dense bf16 peak for MFU (default: by GPU name)")
     return parser
 
 

@@ -111,3 +111,35 @@ def mixed(tmp_path_factory):
     ambience.run(p, tmp / "ambience", tmp / "backgrounds")
     mix(p, tmp / "events", tmp / "backgrounds", tmp / "mix")
     return p, tmp / "mix", tmp / "events", tmp / "backgrounds"
+
+
+@pytest.fixture(scope="session")
+def shard_folder(mixed, tmp_path_factory):
+    """Shards written by the real captions, clusters and shards stages from ``mixed``.
+
+    Shards and row groups are small, so every split spans several of each. Returns
+    ``(params, folder)`` where ``folder`` holds ``data/``, ``index.json`` and ``clusters/``.
+    """
+    from pipeline.shards.stage import run as shards
+    from pipeline.text import captions, clusters
+
+    params, mix_dir, _, _ = mixed
+    tmp = tmp_path_factory.mktemp("shard_folder")
+    captions.run(params, mix_dir, tmp / "captions")
+    clusters.run(params, tmp / "captions", tmp / "clusters")
+    p = replace(params, shards=replace(params.shards, shard_size_mb=1.0, row_group_size_mb=0.4))
+    shards(p, mix_dir, tmp / "captions", tmp / "clusters", tmp / "dataset")
+    return p, tmp / "dataset"
+
+
+def tiny_train_params(params: Params, folder: Path, out_dir: Path, **train_changes) -> Params:
+    """``params`` with a CPU-sized ``train`` section reading ``folder`` (a few steps, tiny model)."""
+    from pipeline.params import SourceParams
+
+    t = params.train
+    data = replace(t.data, sources=(SourceParams(path=str(folder), split="train"),),
+                   valid=SourceParams(path=str(folder), split="valid"), batch_size=4, num_workers=0, shuffle_buffer=8, piece_rows=4)
+    model = replace(t.model, encoder="small", embed_dim=32, adapter_heads=4, adapter_ffn=64, freeze_text=True)
+    optim = replace(t.optim, lr=1e-3, warmup_steps=2, epochs=1, max_steps=0)
+    train = replace(t, data=data, model=model, optim=optim, log_every_steps=1, out_dir=str(out_dir))
+    return replace(params, train=replace(train, **train_changes))

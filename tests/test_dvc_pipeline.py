@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "configs", work / "configs")
+    shutil.copytree(ROOT / "trainer", work / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["corpus"]["fsd50k_clips"] = 60
     params["corpus"]["ambience_recordings"] = 8
@@ -35,6 +37,9 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     params["mix"]["event_split"] = "random"  # 60 clips leave too few FSD50K val/eval clips for 5-event mixtures
     params["mix"]["spec"] = {"events_per_mixture": ["choose", [1, 2, 3]]}
     params["mix"]["export"]["timelines"] = 1
+    params["train"]["data"].update(batch_size=4, num_workers=0, piece_rows=4)
+    params["train"]["model"].update(embed_dim=32, adapter_ffn=64)
+    params["train"]["optim"].update(epochs=2, warmup_steps=2)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert _dvc(work, "init", "--no-scm", "-q").returncode == 0
 
@@ -62,6 +67,10 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     from pipeline.shards.validate import validate
 
     assert validate(dataset, decode=True)["rows"] == 18
+    metrics = json.loads((work / "models" / "finelap" / "metrics.json").read_text())
+    assert metrics["steps"] == 6 and metrics["epochs"] == 2
+    assert (work / "models" / "finelap" / "checkpoints" / "latest.pt").exists()
+    assert [r["epoch"] for r in csv.DictReader((work / "models" / "finelap" / "valid_log.csv").open())] == ["0", "1", "2"]
 
     again = _dvc(work, "repro")
     assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr

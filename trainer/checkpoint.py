@@ -15,10 +15,15 @@ import torch
 from torch import nn
 
 
+def frozen_prefixes(model: nn.Module) -> tuple[str, ...]:
+    """State-dict prefixes of frozen text encoders (rebuilt from their names, never saved)."""
+    return tuple(f"{name}.model." if name else "model." for name, m in model.named_modules() if getattr(m, "frozen", False))
+
+
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's state without a frozen text encoder's weights (they never change)."""
-    frozen = getattr(getattr(model, "text", None), "frozen", False)
-    return {k: v for k, v in model.state_dict().items() if not (frozen and k.startswith("text.model."))}
+    skip = frozen_prefixes(model)
+    return {k: v for k, v in model.state_dict().items() if not (skip and k.startswith(skip))}
 
 
 def save(path: Path, model: nn.Module, optimizer, scheduler, step: int, epoch: int, batches_in_epoch: int, config: dict, metrics: dict | None = None) -> None:
@@ -44,7 +49,8 @@ def load(path: Path, model: nn.Module, optimizer=None, scheduler=None, restore_r
     """Load ``path`` into the given objects; returns the checkpoint dict (step, epoch, config...)."""
     state = torch.load(path, map_location="cpu", weights_only=False)
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
-    missing = [k for k in missing if not k.startswith("text.model.")]
+    skip = frozen_prefixes(model)
+    missing = [k for k in missing if not (skip and k.startswith(skip))]
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not fit this model (missing {missing[:5]}, unexpected {unexpected[:5]}); "
                          "was it trained with other train.model settings?")

@@ -28,16 +28,34 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 
+class _GatherWithGrad(torch.autograd.Function):
+    """all_gather whose backward sums every rank's gradient for this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        n = grad.shape[0] // dist.get_world_size()
+        return grad[dist.get_rank() * n:(dist.get_rank() + 1) * n]
+
+
 def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """All ranks' ``x`` concatenated along dim 0 (gradients flow back), and this rank's offset."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return x, 0
-    from torch.distributed.nn.functional import all_gather
-
-    parts = all_gather(x.contiguous())
-    return torch.cat(parts, dim=0), dist.get_rank() * x.shape[0]
+    return _GatherWithGrad.apply(x), dist.get_rank() * x.shape[0]
 
 
 class SigmoidClipLoss(nn.Module):

@@ -43,9 +43,18 @@ class TextEncoder(nn.Module):
 
         path = resolve_model_path(model)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.model = AutoModel.from_pretrained(path)
-        except OSError as e:
+            if model.startswith("random:"):
+                # Architecture only, random weights (benchmarks): e.g. random:bert-base has
+                # RoBERTa-base's size and FLOPs; the offline package supplies the tokenizer.
+                from transformers import AutoConfig
+
+                path = resolve_model_path(OFFLINE_MODEL)
+                self.tokenizer = AutoTokenizer.from_pretrained(path)
+                self.model = AutoModel.from_config(AutoConfig.for_model(model.split(":", 1)[1].split("-")[0]))
+            else:
+                self.tokenizer = AutoTokenizer.from_pretrained(path)
+                self.model = AutoModel.from_pretrained(path)
+        except (OSError, ValueError) as e:
             raise TextError(f"text: cannot load {model!r} ({e}); use {OFFLINE_MODEL!r} offline or a local model folder") from None
         if pooling == "auto":
             pooling = "mean" if (Path(path) / "modules.json").exists() else "first"

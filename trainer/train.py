@@ -167,14 +167,14 @@ def run(params, out_dir: Path | None = None) -> dict:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             progress.update(1)
-            progress.set_postfix({k: f"{float(v):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")})
+            progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")}, refresh=False)
             if world.main and t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
                 checkpoint.save(latest, objective, optimizer, scheduler, step, epoch, skip, config, {"best": best})
                 train_log.flush()
             if world.main and (step % t.log_every_steps == 0 or step == total):
                 rate = seen * world.size / (time.perf_counter() - started)
                 train_log.add({"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], "clips_per_s": rate,
-                               **{k: float(v) for k, v in terms.items()}})
+                               **{k: float(v.detach()) for k, v in terms.items()}})
         epoch, skip = epoch + 1, 0
         if world.main:
             scores = score(objective, valid_loader, world.device, autocast) if valid_loader is not None else {}
@@ -201,5 +201,9 @@ def run(params, out_dir: Path | None = None) -> dict:
 def _progress(world, total: int, initial: int):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc="train", unit="step", disable=not world.main, dynamic_ncols=True)
+    import sys
+
+    # In a log (DVC, a cluster job) redraw every 30 s instead of on every step.
+    every = 0.1 if sys.stderr.isatty() else 30.0
+    return tqdm(total=total, initial=initial, desc="train", unit="step", disable=not world.main, dynamic_ncols=True, mininterval=every)
 
