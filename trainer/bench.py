@@ -18,7 +18,6 @@ import io
 import time
 from dataclasses import replace
 
-import numpy as np
 import soundfile as sf
 import torch
 

@@ -48,7 +48,7 @@ class AudioEncoder(nn.Module):
         return self.fbank.params.target_frames // self.time_stride_frames
 
     def input_samples(self, crop_s: float) -> int:
-        return int(round(crop_s * self.sample_rate_hz))
+        return round(crop_s * self.sample_rate_hz)
 
     def frame_spans_s(self) -> np.ndarray:
         """``(L, 2)`` start and end seconds of each output column."""
@@ -112,7 +112,8 @@ class PostNormBlock(nn.Module):
 class EATEncoder(AudioEncoder):
     """ViT on fbank patches; ``dense`` is ``(B, 64, 8, 768)`` for 1024 x 128 input."""
 
-    def __init__(self, dim: int = 768, depth: int = 12, heads: int = 12, patch: int = 16, fbank: FbankParams = FbankParams()):
+    def __init__(self, dim: int = 768, depth: int = 12, heads: int = 12, patch: int = 16, fbank: FbankParams | None = None):
+        fbank = fbank or FbankParams()
         super().__init__(fbank)
         self.width, self.time_stride_frames, self.patch = dim, patch, patch
         self.freq_patches = fbank.num_mel_bins // patch
@@ -218,7 +219,8 @@ class SmallEncoder(AudioEncoder):
     ``dense`` is ``(B, 128, 8, width)`` for 1024 frames; ``cls`` is the mean of the grid.
     """
 
-    def __init__(self, width: int = 128, fbank: FbankParams = FbankParams(num_mel_bins=64)):
+    def __init__(self, width: int = 128, fbank: FbankParams | None = None):
+        fbank = fbank or FbankParams(num_mel_bins=64)
         super().__init__(fbank)
         self.width, self.time_stride_frames = width, 8
         c = [1, width // 8, width // 4, width // 2, width]

@@ -23,7 +23,11 @@ from torch.utils.data import DataLoader
 
 from pipeline.outputs import write_json
 from trainer import checkpoint, distributed
-from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
+from trainer.data.negatives import (
+    ClusterTables,
+    NegativeSampler,
+    default_clusters_folder,
+)
 from trainer.data.stream import ItemBuilder, ItemParams, TrainStream, collate
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, write_skips
@@ -131,6 +135,8 @@ def run(params, out_dir: Path | None = None) -> dict:
             best = state["metrics"].get("best", best)
             train_log.keep_until(step), valid_log.keep_until(step)
             print(f"train: resuming from {latest} at step {step} (epoch {epoch}, batch {skip})")
+    if step == 0:  # starting over: the logs hold no rows of an earlier run
+        train_log.rows, valid_log.rows = [], []
     ddp = torch.nn.parallel.DistributedDataParallel(objective) if world.size > 1 else objective
     autocast = autocast_for(t.precision, world.device)
     if world.main:
@@ -145,10 +151,11 @@ def run(params, out_dir: Path | None = None) -> dict:
     while step < total:
         stream.set_epoch(epoch, skip, batch)
         batches = iter(loader)
-        micro = 0
+        micro, ended = skip, False  # micro-batches done in this epoch (a resume starts past them)
         while step < total:
             b = next(batches, None)
             if not distributed.all_have(b is not None, world):
+                ended = True
                 break
             skipped += b.skips
             b = b.to(world.device)
@@ -175,6 +182,8 @@ def run(params, out_dir: Path | None = None) -> dict:
                 rate = seen * world.size / (time.perf_counter() - started)
                 train_log.add({"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], "clips_per_s": rate,
                                **{k: float(v.detach()) for k, v in terms.items()}})
+        # max_steps can stop mid-epoch: latest.pt then keeps this epoch and its batches done, so a resume goes on from there
+        resume_at = (epoch + 1, 0) if ended or skip >= steps_per_epoch * t.optim.grad_accum else (epoch, skip)
         epoch, skip = epoch + 1, 0
         if world.main:
             scores = score(objective, valid_loader, world.device, autocast) if valid_loader is not None else {}
@@ -182,7 +191,7 @@ def run(params, out_dir: Path | None = None) -> dict:
             if scores.get("valid_loss", float("inf")) < best["valid_loss"]:
                 best = {"epoch": epoch, "step": step, **scores}
                 checkpoint.save(best_path, objective, None, None, step, epoch, 0, config, {"best": best})
-            checkpoint.save(latest, objective, optimizer, scheduler, step, epoch, 0, config, {"best": best})
+            checkpoint.save(latest, objective, optimizer, scheduler, step, *resume_at, config, {"best": best})
             train_log.flush(), valid_log.flush()
             write_skips(out / "skipped.csv", skipped)
         distributed.barrier(world)
@@ -199,9 +208,9 @@ def run(params, out_dir: Path | None = None) -> dict:
 
 
 def _progress(world, total: int, initial: int):
-    from tqdm.auto import tqdm
-
     import sys
+
+    from tqdm.auto import tqdm
 
     # In a log (DVC, a cluster job) redraw every 30 s instead of on every step.
     every = 0.1 if sys.stderr.isatty() else 30.0

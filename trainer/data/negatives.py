@@ -29,7 +29,7 @@ class ClusterTables:
     phrases: list[dict]
 
     @classmethod
-    def read(cls, folder: str) -> "ClusterTables":
+    def read(cls, folder: str) -> ClusterTables:
         """Read ``<folder>/clusters.parquet`` and ``<folder>/phrases.parquet`` (local path or fsspec URL)."""
         import fsspec
         import pyarrow.parquet as pq
@@ -62,6 +62,11 @@ class NegativeSampler:
         self.phrases_of = {cid: sorted(set(v)) for cid, v in by_cluster.items()}
         self.phrase_pool = [(ph, cid) for cid in self.cluster_ids.tolist() for ph in self.phrases_of[cid]]
         self.cluster_of = {ph: cid for ph, cid in self.phrase_pool}
+        # A phrase may name several clusters ("howl": the dog's and the wind's); it is a negative only
+        # when none of them is excluded, and it is drawn at most once.
+        self.clusters_of: dict[str, frozenset[int]] = {}
+        for p in tables.phrases:
+            self.clusters_of[p["phrase"]] = self.clusters_of.get(p["phrase"], frozenset()) | {int(p["cluster_id"])}
         if len(self.cluster_ids) < 2:
             raise NegativeError("negatives: the phrase database needs phrases in at least two clusters")
 
@@ -79,7 +84,11 @@ class NegativeSampler:
         banned = self.excluded(positive_clusters)
         if self.mode == "phrase":
             order = rng.permutation(len(self.phrase_pool))
-            picked = [self.phrase_pool[i] for i in order if self.phrase_pool[i][1] not in banned]
+            picked, taken = [], set()
+            for ph, cid in (self.phrase_pool[i] for i in order):
+                if ph not in taken and not self.clusters_of[ph] & banned:
+                    taken.add(ph)
+                    picked.append((ph, cid))
             return picked[:count]
         out: list[tuple[str, int]] = []
         seen: set[str] = set()
@@ -88,7 +97,7 @@ class NegativeSampler:
         while len(out) < count and open_clusters:
             remaining = []
             for cid in open_clusters:
-                choices = [p for p in self.phrases_of[cid] if p not in seen]
+                choices = [p for p in self.phrases_of[cid] if p not in seen and not self.clusters_of[p] & banned]
                 if not choices:
                     continue
                 phrase = choices[int(rng.integers(len(choices)))]

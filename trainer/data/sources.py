@@ -72,7 +72,8 @@ def list_parquet(path: str, split: str) -> list[str]:
     if fs.exists(index):
         with fs.open(index, "r") as f:
             files = [e["path"] for e in json.load(f)["files"] if e["split"] == split]
-        return [f"{root.rstrip('/')}/{p}" for p in files]
+        if files:  # none: a split the index does not list falls through to the error below
+            return [f"{root.rstrip('/')}/{p}" for p in files]
     found = sorted(fs.glob(f"{root.rstrip('/')}/**/{split}-*.parquet")) or sorted(fs.glob(f"{root.rstrip('/')}/{split}-*.parquet"))
     if not found:
         raise SourceError(f"train: no {split}-*.parquet files under {path}; build them with `sedsynth shards` "

@@ -24,11 +24,17 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.audio import AudioError, downmix, resample
+from pipeline.params import SourceParams
 from pipeline.schema import Skip
 from trainer.data.labels import frame_labels
 from trainer.data.negatives import NegativeSampler
-from pipeline.params import SourceParams
-from trainer.data.sources import open_source, piece_rows_for, pieces_of, plan_epoch, stable_hash
+from trainer.data.sources import (
+    open_source,
+    piece_rows_for,
+    pieces_of,
+    plan_epoch,
+    stable_hash,
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class ItemBuilder:
     def __call__(self, row: dict, source: int, epoch: int) -> Item:
         rng = np.random.default_rng([self.seed, epoch, source, stable_hash(str(row["id"]))])
         wave, offset_s = self.crop(self.decode(row["audio"]), rng)
+        end_s = offset_s + self.p.input_samples / self.p.sample_rate_hz  # frames past this see only padding
         n, L = self.p.num_phrases, len(self.spans)
         phrases, labels, mask = [""] * n, np.zeros((n, L), bool), np.zeros(n, bool)
         positives = row.get("phrases") or []
@@ -93,7 +100,7 @@ class ItemBuilder:
                 positives = [positives[i] for i in sorted(rng.choice(len(positives), n, replace=False))]
             for k, ph in enumerate(positives):
                 phrases[k] = ph["phrase"]
-                labels[k] = frame_labels([(s["start_s"], s["end_s"]) for s in ph["segments"]], offset_s, self.spans, self.p.min_label_overlap)
+                labels[k] = frame_labels([(s["start_s"], min(s["end_s"], end_s)) for s in ph["segments"]], offset_s, self.spans, self.p.min_label_overlap)
             negatives = self.sampler.sample([ph["cluster_id"] for ph in positives], n - len(positives), rng)
             for k, (phrase, _) in enumerate(negatives, start=len(positives)):
                 phrases[k] = phrase
@@ -137,7 +144,7 @@ class TrainStream(IterableDataset):
         rank = self._rank if self._rank is not None else rank
         size = self._world if self._world is not None else size
         info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        wid, nw = ((info.id + self.skip_batches) % info.num_workers, info.num_workers) if info else (0, 1)
         return rank * nw + wid, size * nw
 
     def plan(self, num_workers: int) -> list:
@@ -149,7 +156,7 @@ class TrainStream(IterableDataset):
             deals.append(plan_epoch(pieces, num_workers, self.seed + i, self.epoch if self.shuffle else 0))
         primary = deals[0].quota
         for i, d in enumerate(deals[1:], start=1):
-            wanted = int(round(primary * self.params[i].weight / max(self.params[0].weight, 1e-9)))
+            wanted = round(primary * self.params[i].weight / max(self.params[0].weight, 1e-9))
             d.quota = min(d.quota, wanted)
         return deals
 
@@ -167,9 +174,10 @@ class TrainStream(IterableDataset):
 
     def _already_done(self) -> int:
         """Items this worker made before a resume point (the DataLoader takes batches from its
-        workers in turn, so worker w made batches w, w + nw, ...)."""
+        workers in turn, so worker w made batches w, w + nw, ...; a resumed DataLoader starts again
+        at its worker 0, so worker ids are rotated by ``skip_batches`` to continue with batch ``skip_batches``)."""
         info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        wid, nw = ((info.id + self.skip_batches) % info.num_workers, info.num_workers) if info else (0, 1)
         return max(0, -(-(self.skip_batches - wid) // nw)) * self.batch_size
 
     def __iter__(self):
@@ -182,6 +190,7 @@ class TrainStream(IterableDataset):
         rng = np.random.default_rng([self.seed, self.epoch, me, 0xB0F])
         buffer: list[tuple[int, dict]] = []
         skips: list[Skip] = []
+        held: list[Item] = []  # the last item made, yielded once the next exists (or with the final skips)
 
         def emit(entry):
             nonlocal done
@@ -212,12 +221,17 @@ class TrainStream(IterableDataset):
                 buffer[j], buffer[-1] = buffer[-1], buffer[j]
                 item = emit(buffer.pop())
                 if item is not None:
-                    yield item
+                    yield from held
+                    held[:] = [item]
         order = rng.permutation(len(buffer)) if self.shuffle else range(len(buffer))
         for j in order:
             item = emit(buffer[j])
             if item is not None:
-                yield item
+                yield from held
+                held[:] = [item]
+        for item in held:
+            item.skips += skips  # unreadable rows after the last item
+            yield item
 
 
 @dataclass
@@ -231,7 +245,7 @@ class Batch:
     has_frames: torch.Tensor  # (B,) bool
     skips: list[Skip]
 
-    def to(self, device) -> "Batch":
+    def to(self, device) -> Batch:
         self.wave, self.labels, self.mask, self.has_frames = (t.to(device, non_blocking=True) for t in (self.wave, self.labels, self.mask, self.has_frames))
         return self
 
