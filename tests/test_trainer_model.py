@@ -531,7 +531,8 @@ def test_train_smoke_run_writes_outputs(smoke_run):
     assert metrics["untrained"]["epoch"] == 0
     assert metrics["best"]["valid_loss"] == pytest.approx(min(float(r["valid_loss"]) for r in valid_rows[1:]), rel=1e-5)
     latest = torch.load(out / "checkpoints" / "latest.pt", weights_only=False)
-    assert latest["step"] == 3 and latest["config"] == config_of(p)
+    assert latest["step"] == 3 and latest["config"] == config_of(p, latest["config"]["data_fingerprint"])
+    assert len(latest["config"]["data_fingerprint"]) == 16
     assert not any(k.startswith("model.text.model.") for k in latest["model"])  # the frozen text tower is not saved
 
 

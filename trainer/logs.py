@@ -66,7 +66,8 @@ def plot_curves(train_rows: list[dict], valid_rows: list[dict], path: Path) -> N
         if any(isinstance(v, (int, float)) and not math.isnan(v) for v in values if v is not None):
             left.plot(steps, values, label=key)
     left.set(xlabel="step", ylabel="training loss (log scale)", title="Training loss terms", yscale="log")
-    left.legend()
+    if train_rows:
+        left.legend()
     epochs = [r["epoch"] for r in valid_rows]
     for key in ("frame_auroc", "a2t_r1", "t2a_r1"):
         values = [r.get(key, float("nan")) for r in valid_rows]

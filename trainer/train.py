@@ -76,8 +76,19 @@ def autocast_for(precision: str, device: torch.device):
     return contextlib.nullcontext
 
 
-def config_of(params) -> dict:
-    return {"seed": params.seed, "train": dataclasses.asdict(params.train)}
+def data_fingerprint(stream: TrainStream) -> str:
+    """A digest of the training data: each source's files with their sizes and row groups (and
+    their sha256 where the shard index lists them), so a resume never continues on other data."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for source in stream.sources:
+        h.update(repr(source.row_groups()).encode())
+    return h.hexdigest()[:16]
+
+
+def config_of(params, fingerprint: str = "") -> dict:
+    return {"seed": params.seed, "train": dataclasses.asdict(params.train), "data_fingerprint": fingerprint}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -119,7 +130,7 @@ def run(params, out_dir: Path | None = None) -> dict:
     if t.data.valid is not None and world.main:
         valid = make_stream(params, model.encoder, [t.data.valid], shuffle=False)
         valid_loader = DataLoader(valid, batch_size=batch, num_workers=0, collate_fn=collate)
-    config = config_of(params)
+    config = config_of(params, data_fingerprint(stream))
     step, epoch, skip = 0, 0, 0
     train_log, valid_log = CsvLog(out / "train_log.csv"), CsvLog(out / "valid_log.csv")
     latest, best_path = out / "checkpoints" / "latest.pt", out / "checkpoints" / "best.pt"
