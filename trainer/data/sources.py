@@ -166,7 +166,8 @@ class CaptionCsvSource:
                     continue
                 self.rows.append({"id": name, "audio": {"bytes": None, "path": str(audio)}, "captions": captions})
         if not self.rows:
-            raise SourceError(f"train: no usable rows in {path} ({len(self.skips)} skipped; see skipped.csv)")
+            reasons = ", ".join(f"{s.item_id}: {s.reason} ({s.detail})" for s in self.skips[:3])
+            raise SourceError(f"train: no usable rows in {path}; {len(self.skips)} skipped, e.g. {reasons}")
         self.files = [str(path)]
 
     def row_groups(self) -> list[tuple[str, int, int]]:
