@@ -7,7 +7,6 @@ import hashlib
 import io
 import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,20 +30,15 @@ from pipeline.shards import publish as pub
 from pipeline.shards.stage import plan_chunks, read_shard_rows
 from pipeline.shards.stage import run as shards
 from pipeline.shards.validate import ValidationError, validate
-from pipeline.text import captions, clusters
 from tests.conftest import tree_digest
 
 
 @pytest.fixture(scope="module")
-def dataset(mixed, tmp_path_factory):
-    params, mix_dir, events_dir, backgrounds_dir = mixed
-    tmp = tmp_path_factory.mktemp("dataset")
-    captions.run(params, mix_dir, tmp / "captions")
-    clusters.run(params, tmp / "captions", tmp / "clusters")
-    # small shards and row groups so that a split spans several of each
-    p = replace(params, shards=replace(params.shards, shard_size_mb=1.0, row_group_size_mb=0.4))
-    shards(p, mix_dir, tmp / "captions", tmp / "clusters", tmp / "dataset")
-    return p, mix_dir, events_dir, backgrounds_dir, tmp
+def dataset(mixed, shard_folder):
+    """``(params, mix_dir, events_dir, backgrounds_dir, tmp)``; ``tmp`` holds captions/, clusters/ and dataset/."""
+    _, mix_dir, events_dir, backgrounds_dir = mixed
+    p, folder = shard_folder
+    return p, mix_dir, events_dir, backgrounds_dir, folder.parent
 
 
 def test_plan_chunks() -> None:
