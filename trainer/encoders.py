@@ -52,12 +52,10 @@ class AudioEncoder(nn.Module):
 
     def frame_spans_s(self) -> np.ndarray:
         """``(L, 2)`` start and end seconds of each output column."""
-        p = self.fbank.params
-        first = np.arange(self.num_frames) * self.time_stride_frames
-        last = first + self.time_stride_frames - 1
-        start = first * p.shift_samples / p.sample_rate_hz
-        end = (last * p.shift_samples + p.window_samples) / p.sample_rate_hz
-        return np.stack([start, end], axis=1)
+        first = torch.arange(self.num_frames) * self.time_stride_frames
+        start, _ = self.fbank.params.frame_span_s(first)
+        _, end = self.fbank.params.frame_span_s(first + self.time_stride_frames - 1)
+        return torch.stack([start, end], dim=1).numpy()
 
 
 # --------------------------------------------------------------------------- EAT (ViT-B/16)

@@ -125,6 +125,3 @@ class Fbank(nn.Module):
         return (p.target_frames - 1) * p.shift_samples + p.window_samples
 
 
-def fbank_seconds(params: FbankParams) -> float:
-    return params.target_frames * params.shift_samples / params.sample_rate_hz
-

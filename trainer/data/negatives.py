@@ -61,7 +61,6 @@ class NegativeSampler:
         self.cluster_ids = np.array(sorted(by_cluster), dtype=np.int64)
         self.phrases_of = {cid: sorted(set(v)) for cid, v in by_cluster.items()}
         self.phrase_pool = [(ph, cid) for cid in self.cluster_ids.tolist() for ph in self.phrases_of[cid]]
-        self.cluster_of = {ph: cid for ph, cid in self.phrase_pool}
         # A phrase may name several clusters ("howl": the dog's and the wind's); it is a negative only
         # when none of them is excluded, and it is drawn at most once.
         self.clusters_of: dict[str, frozenset[int]] = {}

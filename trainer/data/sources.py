@@ -89,18 +89,20 @@ class ParquetSource:
         self.fs, _ = _fs(params.path)
         self.files = list_parquet(params.path, params.split)
         self._cached: tuple[tuple[str, int], list[dict]] | None = None
+        self._row_groups: list[tuple[str, int, int]] | None = None
         self.skips: list[Skip] = []
 
     def row_groups(self) -> list[tuple[str, int, int]]:
-        """``(file, row_group, rows)`` from the files' footers (no data read)."""
+        """``(file, row_group, rows)`` from the files' footers, read once (no data read)."""
         import pyarrow.parquet as pq
 
-        out = []
-        for file in self.files:
-            with self.fs.open(file, "rb") as f:
-                meta = pq.ParquetFile(f).metadata
-            out += [(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
-        return out
+        if self._row_groups is None:
+            self._row_groups = []
+            for file in self.files:
+                with self.fs.open(file, "rb") as f:
+                    meta = pq.ParquetFile(f).metadata
+                self._row_groups += [(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        return self._row_groups
 
     def columns(self, names: list[str]) -> list[str]:
         wanted = [c for c in SHARD_COLUMNS if c in names]
@@ -178,13 +180,9 @@ class CaptionCsvSource:
 
 
 def open_source(index: int, params: SourceParams):
-    if params.kind == "captions" and not params.path.endswith(".parquet") and not _is_parquet_folder(params.path):
+    if params.kind == "captions" and params.path.endswith((".csv", ".tsv")):
         return CaptionCsvSource(index, params)
     return ParquetSource(index, params)
-
-
-def _is_parquet_folder(path: str) -> bool:
-    return not path.endswith((".csv", ".tsv"))
 
 
 def pieces_of(source, piece_rows: int) -> list[Piece]:
