@@ -136,6 +136,11 @@ def main(args: argparse.Namespace) -> int:
         from trainer.bench import run as bench_train
 
         print_train(bench_train(params, args.rows, args.steps, args.preset, args.peak_tflops))
+    elif args.what == "evaluate":
+        from trainer.evaluate.bench import print_figures as print_evaluate
+        from trainer.evaluate.bench import run as bench_evaluate
+
+        print_evaluate(bench_evaluate(args.clips if args.clips != 400 else 10000))
     return 0
 
 

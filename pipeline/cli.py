@@ -18,6 +18,10 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth bench mix                   # mixtures/s and memory vs Scaper on the same sources
     sedsynth train                       # FineLAP on the shards (torchrun --nproc_per_node=8 -m trainer)
     sedsynth bench train                 # loader clips/s per worker and training steps/s
+    sedsynth evaluate                    # PSDS1/2, AUROC, F1, retrieval, zero-shot on the test split
+    sedsynth detect a.wav --query "dog barking" --query "car horn"
+    sedsynth bench evaluate              # metric time split on a 10,000-clip score set
+    sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant (dvc repro configs/ablations/dvc.yaml: all + table)
 """
 
 from __future__ import annotations
@@ -122,6 +126,35 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from trainer.evaluate.stage import run
+
+    run(_params(args))
+    return 0
+
+
+def _detect(args: argparse.Namespace) -> int:
+    from trainer.evaluate.detect import main as detect_main
+
+    return detect_main(args, _params(args))
+
+
+def _ablate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trainer.evaluate import ablations
+
+    params = _params(args)
+    if args.table:
+        print(ablations.write_table(Path(params.ablations.out_dir)))
+        return 0
+    if not args.variant:
+        print(f"sedsynth ablate: error: name a variant ({', '.join(ablations.VARIANTS)}) or pass --table", file=sys.stderr)
+        return 2
+    ablations.run_variant(params, args.variant)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from pipeline.bench import main as bench_main
 
@@ -158,10 +191,22 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
     pub.add_argument("--batch-files", type=int, default=50, help="shards per commit (default 50)")
     stage("train", _train, "train FineLAP on the shards (torchrun -m trainer for several GPUs)")
+    stage("evaluate", _evaluate, "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)")
+    det = stage("detect", _detect, "print when each text query sounds in audio files (onset, offset, score)")
+    det.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
+    det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
+    det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint)")
+    det.add_argument("--threshold", type=float, default=0.5, help="frame probability that starts an event (default 0.5)")
+    det.add_argument("--format", choices=["table", "tsv"], default="table", help="output layout (default table)")
+    det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<file>.png")
+    det.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+    abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants, or write the table")
+    abl.add_argument("variant", nargs="?", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce")
+    abl.add_argument("--table", action="store_true", help="write <ablations.out_dir>/table.md from the variants' evaluations")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
-    bench.add_argument("what", choices=["clip", "mix", "shards", "train"], help="which stage to measure")
+    bench.add_argument("what", choices=["clip", "mix", "shards", "train", "evaluate"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
-    bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400)")
+    bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400; evaluate: test clips, default 10000)")
     bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")
     bench.add_argument("--mixtures", type=int, default=2000, help="mix: mixtures per timed run (default 2000)")
     bench.add_argument("--workers", default="1,2", help="mix: comma-separated worker counts to time (default 1,2)")

@@ -251,6 +251,34 @@ class TrainParams:
 
 
 @dataclass(frozen=True)
+class EvaluateParams:
+    """The evaluation stage: our held-out split, held-out event clips and optional public benchmarks."""
+
+    checkpoint: str = "models/finelap/checkpoints/best.pt"
+    untrained: bool = True  # also score the same model at its initial weights (the gain is visible)
+    shards: str = "data/dataset"  # a shard folder or fsspec URL
+    split: str = "test"
+    event_clips: str | None = "data/events"  # the clip stage's folder: zero-shot classification; null: skip
+    median_filter_frames: int = 3  # FineLAP: median filter of 3 frames before PSDS
+    segment_s: float = 1.0  # segment AUROC (TACOS: 1 s)
+    max_fpr: float = 0.1  # pAUROC
+    f1_threshold: float = 0.5  # collar F1
+    window_overlap: float = 0.5  # long audio: sliding windows overlapping by this share
+    batch_size: int = 16  # windows per forward pass
+    device: str = "auto"
+    pictures: int = 6  # test clips drawn with their phrase scores
+    benchmarks: dict = field(default_factory=dict)  # name -> {kind: desed|urbansed|..., paths}
+    out_dir: str = "models/finelap/evaluation"
+
+
+@dataclass(frozen=True)
+class AblationParams:
+    """FineLAP Table 5 variants (``configs/ablations/dvc.yaml``), each trained with ``train`` and scored with ``evaluate``."""
+
+    out_dir: str = "models/ablations"
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 1234
     sample_rate_hz: int = 16000
@@ -264,6 +292,8 @@ class Params:
     clusters: ClusterParams = field(default_factory=ClusterParams)
     shards: ShardParams = field(default_factory=ShardParams)
     train: TrainParams = field(default_factory=TrainParams)
+    evaluate: EvaluateParams = field(default_factory=EvaluateParams)
+    ablations: AblationParams = field(default_factory=AblationParams)
 
 
 def _describe(hint: object) -> str:
@@ -371,6 +401,14 @@ def _check(p: Params) -> None:
     need(t.loss.init_scale > 0, "train.loss.init_scale", "must be positive")
     need(t.optim.lr > 0 and t.optim.epochs >= 1 and t.optim.grad_accum >= 1, "train.optim.lr", "must be positive (epochs, grad_accum at least 1)")
     need(len(t.optim.betas) == 2 and all(0 <= b < 1 for b in t.optim.betas), "train.optim.betas", "must be two numbers in [0, 1)")
+    v = p.evaluate
+    need(v.median_filter_frames >= 1 and v.median_filter_frames % 2 == 1, "evaluate.median_filter_frames", "must be an odd number of frames (1: no filter)")
+    need(v.segment_s > 0 and 0 < v.max_fpr <= 1, "evaluate.segment_s", "must be positive and max_fpr in (0, 1]")
+    need(0 <= v.window_overlap < 1, "evaluate.window_overlap", "must be in [0, 1)")
+    need(v.batch_size >= 1 and v.pictures >= 0, "evaluate.batch_size", "must be at least 1 (pictures 0 or more)")
+    for name, b in v.benchmarks.items():
+        need(isinstance(b, dict) and "kind" in b, f"evaluate.benchmarks.{name}", "must be a mapping with a kind (desed, urbansed, "
+             "audioset_strong, audiogrounding, audiocaps, clotho, esc50, us8k) and its paths")
     from pipeline.mix.spec import resolve_spec
 
     try:

@@ -40,6 +40,7 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     params["train"]["data"].update(batch_size=4, num_workers=0, piece_rows=4)
     params["train"]["model"].update(embed_dim=32, adapter_ffn=64)
     params["train"]["optim"].update(epochs=2, warmup_steps=2)
+    params["evaluate"]["pictures"] = 1
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert _dvc(work, "init", "--no-scm", "-q").returncode == 0
 
@@ -71,6 +72,12 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     assert metrics["steps"] == 6 and metrics["epochs"] == 2
     assert (work / "models" / "finelap" / "checkpoints" / "latest.pt").exists()
     assert [r["epoch"] for r in csv.DictReader((work / "models" / "finelap" / "valid_log.csv").open())] == ["0", "1", "2"]
+    evaluation = work / "models" / "finelap" / "evaluation"
+    scores = json.loads((evaluation / "metrics.json").read_text())
+    assert set(scores["test"]) == {"trained", "untrained", "gain"} and scores["test"]["trained"]["clips"] == 3
+    assert len(list((evaluation / "details" / "test" / "scores" / "trained").glob("*.tsv"))) == 3
+    assert (evaluation / "plots" / "psds1_roc_trained.csv").exists() and len(list((evaluation / "details" / "pictures").glob("*.png"))) == 1
+    assert not (work / "models" / "ablations").exists(), "the ablations are not part of the default repro"
 
     again = _dvc(work, "repro")
     assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr

@@ -1,0 +1,1 @@
+"""Evaluation: the ``evaluate`` stage, the ``detect`` command, benchmark readers and ablations."""
