@@ -203,6 +203,7 @@ def recall_at(similarity: np.ndarray, relevant: list[set[int]], ks=(1, 5, 10)) -
         mask[i, sorted(r)] = True
     # rank of the best relevant column = irrelevant columns scoring at least as high, plus one
     rank = ((similarity >= best_relevant[:, None]) & ~mask).sum(axis=1) + 1
+    rank = np.where([bool(r) for r in relevant], rank, np.inf)  # nothing relevant: never found
     for k in ks:
         out[k] = float((rank <= k).mean()) if n else float("nan")
     return out

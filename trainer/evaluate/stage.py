@@ -118,6 +118,8 @@ def write_truth(folder: Path, ground_truth: dict, durations_s: dict) -> None:
         for i in sorted(ground_truth):
             for on, off, label in ground_truth[i]:
                 w.writerow([f"{i}.wav", repr(float(on)), repr(float(off)), label])
+            if not ground_truth[i]:  # a clip without events: an empty row, as DCASE files have
+                w.writerow([f"{i}.wav", "", "", ""])
     with open(folder / "durations.tsv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
         w.writerow(["filename", "duration"])
