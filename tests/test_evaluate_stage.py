@@ -187,3 +187,32 @@ def test_ablation_table_layout_and_directions(tmp_path):
     (tmp_path / "infonce" / "evaluation" / "metrics.json").unlink()
     with pytest.raises(FileNotFoundError, match="sedsynth ablate infonce"):
         ablations.table(tmp_path)
+
+
+def test_grounding_retrieval_and_classification_benchmarks(shard_folder, tmp_path):
+    from trainer.evaluate.detector import Detector
+    from trainer.evaluate.metrics import Timer
+    from trainer.evaluate.readers import ClassificationSet, GroundingSet, RetrievalSet
+    from trainer.evaluate.stage import evaluate_benchmark
+
+    params, folder = shard_folder
+    p = tiny_train_params(params, folder, tmp_path / "m")
+    det = Detector.untrained(p.train, seed=0, device="cpu")
+    rng = np.random.default_rng(1)
+    audio = {}
+    for name, seconds, sr, channels in (("a", 3.0, 22050, 1), ("b", 12.5, 16000, 2), ("c", 1.0, 48000, 1)):
+        path = tmp_path / f"{name}.wav"
+        sf.write(path, (rng.standard_normal((int(seconds * sr), channels)) * 0.05).astype(np.float32), sr)
+        audio[name] = str(path)
+    skips = []
+    grounding = GroundingSet("g", audio, {"a": [("a dog barks", ((0.5, 1.5),))], "b": [("rain", ((0.0, 4.0), (8.0, 12.0))), ("a bell", ())],
+                                          "c": [("a click", ((0.2, 0.3),))]}, {"a": 3.0, "b": 12.5, "c": 1.0})
+    g = evaluate_benchmark(det, "g", grounding, p.evaluate, tmp_path, "untrained", Timer(), skips)
+    assert g["clips"] == 3 and 0 <= g["frame_auroc"] <= 1 and -1 <= g["alignment"] <= 1
+    retrieval = RetrievalSet("r", audio, {"a": ("dogs bark", "a dog"), "b": ("rain falls",), "c": ("a click",)})
+    r = evaluate_benchmark(det, "r", retrieval, p.evaluate, tmp_path, "untrained", Timer(), skips)
+    assert r["a2t_r5"] == 1.0 and r["t2a_r5"] == 1.0 and r["a2t_r1"] <= 1.0  # 4 texts, 3 clips: all within 5
+    labels = {"a": "dog", "b": "rain", "c": "dog"}
+    classes = ClassificationSet("z", audio, labels, ("dog", "rain"), {"dog": "dog", "rain": "rain"})
+    z = evaluate_benchmark(det, "z", classes, p.evaluate, tmp_path, "untrained", Timer(), skips)
+    assert z["accuracy"] in (0.0, 1 / 3, 2 / 3, 1.0) and z["clips"] == 3 and not skips
