@@ -556,6 +556,21 @@ def _classification_set(name: str, audio: dict[str, str], labels: dict[str, str]
     )
 
 
+def _classification_csv(kind: str, root: Path, meta: Path, file_col: str, label_col: str,
+                        path_of: Callable[[int, dict], Path], required: tuple[str, ...] = ()) -> ClassificationSet:
+    """Rows of a classification metadata CSV -> :class:`ClassificationSet` (clip id = file name without extension)."""
+    files: dict[str, Path] = {}
+    labels: dict[str, str] = {}
+    for line, r in _read_table(meta, (file_col, label_col, *required), ","):
+        if not r[file_col] or not r[label_col]:
+            raise BenchmarkError(f"{meta}: line {line}: empty {file_col} or {label_col}")
+        clip = _strip_ext(r[file_col])
+        files[clip] = path_of(line, r)
+        labels[clip] = r[label_col]
+    audio = _keep_present(kind, "root", root / "audio", {c: [p] for c, p in files.items()})
+    return _classification_set(kind, audio, labels)
+
+
 def read_esc50(root: Path | str) -> ClassificationSet:
     """ESC-50 -> :class:`ClassificationSet` named ``esc50``.
 
@@ -566,16 +581,7 @@ def read_esc50(root: Path | str) -> ClassificationSet:
     """
     root = _need("esc50", "root", root)
     meta = _need("esc50", "root", root / "meta" / "esc50.csv")
-    files: dict[str, Path] = {}
-    labels: dict[str, str] = {}
-    for line, r in _read_table(meta, ("filename", "fold", "category"), ","):
-        if not r["filename"] or not r["category"]:
-            raise BenchmarkError(f"{meta}: line {line}: empty filename or category")
-        clip = _strip_ext(r["filename"])
-        files[clip] = root / "audio" / r["filename"]
-        labels[clip] = r["category"]
-    audio = _keep_present("esc50", "root", root / "audio", {c: [p] for c, p in files.items()})
-    return _classification_set("esc50", audio, labels)
+    return _classification_csv("esc50", root, meta, "filename", "category", lambda _, r: root / "audio" / r["filename"], ("fold",))
 
 
 def read_us8k(root: Path | str) -> ClassificationSet:
@@ -588,18 +594,13 @@ def read_us8k(root: Path | str) -> ClassificationSet:
     """
     root = _need("us8k", "root", root)
     meta = _need("us8k", "root", root / "metadata" / "UrbanSound8K.csv")
-    files: dict[str, Path] = {}
-    labels: dict[str, str] = {}
-    for line, r in _read_table(meta, ("slice_file_name", "fold", "class"), ","):
-        if not r["slice_file_name"] or not r["class"]:
-            raise BenchmarkError(f"{meta}: line {line}: empty slice_file_name or class")
+
+    def path_of(line: int, r: dict) -> Path:
         if not r["fold"].isdigit():
             raise BenchmarkError(f"{meta}: line {line}: fold {r['fold']!r} is not a fold number")
-        clip = _strip_ext(r["slice_file_name"])
-        files[clip] = root / "audio" / f"fold{int(r['fold'])}" / r["slice_file_name"]
-        labels[clip] = r["class"]
-    audio = _keep_present("us8k", "root", root / "audio", {c: [p] for c, p in files.items()})
-    return _classification_set("us8k", audio, labels)
+        return root / "audio" / f"fold{int(r['fold'])}" / r["slice_file_name"]
+
+    return _classification_csv("us8k", root, meta, "slice_file_name", "class", path_of, ("fold",))
 
 
 Benchmark = SedSet | GroundingSet | RetrievalSet | ClassificationSet
