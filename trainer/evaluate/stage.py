@@ -170,7 +170,7 @@ def retrieval_metrics(det: Detector, scored: Scored, captions: dict[str, Iterabl
     texts = sorted({c for i in scored.ids for c in captions[i]})
     where = {t: k for k, t in enumerate(texts)}
     pairs = [(a, where[c]) for a, i in enumerate(scored.ids) for c in captions[i]]
-    with timer("text_embeddings"):
+    with timer("model_scoring_text"):  # a model forward pass, like the audio scoring
         t = text_matrix(det, texts)
     with timer("retrieval"):
         return M.retrieval(scored.clip_matrix, t, pairs)
@@ -178,7 +178,7 @@ def retrieval_metrics(det: Detector, scored: Scored, captions: dict[str, Iterabl
 
 def classification_metrics(det: Detector, scored: Scored, labels: dict[str, str], queries: dict[str, str], timer: M.Timer) -> dict:
     classes = sorted({labels[i] for i in scored.ids})
-    with timer("text_embeddings"):
+    with timer("model_scoring_text"):  # a model forward pass, like the audio scoring
         t = text_matrix(det, [ZERO_SHOT_TEMPLATE.format(queries.get(c, c.replace("_", " ").lower())) for c in classes])
     with timer("classification"):
         y = np.array([classes.index(labels[i]) for i in scored.ids])
