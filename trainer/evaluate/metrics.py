@@ -124,12 +124,14 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
     per_class = pd.DataFrame(index=pd.Index(list(classes), name="class"))
     for name, s in (("psds1", PSDS1), ("psds2", PSDS2)):
         with timer(name, library=True):
-            value, single, roc, _ = intersection_based.psds(
+            value, single, roc, class_rocs = intersection_based.psds(
                 scores, ground_truth, durations_s, dtc_threshold=s.dtc, gtc_threshold=s.gtc, cttc_threshold=s.cttc,
                 alpha_ct=s.alpha_ct, alpha_st=alpha_st if name == "psds1" else s.alpha_st, max_efpr=s.max_efpr)
         out[name] = float(value)
         per_class[name] = pd.Series({k: float(v) for k, v in single.items()})
         out[f"psd_{name.removeprefix('psds')}_roc"] = roc
+        with timer("roc_average"):
+            out[f"psd_{name.removeprefix('psds')}_class_mean"] = mean_psd_roc(class_rocs, s.max_efpr)
     with timer("segment_auroc", library=True):
         stats, _ = accumulated_intermediate_statistics(scores, ground_truth, durations_s, segment_length=segment_s)
         auc, _ = auroc_from_intermediate_statistics(stats)
@@ -167,6 +169,18 @@ def macro_roc(curves, classes, grid: int = 201) -> tuple[np.ndarray, np.ndarray]
             mean += np.interp(fpr_grid, fpr, tpr)
             used += 1
     return (mean / max(used, 1)), fpr_grid
+
+
+def mean_psd_roc(class_rocs: dict, max_efpr: float, grid: int = 201) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of the single-class PSD-ROCs (``{class: (tpr, efpr, ...)}``, step curves) ->
+    ``(etpr, efpr)`` on an eFPR grid: the PSD-ROC without the stability penalty (alpha_st 0)."""
+    efpr_grid = np.linspace(0.0, max_efpr, grid)
+    curves = []
+    for tpr, efpr, *_ in class_rocs.values():
+        tpr, efpr = np.asarray(tpr, dtype=float), np.asarray(efpr, dtype=float)
+        at = np.searchsorted(efpr, efpr_grid, side="right") - 1
+        curves.append(np.where(at >= 0, tpr[np.clip(at, 0, None)], 0.0))
+    return (np.mean(curves, axis=0) if curves else np.zeros(grid)), efpr_grid
 
 
 def alignment(probs_per_pair: list[np.ndarray], labels_per_pair: list[np.ndarray]) -> float:

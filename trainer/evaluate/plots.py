@@ -79,15 +79,22 @@ def write_curve(path: Path, x_name: str, y_name: str, x: np.ndarray, y: np.ndarr
 
 
 def curves_figure(path: Path, curves: dict[str, dict]) -> None:
-    """``{model: {"roc": (tpr, fpr), "psd_1_roc": (etpr, efpr), "psd_2_roc": ...}}`` -> one PNG."""
+    """``{model: {"roc": (tpr, fpr), "psd_1_roc": (etpr, efpr), "psd_2_roc": ..., "psd_1_class_mean": ...}}`` -> one PNG.
+
+    The solid PSD-ROC is the one PSDS integrates (with the stability penalty alpha_st); the
+    dashed one is the plain mean over classes, which stays readable when few classes score.
+    """
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for model, c in curves.items():
         tpr, fpr = c["roc"]
         axes[0].plot(fpr, tpr, label=model)
-        for ax, key in ((axes[1], "psd_1_roc"), (axes[2], "psd_2_roc")):
-            etpr, efpr = c[key]
-            ax.step(efpr, etpr, where="post", label=model)
+        for ax, key in ((axes[1], "psd_1"), (axes[2], "psd_2")):
+            etpr, efpr = c[f"{key}_roc"]
+            line = ax.step(efpr, etpr, where="post", label=model)[0]
+            if f"{key}_class_mean" in c:
+                etpr, efpr = c[f"{key}_class_mean"]
+                ax.step(efpr, etpr, where="post", color=line.get_color(), ls="--", lw=1, label=f"{model}, class mean (alpha_st 0)")
     axes[0].plot([0, 1], [0, 1], color="0.7", lw=0.8, ls="--")
     axes[0].set(xlabel="FPR (1 s segments)", ylabel="TPR", title="Segment ROC (macro)")
     axes[1].set(xlabel="eFPR (per hour)", ylabel="eTPR", title="PSD-ROC, PSDS1 setting", xlim=(0, 100))

@@ -214,7 +214,7 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
             truth = {phrase: segs for phrase, segs in segments[i]}
             plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k],
                                    scored.probs[k][1], list(own[i].texts), truth, title=f"{i}: {split.captions[i]}")
-    curves = {"roc": result["roc"], "psd_1_roc": result["psd_1_roc"], "psd_2_roc": result["psd_2_roc"]}
+    curves = {k: result[k] for k in ("roc", "psd_1_roc", "psd_2_roc", "psd_1_class_mean", "psd_2_class_mean")}
     return out, curves
 
 
