@@ -71,7 +71,10 @@ def test_score_dataframes_layout_and_library_check():
     np.testing.assert_array_equal(df["onset"].to_numpy(), GRID[:-1])
     np.testing.assert_array_equal(df["offset"].to_numpy(), GRID[1:])
     np.testing.assert_array_equal(df[CLASSES].to_numpy(), probs[2])
-    M.check_dataframes(tables, CLASSES)  # sed_scores_eval's own validation accepts them
+    from sed_scores_eval.base_modules.scores import validate_score_dataframe
+
+    for df in tables.values():
+        validate_score_dataframe(df, event_classes=CLASSES)  # sed_scores_eval's own validation accepts them
 
 
 # --------------------------------------------------------------------------- detection

@@ -82,26 +82,12 @@ def smooth(probs: np.ndarray, frames: int) -> np.ndarray:
 
 
 def score_dataframes(ids, timestamps_s, probs, classes) -> dict[str, pd.DataFrame]:
-    """Per-clip arrays -> sed_scores_eval score DataFrames (``onset``, ``offset``, one column per class).
+    """Per-clip arrays -> sed_scores_eval score DataFrames (``onset``, ``offset``, one column per class)."""
+    from sed_scores_eval.base_modules.scores import create_score_dataframe
 
-    Built directly (the layout ``create_score_dataframe`` makes, without its per-clip checks;
-    :func:`check_dataframes` validates a sample with the library).
-    """
-    columns = ["onset", "offset", *classes]
-    out = {}
-    for i, t, p in zip(ids, timestamps_s, probs):
-        t = np.asarray(t, dtype=np.float64)
-        data = np.empty((len(t) - 1, len(columns)))
-        data[:, 0], data[:, 1], data[:, 2:] = t[:-1], t[1:], p
-        out[i] = pd.DataFrame(data, columns=columns)
-    return out
-
-
-def check_dataframes(scores: dict[str, pd.DataFrame], classes) -> None:
-    from sed_scores_eval.base_modules.scores import validate_score_dataframe
-
-    for df in list(scores.values())[:5]:
-        validate_score_dataframe(df, event_classes=list(classes))
+    classes = list(classes)
+    return {i: create_score_dataframe(np.asarray(p, dtype=np.float64), np.asarray(t, dtype=np.float64), classes)
+            for i, t, p in zip(ids, timestamps_s, probs)}
 
 
 def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer,

@@ -135,9 +135,8 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
     ids = scored.ids
     with timer("median_filter"):
         probs = [M.smooth(p[column], e.median_filter_frames) for p in scored.probs]
-    with timer("score_tables"):
+    with timer("score_tables", library=True):
         tables = M.score_dataframes(ids, scored.timestamps_s, probs, classes)
-        M.check_dataframes(tables, classes)
     truth = {i: ground_truth[i] for i in ids}
     durations = {i: min(durations_s[i], float(t[-1])) for i, t in zip(ids, scored.timestamps_s)}
     result = M.sed_metrics(tables, truth, durations, classes, timer, alpha_st=alpha_st, segment_s=e.segment_s,
