@@ -121,6 +121,24 @@ def resample(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     return soxr.resample(x, from_hz, to_hz, quality="HQ").astype(np.float32, copy=False)
 
 
+def decode_mono(source: str | Path | bytes, sample_rate_hz: int) -> np.ndarray:
+    """A file path or encoded bytes -> mono float32 at ``sample_rate_hz`` (channel mean, soxr).
+
+    Raises AudioError: ``unreadable`` (libsndfile cannot decode it), ``empty``, ``non-finite``.
+    """
+    try:
+        x, rate = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+        where = "the audio bytes" if isinstance(source, bytes) else str(source)
+        raise AudioError("unreadable", f"cannot decode {where} ({e}); use WAV, FLAC, OGG or another format libsndfile reads") from None
+    if x.shape[0] == 0:
+        raise AudioError("empty", "zero samples")
+    x = downmix(x)
+    if not np.isfinite(x).all():
+        raise AudioError("non-finite", "NaN or infinite samples")
+    return resample(x, rate, sample_rate_hz)
+
+
 def clipped_fraction(samples: np.ndarray, level: float) -> float:
     """Share of sample positions where any channel reaches ``level`` (digital clipping)."""
     if samples.size == 0:

@@ -15,15 +15,13 @@ rides on the next item to the training loop, which writes them to ``skipped.csv`
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 
 import numpy as np
-import soundfile as sf
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipeline.audio import AudioError, downmix, resample
+from pipeline.audio import AudioError, decode_mono
 from pipeline.params import SourceParams
 from pipeline.schema import Skip
 from trainer.data.labels import frame_labels
@@ -68,17 +66,7 @@ class ItemBuilder:
         self.p, self.spans, self.sampler, self.seed = params, spans_s, sampler, seed
 
     def decode(self, audio: dict) -> np.ndarray:
-        data = audio.get("bytes")
-        try:
-            x, rate = sf.read(io.BytesIO(data) if data else audio["path"], dtype="float32", always_2d=True)
-        except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-            raise AudioError("unreadable", f"soundfile cannot decode it ({e})") from None
-        if x.shape[0] == 0:
-            raise AudioError("empty", "zero samples")
-        x = downmix(x) if x.shape[1] > 1 else x[:, 0]
-        if not np.isfinite(x).all():
-            raise AudioError("non-finite", "NaN or infinite samples")
-        return resample(x, rate, self.p.sample_rate_hz)
+        return decode_mono(audio.get("bytes") or audio["path"], self.p.sample_rate_hz)
 
     def crop(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
         n = self.p.input_samples

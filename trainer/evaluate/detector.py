@@ -16,16 +16,14 @@ test clip costs one forward pass however many vocabularies are scored on it.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 
-from pipeline.audio import AudioError, downmix, resample
+from pipeline.audio import decode_mono as read_audio  # noqa: F401  (re-exported for stage and detect)
 from pipeline.params import TrainParams, build
 from trainer import checkpoint
 from trainer.model import build_model
@@ -33,21 +31,6 @@ from trainer.objective import Objective
 from trainer.train import autocast_for
 
 ZERO_SHOT_TEMPLATE = "The sound of {}"
-
-
-def read_audio(source: str | Path | bytes, sample_rate_hz: int) -> np.ndarray:
-    """A file path or encoded bytes -> mono float32 at ``sample_rate_hz``; :class:`AudioError` if unusable."""
-    try:
-        x, rate = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-        where = "the audio bytes" if isinstance(source, bytes) else str(source)
-        raise AudioError("unreadable", f"cannot decode {where} ({e}); use WAV, FLAC, OGG or another format libsndfile reads") from None
-    if x.shape[0] == 0:
-        raise AudioError("empty", "zero samples")
-    x = downmix(x)
-    if not np.isfinite(x).all():
-        raise AudioError("non-finite", "NaN or infinite samples")
-    return resample(x, rate, sample_rate_hz)
 
 
 @dataclass(frozen=True)
@@ -89,6 +72,7 @@ class Detector:
         hop = round(self.window_samples * (1 - overlap) / self.column_samples) * self.column_samples
         self.hop_samples = max(self.column_samples, min(hop, self.columns * self.column_samples))
         self.batch_size = batch_size
+        self.seed: int | None = None  # set by from_checkpoint
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, **kwargs) -> Detector:
@@ -100,7 +84,9 @@ class Detector:
         train = build(TrainParams, state["config"]["train"], "train")
         objective = Objective(build_model(train.model), train.loss)
         checkpoint.load(path, objective, restore_rng=False)
-        return cls(objective, train, **kwargs)
+        detector = cls(objective, train, **kwargs)
+        detector.seed = state["config"].get("seed")  # the trainer's seed: its untrained twin starts from it
+        return detector
 
     @classmethod
     def untrained(cls, train: TrainParams, seed: int, **kwargs) -> Detector:
@@ -154,11 +140,13 @@ class Detector:
         shared = isinstance(vocabularies, (list, tuple)) and all(isinstance(v, Vocabulary) for v in vocabularies)
         per_clip = iter(()) if shared else iter(vocabularies)
         pending: list[tuple[np.ndarray, list[Vocabulary]]] = []
+        windows = 0
         for wave in waves:
             pending.append((wave, list(vocabularies) if shared else list(next(per_clip))))
-            if sum(len(self.windows(len(w))) for w, _ in pending) >= self.batch_size:
+            windows += len(self.windows(len(wave)))
+            if windows >= self.batch_size:
                 yield from self._score_batch(pending)
-                pending = []
+                pending, windows = [], 0
         if pending:
             yield from self._score_batch(pending)
 

@@ -253,8 +253,8 @@ def detectors(e, seed_fallback: int) -> dict[str, Detector]:
     trained = Detector.from_checkpoint(e.checkpoint, **kwargs)
     models = {"trained": trained}
     if e.untrained:
-        state = torch.load(e.checkpoint, map_location="cpu", weights_only=False)
-        models["untrained"] = Detector.untrained(trained.train_params, state["config"].get("seed", seed_fallback), **kwargs)
+        seed = trained.seed if trained.seed is not None else seed_fallback
+        models["untrained"] = Detector.untrained(trained.train_params, seed, **kwargs)
     return models
 
 
