@@ -1,18 +1,129 @@
-"""Atomic training checkpoints with everything a resume needs.
+"""Atomic training checkpoints with everything a resume needs, and the one way to read a torch file.
 
 A checkpoint is one ``torch.save`` file: the trainable model weights (a frozen text encoder is
 left out; it is rebuilt from its name), the optimizer, the scheduler, the step, the epoch and
 the batches done in it, torch's RNG state, and the resolved ``train`` config. It is written to
-a temporary name and renamed, so a crash never leaves a half-written ``latest.pt``.
+a temporary name and renamed, so a crash never leaves a half-written ``latest.pt``. Everything
+in it is a plain container (dict, list, tuple, str, number, None) or a tensor, so it reads back
+under ``weights_only=True``.
+
+Every ``.pt`` this project opens (its own checkpoints, an EAT encoder checkpoint) goes through
+:func:`read_torch_file`: a weights-only unpickle, so a file whose pickle names a function or
+class (``os.system``, ``builtins.open``...) is refused instead of run; a foreign format may
+allow a fixed list of plain config types. Whatever goes wrong comes out as one
+:class:`CheckpointError` line naming the file and what was expected.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
+import zipfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
+
+TRAINER_CHECKPOINT = "a checkpoint written by `sedsynth train` (checkpoints/latest.pt or best.pt)"
+# Keys every trainer checkpoint has (optimizer, scheduler, cuda_rng and metrics may be None/empty).
+REQUIRED_KEYS = ("model", "step", "epoch", "batches_in_epoch", "torch_rng", "config")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used; the message names the file and what was expected."""
+
+
+def _why(error: Exception, path: Path) -> str:
+    """One short line for a failed ``torch.load``: the refused global when there is one (never
+    torch's advice to load the file unsafely)."""
+    text = str(error)
+    refused = re.search(r"GLOBAL (\S+) was not an allowed global", text) or re.search(r"unsupported GLOBAL (\S+)", text)
+    if refused:
+        return f"its pickle calls {refused.group(1)}, which a weights-only load refuses to run"
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    if detail:
+        return f"its pickle is not plain data: {detail.group(1).strip()[:200]}"
+    if "Weights only load failed" in text:
+        return "its pickle is not plain data"
+    if zipfile.is_zipfile(path):
+        return "a zip archive that torch.save did not write"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
+
+
+def read_torch_file(path: str | Path, what: str, expected: str, allow: Iterable[Any] = ()) -> Any:
+    """The object stored in ``torch.save`` file ``path``, unpickled weights-only onto the CPU.
+
+    ``what`` names the caller in messages (``train``, ``detector``, ``encoder``), ``expected``
+    says what the file should be, and ``allow`` lists the extra classes a foreign format may
+    hold (plain config objects); nothing else that a pickle can name is ever called.
+    Raises FileNotFoundError when there is no file and :class:`CheckpointError` otherwise.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: no checkpoint at {path}; expected {expected}")
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise CheckpointError(f"{what}: cannot read {path} ({e.strerror or e}); expected {expected}") from None
+    except Exception as e:  # noqa: BLE001  arbitrary bytes fail in many ways; each means "not a checkpoint"
+        raise CheckpointError(f"{what}: {path} is not a usable torch checkpoint ({_why(e, path)}); expected {expected}") from None
+
+
+def read(path: str | Path, what: str = "checkpoint") -> dict:
+    """A trainer checkpoint as a dict (model, optimizer, scheduler, step, epoch, config...), checked
+    for the keys and types :func:`restore` needs; raises :class:`CheckpointError` naming the file."""
+    state = read_torch_file(path, what, TRAINER_CHECKPOINT)
+
+    def bad(problem: str) -> CheckpointError:
+        return CheckpointError(f"{what}: {path} is not a sedsynth training checkpoint ({problem}); expected {TRAINER_CHECKPOINT}")
+
+    if not isinstance(state, dict):
+        raise bad(f"it holds a {type(state).__name__}, not a dict")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise bad(f"no {', '.join(missing)}; it has {', '.join(map(str, list(state)[:8])) or 'no keys'}")
+    model = state["model"]
+    if not isinstance(model, Mapping) or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        raise bad("'model' is not a dict of tensors")
+    if not isinstance(state["config"], Mapping) or not isinstance(state["config"].get("train"), Mapping):
+        raise bad("'config' has no 'train' section")
+    if not (isinstance(state["torch_rng"], torch.Tensor) and state["torch_rng"].dtype == torch.uint8):
+        raise bad("'torch_rng' is not a byte tensor")
+    for key in ("step", "epoch", "batches_in_epoch"):
+        if not isinstance(state[key], int):
+            raise bad(f"'{key}' is not an integer")
+    for key in ("optimizer", "scheduler"):
+        if state.get(key) is not None and not isinstance(state[key], Mapping):
+            raise bad(f"'{key}' is not a state dict")
+    return state
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain containers, numbers, strings and tensors (what a weights-only load reads):
+    dataclasses become dicts, numpy arrays tensors, numpy scalars Python numbers, paths strings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
 
 
 def frozen_prefixes(model: nn.Module) -> tuple[str, ...]:
@@ -31,29 +142,28 @@ def save(path: Path, model: nn.Module, optimizer, scheduler, step: int, epoch: i
     state = {
         "model": trainable_state(model),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "step": step,
-        "epoch": epoch,
-        "batches_in_epoch": batches_in_epoch,
+        "scheduler": plain(scheduler.state_dict()) if scheduler is not None else None,
+        "step": int(step),
+        "epoch": int(epoch),
+        "batches_in_epoch": int(batches_in_epoch),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "config": config,
-        "metrics": metrics or {},
+        "config": plain(config),
+        "metrics": plain(metrics or {}),
     }
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(state, tmp)
     os.replace(tmp, path)
 
 
-def load(path: Path, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:
-    """Load ``path`` into the given objects; returns the checkpoint dict (step, epoch, config...)."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
+def restore(state: dict, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True, path: str | Path = "checkpoint") -> dict:
+    """Put a :func:`read` checkpoint into the given objects; returns ``state``."""
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     skip = frozen_prefixes(model)
     missing = [k for k in missing if not (skip and k.startswith(skip))]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not fit this model (missing {missing[:5]}, unexpected {unexpected[:5]}); "
-                         "was it trained with other train.model settings?")
+        raise CheckpointError(f"checkpoint {path} does not fit this model (missing {missing[:5]}, unexpected {unexpected[:5]}); "
+                              "was it trained with other train.model settings?")
     if optimizer is not None and state.get("optimizer"):
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state.get("scheduler"):
@@ -63,3 +173,8 @@ def load(path: Path, model: nn.Module, optimizer=None, scheduler=None, restore_r
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
     return state
+
+
+def load(path: Path, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:
+    """Read ``path`` and load it into the given objects; returns the checkpoint dict (step, epoch, config...)."""
+    return restore(read(path), model, optimizer, scheduler, restore_rng, path)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainer.checkpoint import CheckpointError, read_torch_file
 from trainer.features import Fbank, FbankParams
 
 
@@ -49,6 +50,12 @@ class AudioEncoder(nn.Module):
 
     def input_samples(self, crop_s: float) -> int:
         return round(crop_s * self.sample_rate_hz)
+
+    def features(self, wave: torch.Tensor) -> torch.Tensor:
+        """``(B, S)`` -> log-mel ``(B, T, F)`` in float32 even under autocast: bf16 would round the
+        mel energies before the log (errors of 0.01 on the normalised scale) and lose Kaldi parity."""
+        with torch.autocast(wave.device.type, enabled=False):
+            return self.fbank(wave.float())
 
     def frame_spans_s(self) -> np.ndarray:
         """``(L, 2)`` start and end seconds of each output column."""
@@ -123,7 +130,7 @@ class EATEncoder(AudioEncoder):
         self.apply(_init_vit)
 
     def forward(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.fbank(wave).unsqueeze(1)  # (B, 1, T, F)
+        x = self.features(wave).unsqueeze(1)  # (B, 1, T, F)
         x = self.patch_embed(x.to(self.patch_embed.weight.dtype))  # (B, D, L, Fp)
         b, d, L, fp = x.shape
         x = x.flatten(2).transpose(1, 2) + self.positions[:, : L * fp]  # (B, L*Fp, D), time-major
@@ -160,7 +167,7 @@ def eat_state_dict(raw: dict) -> dict[str, torch.Tensor]:
         raw = raw["model"]
     out = {}
     for key, value in raw.items():
-        if not isinstance(value, torch.Tensor) or key.startswith("_ema"):
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor) or key.startswith("_ema"):
             continue
         for old, new in EAT_RENAMES:
             if key.startswith(old):
@@ -169,11 +176,34 @@ def eat_state_dict(raw: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_eat_weights(encoder: EATEncoder, path: str) -> dict:
-    """Load EAT weights from a local ``.pt`` / ``.bin`` / ``.safetensors`` file or folder.
+EAT_CHECKPOINT = "an EAT-base checkpoint (fairseq .pt or the Hugging Face port's weights)"
 
-    Returns ``{"loaded": n, "missing": [...]}``; raises :class:`EncoderError` when nothing fits.
-    """
+
+def eat_config_types() -> list:
+    """The classes a fairseq EAT ``.pt`` holds besides tensors, allowed (and only these) when
+    reading one: its ``args`` (argparse.Namespace), ``cfg`` (omegaconf containers and their
+    nodes), meter states (numpy scalars and arrays) and the plain types those refer to."""
+    import argparse
+    import collections
+    import typing
+
+    core = np.core.multiarray if not hasattr(np, "_core") else np._core.multiarray
+    types: list = [argparse.Namespace, collections.defaultdict, typing.Any, dict, list, tuple, int, float, str, bool,
+                   np.ndarray, np.dtype, *{type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"}]
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # pickles name either, by the numpy that wrote them
+        types += [(core.scalar, f"{module}.scalar"), (core._reconstruct, f"{module}._reconstruct")]
+    try:
+        from omegaconf import DictConfig, ListConfig, base, nodes
+    except ImportError:  # without omegaconf a checkpoint holding its containers is refused (and says so)
+        return types
+    node_types = [getattr(nodes, n) for n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "BytesNode", "PathNode")
+                  if hasattr(nodes, n)]
+    return types + [DictConfig, ListConfig, base.Metadata, base.ContainerMetadata, *node_types]
+
+
+def read_eat_checkpoint(path: str) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The encoder weights (renamed) of the EAT checkpoint at ``path``: a ``.pt`` / ``.bin`` /
+    ``.safetensors`` file or a folder holding one. Raises :class:`EncoderError` naming the file."""
     p = Path(path)
     if p.is_dir():
         candidates = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.pt")) + sorted(p.glob("*.bin"))
@@ -184,21 +214,44 @@ def load_eat_weights(encoder: EATEncoder, path: str) -> dict:
         raise EncoderError(f"encoder: EAT checkpoint {p} not found; download EAT-base (fairseq .pt or the Hugging Face "
                            "worstchan/EAT-base_epoch30_pretrain weights) and set train.model.encoder_checkpoint to its path")
     if p.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        raw = load_file(str(p))
+        try:
+            raw = load_file(str(p))
+        except (SafetensorError, OSError) as e:
+            raise EncoderError(f"encoder: {p} is not a readable safetensors file ({e}); expected {EAT_CHECKPOINT}") from None
     else:
-        raw = torch.load(str(p), map_location="cpu", weights_only=False)
-    state = eat_state_dict(raw)
+        try:
+            raw = read_torch_file(p, "encoder", EAT_CHECKPOINT, allow=eat_config_types())
+        except CheckpointError as e:
+            raise EncoderError(str(e)) from None
+    if not isinstance(raw, dict):
+        raise EncoderError(f"encoder: {p} holds a {type(raw).__name__}, not a dict of weights; expected {EAT_CHECKPOINT}")
+    return p, eat_state_dict(raw)
+
+
+def fit_eat_weights(encoder: EATEncoder, state: dict[str, torch.Tensor], source: Path | str) -> dict:
+    """Load renamed EAT weights into ``encoder``; returns ``{"loaded": n, "missing": [...]}``
+    and raises :class:`EncoderError` when nothing fits or a shape differs."""
     own = encoder.state_dict()
     fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     wrong = sorted(k for k in state if k in own and own[k].shape != state[k].shape)
     if not fitting or wrong:
-        raise EncoderError(f"encoder: {p} does not fit eat-base ({len(fitting)} tensors fit; shape mismatches: {wrong[:5]}); "
+        raise EncoderError(f"encoder: {source} does not fit eat-base ({len(fitting)} tensors fit; shape mismatches: {wrong[:5]}); "
                            "is it an EAT-base checkpoint?")
     missing = sorted(k for k in own if k not in fitting)
     encoder.load_state_dict(fitting, strict=False)
     return {"loaded": len(fitting), "missing": missing}
+
+
+def load_eat_weights(encoder: EATEncoder, path: str) -> dict:
+    """Load EAT weights from a local ``.pt`` / ``.bin`` / ``.safetensors`` file or folder.
+
+    Returns ``{"loaded": n, "missing": [...]}``; raises :class:`EncoderError` when nothing fits.
+    """
+    source, state = read_eat_checkpoint(path)
+    return fit_eat_weights(encoder, state, source)
 
 
 # --------------------------------------------------------------------------- small CNN
@@ -226,7 +279,7 @@ class SmallEncoder(AudioEncoder):
         self.blocks = nn.Sequential(*(ConvBlock(c[i], c[i + 1], pools[i]) for i in range(4)))
 
     def forward(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.fbank(wave).unsqueeze(1)  # (B, 1, T, F)
+        x = self.features(wave).unsqueeze(1)  # (B, 1, T, F)
         x = self.blocks(x)  # (B, C, T/8, F/8)
         dense = x.permute(0, 2, 3, 1)  # (B, L, F, C)
         return dense.mean(dim=(1, 2)), dense
@@ -243,9 +296,11 @@ def build_encoder(name: str, checkpoint: str | None = None) -> AudioEncoder:
     """An encoder from :data:`ENCODERS`; ``checkpoint`` loads EAT weights into ``eat-base``."""
     if name not in ENCODERS:
         raise EncoderError(f"encoder: unknown {name!r}; choose one of {sorted(ENCODERS)}")
+    if checkpoint and name != "eat-base":
+        raise EncoderError(f"encoder: encoder_checkpoint is for eat-base; {name!r} trains from scratch")
+    # the file is read (and refused, when it must be) before 86 M parameters are initialised
+    weights = read_eat_checkpoint(checkpoint) if checkpoint else None
     encoder = ENCODERS[name]()
-    if checkpoint:
-        if not isinstance(encoder, EATEncoder):
-            raise EncoderError(f"encoder: encoder_checkpoint is for eat-base; {name!r} trains from scratch")
-        load_eat_weights(encoder, checkpoint)
+    if weights is not None:
+        fit_eat_weights(encoder, weights[1], weights[0])
     return encoder

@@ -136,12 +136,15 @@ def run(params, out_dir: Path | None = None) -> dict:
     latest, best_path = out / "checkpoints" / "latest.pt", out / "checkpoints" / "best.pt"
     best = {"valid_loss": float("inf")}
     if t.resume and latest.exists():
-        saved = torch.load(latest, map_location="cpu", weights_only=False)
+        try:
+            saved = checkpoint.read(latest, "train")
+        except checkpoint.CheckpointError as e:  # never overwrite it silently: it may be the only copy of a long run
+            raise checkpoint.CheckpointError(f"{e}; cannot resume: move it away or set train.resume=false to start over") from None
         changed = compatible(saved["config"], config)
         if changed:
             print(f"train: not resuming from {latest}: settings changed ({', '.join(changed[:6])}); starting over")
         else:
-            state = checkpoint.load(latest, objective, optimizer, scheduler)
+            state = checkpoint.restore(saved, objective, optimizer, scheduler, path=latest)
             step, epoch, skip = state["step"], state["epoch"], state["batches_in_epoch"]
             best = state["metrics"].get("best", best)
             train_log.keep_until(step), valid_log.keep_until(step)
