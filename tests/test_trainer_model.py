@@ -293,9 +293,10 @@ def test_fbank_shape_and_padding_value():
 
 def test_fbank_matches_torchaudio_kaldi():
     try:
-        import torchaudio
-    except ImportError:
-        pytest.skip("torchaudio is not installed; parity with torchaudio.compliance.kaldi.fbank not checked")
+        import torchaudio.compliance.kaldi
+    except (ImportError, OSError, RuntimeError) as e:  # absent, or built for another torch (its extension fails to load)
+        pytest.skip(f"torchaudio does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                    "parity with torchaudio.compliance.kaldi.fbank not checked")
     p = FbankParams()
     g = torch.Generator().manual_seed(1)
     t = torch.arange(3 * p.sample_rate_hz) / p.sample_rate_hz
@@ -307,7 +308,9 @@ def test_fbank_matches_torchaudio_kaldi():
     ref = torch.nn.functional.pad(ref, (0, 0, 0, p.target_frames - ref.shape[0]))
     ref = (ref - p.norm_mean) / (p.norm_std * 2)
     assert ours.shape == ref.shape
-    assert torch.allclose(ours, ref, atol=1e-3)
+    difference = float((ours - ref).abs().max())
+    print(f"fbank vs torchaudio {torchaudio.__version__} kaldi.fbank: max |difference| {difference:.1e} (normalised features)")
+    assert difference < 1e-3
 
 
 # --------------------------------------------------------------------------- EAT weights and token layout
@@ -361,7 +364,7 @@ def test_eat_fairseq_checkpoint_loads(tmp_path, eat_wave):
     assert not torch.allclose(before[0], expected[0])
     report = load_eat_weights(target, str(path))
     assert report == {"loaded": len(source.state_dict()), "missing": []}
-    assert set(eat_state_dict(torch.load(path, weights_only=False))) == set(source.state_dict())
+    assert set(eat_state_dict(torch.load(path, weights_only=True))) == set(source.state_dict())
     for k, v in source.state_dict().items():
         assert torch.equal(target.state_dict()[k], v), k
     with torch.no_grad():
@@ -530,7 +533,7 @@ def test_train_smoke_run_writes_outputs(smoke_run):
     assert metrics["steps"] == summary["steps"] == 3
     assert metrics["untrained"]["epoch"] == 0
     assert metrics["best"]["valid_loss"] == pytest.approx(min(float(r["valid_loss"]) for r in valid_rows[1:]), rel=1e-5)
-    latest = torch.load(out / "checkpoints" / "latest.pt", weights_only=False)
+    latest = torch.load(out / "checkpoints" / "latest.pt", weights_only=True)
     assert latest["step"] == 3 and latest["config"] == config_of(p, latest["config"]["data_fingerprint"])
     assert len(latest["config"]["data_fingerprint"]) == 16
     assert not any(k.startswith("model.text.model.") for k in latest["model"])  # the frozen text tower is not saved
@@ -559,7 +562,7 @@ def test_checkpoint_round_trip(smoke_run, tmp_path):
         first(batch)["loss"].backward()
         optimizer.step(), scheduler.step(), optimizer.zero_grad()
     path = tmp_path / "ck" / "latest.pt"
-    checkpoint.save(path, first, optimizer, scheduler, step=2, epoch=1, batches_in_epoch=5, config={"x": 1}, metrics={"best": {"a": 1}})
+    checkpoint.save(path, first, optimizer, scheduler, step=2, epoch=1, batches_in_epoch=5, config={"train": {"x": 1}}, metrics={"best": {"a": 1}})
     rng = torch.get_rng_state()
     torch.rand(10)  # move the generator on
 
@@ -568,7 +571,7 @@ def test_checkpoint_round_trip(smoke_run, tmp_path):
     optimizer2 = optimizer_for(second, t.optim)
     scheduler2 = torch.optim.lr_scheduler.LambdaLR(optimizer2, lr_lambda(2, 10))
     state = checkpoint.load(path, second, optimizer2, scheduler2)
-    assert (state["step"], state["epoch"], state["batches_in_epoch"], state["config"], state["metrics"]) == (2, 1, 5, {"x": 1}, {"best": {"a": 1}})
+    assert (state["step"], state["epoch"], state["batches_in_epoch"], state["config"], state["metrics"]) == (2, 1, 5, {"train": {"x": 1}}, {"best": {"a": 1}})
     assert torch.equal(torch.get_rng_state(), rng)
     a, b = first.state_dict(), second.state_dict()
     assert a.keys() == b.keys()
@@ -614,7 +617,7 @@ def test_resume_continues_exactly(shard_folder, tmp_path, capsys):
     assert sorted(a_rows) == [1, 2, 3, 4] and all(int(r["epoch"]) == 0 for r in a_rows.values())
 
     run(config(b_out, 2))
-    stopped = torch.load(b_out / "checkpoints" / "latest.pt", weights_only=False)
+    stopped = torch.load(b_out / "checkpoints" / "latest.pt", weights_only=True)
     assert stopped["step"] == 2
     assert sorted(_train_rows(b_out)) == [1, 2]
     capsys.readouterr()
@@ -628,8 +631,8 @@ def test_resume_continues_exactly(shard_folder, tmp_path, capsys):
         assert int(ra["epoch"]) == int(rb["epoch"]), step
         for key in ("loss", "clip", "frame", "lr", "clip_t", "clip_b", "frame_t", "frame_b"):
             assert float(rb[key]) == pytest.approx(float(ra[key]), abs=1e-5), (step, key)
-    a_state = torch.load(a_out / "checkpoints" / "latest.pt", weights_only=False)
-    b_state = torch.load(b_out / "checkpoints" / "latest.pt", weights_only=False)
+    a_state = torch.load(a_out / "checkpoints" / "latest.pt", weights_only=True)
+    b_state = torch.load(b_out / "checkpoints" / "latest.pt", weights_only=True)
     for k, v in a_state["model"].items():
         assert torch.allclose(v.float(), b_state["model"][k].float(), atol=1e-5), k
 
@@ -640,7 +643,7 @@ def test_resume_continues_exactly(shard_folder, tmp_path, capsys):
     assert "not resuming" in capsys.readouterr().out
     assert summary["steps"] == 1
     assert sorted(_train_rows(b_out)) == [1]
-    assert torch.load(b_out / "checkpoints" / "latest.pt", weights_only=False)["config"]["train"]["model"]["embed_dim"] == 16
+    assert torch.load(b_out / "checkpoints" / "latest.pt", weights_only=True)["config"]["train"]["model"]["embed_dim"] == 16
 
 
 # --------------------------------------------------------------------------- schedule and config checks

@@ -88,6 +88,11 @@ class FineLAP(nn.Module):
                  adapter_ffn: int = 4096, adapter_heads: int = 8, dropout: float = 0.1, per_text_logits: bool = False):
         super().__init__()
         self.encoder, self.text = encoder, text
+        # A BERT/RoBERTa pooler is never used (pooling reads the hidden states); left trainable it
+        # gets no gradient, and DDP (find_unused_parameters=False) stops at the second step.
+        pooler = getattr(getattr(text, "model", None), "pooler", None)
+        if isinstance(pooler, nn.Module):
+            pooler.requires_grad_(False)
         self.global_proj = projector(encoder.width, dim)
         self.adapter_kind = adapter
         self.local = None if adapter == "shared" else LocalAdapter(adapter, encoder.width, dim, heads=adapter_heads, ffn=adapter_ffn, dropout=dropout)
