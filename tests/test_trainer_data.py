@@ -639,6 +639,44 @@ def test_shard_paths_without_parquet_files_fail_clearly(tmp_path, shards, builde
         ParquetSource(0, SourceParams(path=str(shards), split="validation"))
 
 
+def test_broken_parquet_files_are_named_skipped_and_the_rest_read(tmp_path, shards, builder, capsys):
+    import shutil
+
+    from trainer.data.sources import pieces_of
+
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    files = sorted((copy / "data").glob("train-*.parquet"))
+    assert len(files) >= 3
+    empty, cut, good = files[0], files[1], files[2:]
+    empty.write_bytes(b"")  # an interrupted download
+    cut.write_bytes(cut.read_bytes()[:1000])  # cut short: no footer
+    capsys.readouterr()
+    source = ParquetSource(0, SourceParams(path=str(copy)))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and str(empty) in err[0] and str(cut) in err[1]
+    assert all("re-create it" in line for line in err)
+    assert [(s.path, s.reason) for s in source.skips] == [(str(empty), "unreadable"), (str(cut), "unreadable")]
+    assert "0 bytes" in source.skips[0].detail
+    assert sorted({f for f, _, _ in source.row_groups()}) == [str(f) for f in good]
+    want = sum(pq.ParquetFile(f).metadata.num_rows for f in good)
+    assert sum(len(source.read(p)) for p in pieces_of(source, 4)) == want
+    stream = TrainStream([SourceParams(path=str(copy))], builder, seed=0)
+    assert {s.path for s in stream.skips} == {str(empty), str(cut)}  # they reach skipped.csv
+    # a file that breaks after its footer was read: one line naming it and the row group
+    fresh = ParquetSource(0, SourceParams(path=str(copy)))
+    good[0].write_bytes(b"")
+    with pytest.raises(SourceError, match="cannot read row group 0 of") as caught:
+        fresh.read(Piece(0, str(good[0]), 0, 0, 1))
+    assert str(good[0]) in str(caught.value) and "\n" not in str(caught.value)
+    # nothing readable: one line that names the files
+    for f in good:
+        f.write_bytes(b"")
+    with pytest.raises(SourceError, match="no readable train Parquet file") as caught:
+        ParquetSource(0, SourceParams(path=str(copy)))
+    assert str(empty) in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_missing_clusters_fail_clearly(tmp_path, shard_folder):
     params, folder = shard_folder
     with pytest.raises(NegativeError, match="clusters.parquet"):

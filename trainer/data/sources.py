@@ -18,6 +18,7 @@ left over by uneven pieces wait for a later epoch, where the deal differs).
 from __future__ import annotations
 
 import csv
+import sys
 import zlib
 from dataclasses import dataclass, field
 
@@ -31,6 +32,17 @@ SHARD_COLUMNS = ("id", "audio", "caption", "phrases")
 
 class SourceError(ValueError):
     """A training source that cannot be read; the message says what to fix."""
+
+
+def pa_errors() -> type[Exception]:
+    import pyarrow as pa
+
+    return pa.ArrowException
+
+
+def _first_line(error: Exception) -> str:
+    text = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return text[:200]
 
 
 @dataclass(frozen=True)
@@ -91,18 +103,40 @@ class ParquetSource:
         self._cached: tuple[tuple[str, int], list[dict]] | None = None
         self._row_groups: list[tuple[str, int, int]] | None = None
         self.skips: list[Skip] = []
+        self.row_groups()  # footers now, so a broken file is reported (and left out) before training starts
 
     def row_groups(self) -> list[tuple[str, int, int]]:
-        """``(file, row_group, rows)`` from the files' footers, read once (no data read)."""
+        """``(file, row_group, rows)`` from the files' footers, read once (no data read).
+
+        A file whose footer cannot be read (empty, cut short, not Parquet, gone) is left out:
+        it goes to ``skips`` and one line on stderr names it. No readable file is an error.
+        """
         import pyarrow.parquet as pq
 
         if self._row_groups is None:
-            self._row_groups = []
+            groups = []
             for file in self.files:
-                with self.fs.open(file, "rb") as f:
-                    meta = pq.ParquetFile(f).metadata
-                self._row_groups += [(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+                try:
+                    with self.fs.open(file, "rb") as f:
+                        meta = pq.ParquetFile(f).metadata
+                except (FileNotFoundError, IsADirectoryError) as e:
+                    self._skip(file, "missing-file", f"listed but not there ({e.strerror or e})")
+                    continue
+                except (OSError, ValueError, pa_errors()) as e:  # pyarrow: ArrowInvalid (a ValueError), ArrowIOError (an OSError)
+                    self._skip(file, "unreadable", f"not a readable Parquet file ({_first_line(e)})")
+                    continue
+                groups += [(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+            if not groups:
+                named = "; ".join(f"{s.path}: {s.detail}" for s in self.skips[:3])
+                raise SourceError(f"train: no readable {self.params.split} Parquet file under {self.params.path} ({named}); "
+                                  "re-create the shards with `sedsynth shards` or point train.data.sources[].path elsewhere")
+            self._row_groups = groups
         return self._row_groups
+
+    def _skip(self, file: str, reason: str, detail: str) -> None:
+        self.skips.append(Skip(file, file, reason, detail))
+        print(f"train: skipping {file}: {detail}; re-create it (sedsynth shards, or download it again) or remove it "
+              "and its index.json entry", file=sys.stderr)
 
     def columns(self, names: list[str]) -> list[str]:
         wanted = [c for c in SHARD_COLUMNS if c in names]
@@ -116,9 +150,14 @@ class ParquetSource:
 
         key = (piece.file, piece.row_group)
         if self._cached is None or self._cached[0] != key:
-            with self.fs.open(piece.file, "rb") as f:
-                pf = pq.ParquetFile(f)
-                table = pf.read_row_group(piece.row_group, columns=self.columns(pf.schema_arrow.names))
+            try:
+                with self.fs.open(piece.file, "rb") as f:
+                    pf = pq.ParquetFile(f)
+                    table = pf.read_row_group(piece.row_group, columns=self.columns(pf.schema_arrow.names))
+            except (OSError, ValueError, pa_errors()) as e:  # its footer read at the start: the file changed or its data is corrupt
+                raise SourceError(f"train: cannot read row group {piece.row_group} of {piece.file} ({_first_line(e)}); re-create it "
+                                  "(sedsynth shards, or download it again) or remove it and its index.json entry, then rerun "
+                                  "(training resumes from latest.pt)") from None
             self._cached = (key, table.to_pylist())
         rows = self._cached[1][piece.start:piece.stop]
         for i, r in enumerate(rows):
