@@ -1,7 +1,7 @@
 """Benchmarks that print figures next to a peer measured in the same run.
 
 ``sedsynth bench mix``: see :mod:`pipeline.mix.bench`; ``sedsynth bench shards``: see
-:mod:`pipeline.shards.bench`.
+:mod:`pipeline.shards.bench`; ``sedsynth bench llm-cache``: see :mod:`pipeline.text.bench`.
 
 ``sedsynth bench clip``: clipping throughput against decoding the same files, all on one
 core in this process, in seconds of source audio per second. Passes over every
@@ -141,6 +141,11 @@ def main(args: argparse.Namespace) -> int:
         from trainer.evaluate.bench import run as bench_evaluate
 
         print_evaluate(bench_evaluate(args.clips if args.clips != 400 else 10000))
+    elif args.what == "llm-cache":
+        from pipeline.text.bench import bench_llm_cache
+        from pipeline.text.bench import print_figures as print_llm_cache
+
+        print_llm_cache(bench_llm_cache(rewrites=args.repeat))
     return 0
 
 

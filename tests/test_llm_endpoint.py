@@ -17,7 +17,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -85,6 +85,7 @@ class Reply:
     body: bytes = b""
     content_type: str = "application/json"
     delay_s: float = 0.0
+    headers: dict = field(default_factory=dict)  # more response headers (Retry-After)
 
 
 def ok(content, delay_s: float = 0.0) -> Reply:
@@ -133,6 +134,8 @@ class FakeLLM:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", reply.content_type)
                     self.send_header("Content-Length", str(len(reply.body)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(reply.body)
                 except (BrokenPipeError, ConnectionResetError):
@@ -234,8 +237,11 @@ def test_templates_from_endpoint_then_from_cache(server, tmp_path, monkeypatch) 
     assert request["body"]["messages"] == [{"role": "user", "content": prompt}]
     assert request["body"]["temperature"] == 1.0
 
-    data = json.loads((tmp_path / "cache.json").read_text(encoding="utf-8"))
-    assert data == {"version": 1, "entries": {ResponseCache.key("m", prompt): {"model": "m", "prompt": prompt, "response": TEMPLATES_COMPLETION}}}
+    lines = (tmp_path / "cache.json").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"format": "sedsynth-llm-cache", "version": 2},
+        {"key": ResponseCache.key("m", prompt), "model": "m", "prompt": prompt, "response": TEMPLATES_COMPLETION},
+    ]
 
     # a later run: no server, no key, a new Completer -> the same templates from the cache
     server.stop()
@@ -347,7 +353,7 @@ def test_malformed_completion_is_retried(server, tmp_path, caplog, kind) -> None
     assert len(server.requests) == 2 and completer.requests == 2
     assert "malformed completion" in warnings_text(caplog)
     # only the accepted completion is cached
-    entries = json.loads((tmp_path / "cache.json").read_text())["entries"]
+    entries = ResponseCache(tmp_path / "cache.json").entries
     assert [e["response"] for e in entries.values()] == [TEMPLATES_COMPLETION]
 
 
@@ -414,7 +420,7 @@ def test_missing_key_fails_before_any_request(server, tmp_path, monkeypatch, val
 def test_bad_cache_files_are_reported(tmp_path) -> None:
     path = tmp_path / "cache.json"
     path.write_text("{not json")
-    with pytest.raises(LLMError, match="not valid JSON"):
+    with pytest.raises(LLMError, match="is not an LLM cache"):
         ResponseCache(path)
     path.write_text(json.dumps({"version": 99, "entries": {}}))
     with pytest.raises(LLMError, match="version 99"):
@@ -547,7 +553,7 @@ def in_project_root(monkeypatch, tmp_path):
 
 def test_stage_default_run_needs_no_network(mix_dir, tmp_path, monkeypatch, in_project_root) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    shipped_cache = ROOT / "configs" / "llm_cache.json"
+    shipped_cache = ROOT / "configs" / "llm_cache.jsonl"
     before = shipped_cache.read_bytes() if shipped_cache.exists() else None
 
     def no_network(self, address, *args, **kwargs):
