@@ -24,7 +24,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.audio import write_atomic
+from pipeline.audio import remove_stale_temporaries, write_atomic
 from pipeline.schema import Skip, to_table
 
 MANIFEST = "manifest.parquet"
@@ -63,6 +63,8 @@ def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]
     everything that decides the output) gets the same folder back, ``resumed=True``, and
     can skip the work it holds; a different fingerprint starts from an empty folder. The
     block must remove its bookkeeping files before it ends; the folder is then swapped in.
+    A resumed folder is first cleared of the temporaries of writes the killed run had under
+    way, so none of them ends up in the output.
     """
     target = Path(target)
     staging = _staging_path(target)
@@ -70,6 +72,8 @@ def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]
     resumed = marker.exists() and marker.read_text(encoding="utf-8") == fingerprint
     if staging.exists() and not resumed:
         shutil.rmtree(staging)
+    if resumed:
+        remove_stale_temporaries(staging, recursive=True)
     if not resumed:
         staging.mkdir()
         write_atomic(marker, fingerprint.encode("utf-8"))
@@ -79,15 +83,26 @@ def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]
 
 
 def _staging_path(target: Path) -> Path:
-    """The hidden staging folder beside ``target`` (whose parent is created)."""
+    """The hidden staging folder beside ``target`` (whose parent is created).
+
+    A run killed between the two renames of :func:`_swap_in` left the previous output under
+    its ``.old`` name and no ``target``: that output is put back first.
+    """
+    old = _old_path(target)
+    if old.exists() and not target.exists():
+        old.rename(target)
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"{target} exists and is not a folder: choose another output path or remove it")
     target.parent.mkdir(parents=True, exist_ok=True)
     return target.parent / f".{target.name}.partial"
 
 
+def _old_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.old"
+
+
 def _swap_in(staging: Path, target: Path) -> None:
-    old = target.parent / f".{target.name}.old"
+    old = _old_path(target)
     if old.exists():
         shutil.rmtree(old)
     if target.exists():
@@ -117,6 +132,30 @@ def write_skips(path: Path, skips: list[Skip]) -> None:
     for s in sorted(skips, key=lambda s: (s.item_id, s.reason)):
         writer.writerow([s.item_id, s.path, s.reason, s.detail])
     write_atomic(path, buf.getvalue().encode("utf-8"))
+
+
+class NoOutputError(ValueError):
+    """A stage used none of its inputs; its skip report is in :func:`rejected_report_path`."""
+
+
+def rejected_report_path(out_dir: Path) -> Path:
+    """Where a run that made nothing leaves its skip report: beside the output, ``<out_dir>.skipped.csv``."""
+    out_dir = Path(out_dir)
+    return out_dir.parent / f"{out_dir.name}.{SKIPPED}"
+
+
+def refuse_empty(out_dir: Path, summary: dict, skips: list[Skip], outputs: str, inputs: str, hint: str = "") -> None:
+    """Write the skip report beside ``out_dir`` and raise :class:`NoOutputError` with the counts per reason.
+
+    Called inside :func:`staged_dir`, so an empty result never replaces a previous good output.
+    """
+    report = rejected_report_path(out_dir)
+    write_skips(report, skips)
+    reasons = ", ".join(f"{reason} {n}" for reason, n in summary["skipped_by_reason"].items()) or "none"
+    raise NoOutputError(
+        f"no {outputs} from {summary['inputs']} {inputs} (skipped by reason: {reasons}); each skipped item and why is "
+        f"listed in {report}; {out_dir} was left as it was{hint}"
+    )
 
 
 def summarize(num_inputs: int, num_outputs: int, skips: list[Skip], **extra: object) -> dict:
