@@ -11,7 +11,9 @@ dropped. A segment is rejected when it holds digital silence (a zero run longer 
 Output folder ``ambience.out_dir``: ``audio/<segment_id>.flac``, ``manifest.parquet``
 (:class:`~pipeline.schema.BackgroundSegment`: source, offset, LUFS, RMS, peak-to-median
 and the A-weighted envelope), ``skipped.csv`` (recordings and segments left out, with the
-reason) and ``summary.json``.
+reason) and ``summary.json``. A run that keeps no segment at all raises
+:class:`~pipeline.outputs.NoOutputError` (CLI exit status 2) naming the reasons, leaves the
+previous output folder as it was and writes its skip report to ``<out_dir>.skipped.csv``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,19 @@ from pipeline.audio import (
 )
 from pipeline.compute import map_ordered
 from pipeline.loudness import a_weighted_envelope, frame_mean_square, integrated_lufs, peak_dbfs, power_db, rms_dbfs
-from pipeline.outputs import MANIFEST, SKIPPED, SUMMARY, format_summary, staged_dir, summarize, write_json, write_manifest, write_skips
+from pipeline.outputs import (
+    MANIFEST,
+    SKIPPED,
+    SUMMARY,
+    format_summary,
+    refuse_empty,
+    rejected_report_path,
+    staged_dir,
+    summarize,
+    write_json,
+    write_manifest,
+    write_skips,
+)
 from pipeline.params import AmbienceParams, Params
 from pipeline.schema import BackgroundSegment, Skip
 
@@ -75,6 +89,8 @@ def _segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int,
             raise AudioError("too-short", f"{total / sr:.2f} s < {p.min_recording_s} s")
         span = int(round(p.segment_s * sr))
         target_len = int(round(p.segment_s * sample_rate_hz))
+        if total < span:  # with min_recording_s below segment_s, it would yield nothing and leave no trace
+            raise AudioError("too-short", f"{total / sr:.2f} s < one segment of {p.segment_s} s")
         for k in range(total // span):
             seg_id = f"{rec.recording_id}-{k:04d}"
             try:
@@ -170,7 +186,11 @@ def run(params: Params, ambience_dir: Path | None = None, out_dir: Path | None =
             recordings_used=len({r.source_id for r in records}),
             background_seconds=round(sum(r.duration_s for r in records), 3),
         )
+        if not records:
+            hint = "; ambience.keywords: all selects every recording" if "filtered-category" in summary["skipped_by_reason"] else ""
+            refuse_empty(out_dir, summary, skips, "background segments", "recordings and rows", hint)
         write_json(stage / SUMMARY, summary)
+    rejected_report_path(out_dir).unlink(missing_ok=True)  # a report of an earlier empty run no longer applies
     print(format_summary("ambience", summary, "segments", "recordings and rows"), file=sys.stderr)
     return summary
 

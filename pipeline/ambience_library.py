@@ -6,7 +6,8 @@ relative to the root) and a category (``category_column``); optional licence and
 columns are carried along. Without one, every audio file under the root is a candidate and
 its category is its top folder. A recording is selected when one of ``keywords`` occurs,
 case-insensitively, in its category (without metadata: in its relative path), which is
-FLAM's "ambiance" rule; the ``min_recording_s`` length check happens when the file is read.
+FLAM's "ambiance" rule; ``keywords: all`` selects every recording. The ``min_recording_s``
+length check happens when the file is read.
 
 Output: the selected :class:`AmbienceRecording` list, sorted by relative path, and a
 :class:`~pipeline.schema.Skip` for every row or file left out.
@@ -41,7 +42,9 @@ class AmbienceRecording:
         return f"{stem[:60]}-{digest}" if stem else digest
 
 
-def _selected(text: str, keywords: tuple[str, ...]) -> bool:
+def _selected(text: str, keywords: tuple[str, ...] | str) -> bool:
+    if keywords == "all":
+        return True
     low = text.lower()
     return any(k.lower() in low for k in keywords)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import yaml
 from pipeline.mix.distributions import SpecError
 from pipeline.mix.relabel import RelabelParams
 from pipeline.segmentation import SegmentationParams
-from pipeline.text.llm import LLMParams
+from pipeline.text.llm import LLMParams, api_key_env_problem
 
 
 class ParamsError(ValueError):
@@ -78,7 +79,7 @@ class AmbienceParams:
     category_column: str = "category"
     license_column: str = "license"
     author_column: str = "author"
-    keywords: tuple[str, ...] = ("ambiance", "ambience")
+    keywords: tuple[str, ...] | Literal["all"] = ("ambiance", "ambience")  # "all": every recording
     extensions: tuple[str, ...] = ("wav", "flac", "ogg", "aif", "aiff", "mp3")
     min_recording_s: float = 10.0
     segment_s: float = 10.0
@@ -273,7 +274,7 @@ class EvaluateParams:
 
 @dataclass(frozen=True)
 class AblationParams:
-    """FineLAP Table 5 variants (``configs/ablations/dvc.yaml``), each trained with ``train`` and scored with ``evaluate``."""
+    """FineLAP Table 5 variants (``trainer/evaluate/ablations.py``), each trained with ``train`` and scored with ``evaluate``."""
 
     out_dir: str = "models/ablations"
 
@@ -299,7 +300,18 @@ class Params:
 def _describe(hint: object) -> str:
     if typing.get_origin(hint) is Literal:
         return " or ".join(repr(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_describe(typing.get_args(hint)[0])}"
     return getattr(hint, "__name__", str(hint))
+
+
+def _reject_non_finite(value: object, key: str) -> None:
+    """Free-form mappings (``mix.spec``, ``evaluate.benchmarks``) hold no NaN or infinity either."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ParamsError(f"params: '{key}' is {value!r}; use a finite number")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        _reject_non_finite(v, f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]")
 
 
 def _coerce(value: object, hint: object, key: str) -> object:
@@ -316,7 +328,15 @@ def _coerce(value: object, hint: object, key: str) -> object:
         args = typing.get_args(hint)
         if value is None and type(None) in args:
             return None
-        return _coerce(value, next(a for a in args if a is not type(None)), key)
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _coerce(value, options[0], key)  # keeps the inner error, e.g. an unknown key's suggestion
+        for option in options:
+            try:
+                return _coerce(value, option, key)
+            except ParamsError:
+                continue
+        raise ParamsError(f"params: '{key}' must be {' or '.join(_describe(o) for o in options)}, got {value!r}")
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ParamsError(f"params: '{key}' must be a list, got {value!r}")
@@ -325,8 +345,11 @@ def _coerce(value: object, hint: object, key: str) -> object:
     if hint is dict:
         if not isinstance(value, dict):
             raise ParamsError(f"params: '{key}' must be a mapping, got {value!r}")
+        _reject_non_finite(value, key)
         return value
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):  # YAML's .nan and .inf parse as floats; no parameter means them
+            raise ParamsError(f"params: '{key}' is {value!r}; use a finite number")
         return float(value)
     if hint in (int, str, bool) and isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
         return value
@@ -341,11 +364,101 @@ def build(cls: type, raw: dict, prefix: str = "") -> object:
     for key, value in raw.items():
         dotted = f"{prefix}.{key}" if prefix else key
         if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
+            close = difflib.get_close_matches(str(key), names, n=1)  # YAML keys may be numbers or booleans
             hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
             raise ParamsError(f"params: unknown key '{dotted}'{hint}")
         kwargs[key] = _coerce(value, hints[key], dotted)
     return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values one numeric parameter accepts: ``lo``..``hi`` (None: no bound), each end closed unless ``*_open``."""
+
+    what: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def accepts(self, value: float) -> bool:
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+    def __str__(self) -> str:
+        def num(v: float) -> str:
+            return str(int(v)) if float(v).is_integer() else repr(v)
+
+        if self.lo is not None and self.hi is not None:
+            return f"{self.what} in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{self.what} {'>' if self.lo_open else '>='} {num(self.lo)}"
+        if self.hi is not None:
+            return f"{self.what} {'<' if self.hi_open else '<='} {num(self.hi)}"
+        return self.what
+
+
+FRACTION = Range("a fraction", 0, 1)
+DURATION_S = Range("a duration in seconds", 0, lo_open=True)
+GAP_S = Range("a duration in seconds", 0)  # 0 turns the rule off
+DBFS = Range("a level in dBFS", hi=0)
+DB_ABOVE = Range("a level difference in dB", 0)
+AT_LEAST_1 = Range("a whole number", 1)
+AT_LEAST_0 = Range("a whole number", 0)
+SEED = Range("a seed", 0, 2**32 - 1)  # every RNG in use (numpy, torch, python) accepts this span
+SAMPLE_LEVEL = Range("a sample magnitude (full scale is 1)", 0, 1, lo_open=True)
+
+# Every numeric key of the top level and the compute, corpus, clip and ambience sections (a test
+# keeps this list complete); other sections check theirs in _check.
+RANGES: dict[str, Range] = {
+    "seed": SEED,
+    "sample_rate_hz": Range("a sample rate in Hz", 8000, 384000),
+    "compute.workers": AT_LEAST_1,
+    "compute.chunk_size": AT_LEAST_1,
+    "corpus.fsd50k_clips": AT_LEAST_1,
+    "corpus.ambience_recordings": Range("a whole number (the library's fixed cases need 8)", 8),
+    "corpus.seed": SEED,
+    "clip.segmentation.frame_s": DURATION_S,
+    "clip.segmentation.hop_s": DURATION_S,
+    "clip.segmentation.window_frames": AT_LEAST_1,
+    "clip.segmentation.window_step_frames": AT_LEAST_1,
+    "clip.segmentation.threshold_db": Range("a finite level in dB"),
+    "clip.segmentation.threshold_percentile": Range("a percentile", 0, 100),
+    "clip.segmentation.merge_gap_s": GAP_S,
+    "clip.min_duration_s": DURATION_S,
+    "clip.max_duration_s": DURATION_S,
+    "clip.clip_level": SAMPLE_LEVEL,
+    "clip.max_clipped_fraction": FRACTION,
+    "clip.silence_dbfs": DBFS,
+    "clip.envelope_frame_s": DURATION_S,
+    "clip.envelope_hop_s": DURATION_S,
+    "clip.plot_examples": AT_LEAST_0,
+    "ambience.min_recording_s": GAP_S,
+    "ambience.segment_s": Range("a duration in seconds", 0.1),  # a segment holds whole samples at any rate
+    "ambience.clip_level": SAMPLE_LEVEL,
+    "ambience.max_clipped_fraction": FRACTION,
+    "ambience.silence_dbfs": DBFS,
+    "ambience.max_digital_silence_s": GAP_S,
+    "ambience.salience_frame_s": DURATION_S,
+    "ambience.max_peak_to_median_db": DB_ABOVE,
+    "ambience.envelope_frame_s": DURATION_S,
+    "ambience.envelope_hop_s": DURATION_S,
+}
+
+
+def _value_at(p: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        p = getattr(p, part)
+    return p
+
+
+def _check_ranges(p: Params) -> None:
+    """Each key of :data:`RANGES` in its range; the error names the key, the value and the range."""
+    for key, accepted in RANGES.items():
+        value = _value_at(p, key)
+        if not (math.isfinite(value) and accepted.accepts(value)):
+            raise ParamsError(f"params: '{key}' is {value!r}; use {accepted}")
 
 
 def _check(p: Params) -> None:
@@ -353,28 +466,36 @@ def _check(p: Params) -> None:
         if not ok:
             raise ParamsError(f"params: '{key}' {what}")
 
-    need(p.sample_rate_hz >= 8000, "sample_rate_hz", "must be at least 8000")
-    need(p.compute.workers >= 1, "compute.workers", "must be at least 1")
-    need(p.compute.chunk_size >= 1, "compute.chunk_size", "must be at least 1")
-    need(p.corpus.fsd50k_clips >= 1, "corpus.fsd50k_clips", "must be at least 1")
-    need(p.corpus.ambience_recordings >= 8, "corpus.ambience_recordings", "must be at least 8 (the library's fixed cases)")
+    _check_ranges(p)
     s = p.clip.segmentation
-    need(s.frame_s > 0 and s.hop_s > 0, "clip.segmentation.frame_s/hop_s", "must be positive")
-    need(s.hop_s <= s.frame_s, "clip.segmentation.hop_s", "must not exceed frame_s (frames would leave gaps)")
-    need(s.window_frames >= 1 and s.window_step_frames >= 1, "clip.segmentation.window_frames", "and window_step_frames must be at least 1")
-    need(0 < p.clip.min_duration_s < p.clip.max_duration_s, "clip.min_duration_s", "must be positive and below clip.max_duration_s")
-    need(0 < p.ambience.segment_s <= p.ambience.min_recording_s or p.ambience.min_recording_s == 0,
-         "ambience.segment_s", "must be positive and not above ambience.min_recording_s")
-    for section in (p.clip, p.ambience):
-        name = "clip" if section is p.clip else "ambience"
-        need(0 < section.envelope_hop_s <= section.envelope_frame_s, f"{name}.envelope_hop_s", "must be positive and not above envelope_frame_s")
-    need(set(p.clip.splits) <= {"train", "val", "eval"}, "clip.splits", "may hold only train, val and eval")
+    need(s.hop_s <= s.frame_s, "clip.segmentation.hop_s", f"is {s.hop_s!r}, above frame_s {s.frame_s!r}; use at most frame_s (frames would leave gaps)")
+    need(s.threshold_reference == "percentile" or s.threshold_db <= 0, "clip.segmentation.threshold_db",
+         f"is {s.threshold_db!r}; with threshold_reference {s.threshold_reference} use a level <= 0 dB (no window can pass above it)")
+    need(p.clip.min_duration_s < p.clip.max_duration_s, "clip.min_duration_s",
+         f"is {p.clip.min_duration_s!r}; use a duration below clip.max_duration_s ({p.clip.max_duration_s!r})")
+    a = p.ambience
+    need(a.min_recording_s == 0 or a.segment_s <= a.min_recording_s, "ambience.segment_s",
+         f"is {a.segment_s!r}; use at most ambience.min_recording_s ({a.min_recording_s!r}), or set that to 0")
+    need(a.salience_frame_s <= a.segment_s, "ambience.salience_frame_s", f"is {a.salience_frame_s!r}; use at most ambience.segment_s ({a.segment_s!r})")
+    for name, section in (("clip", p.clip), ("ambience", a)):
+        need(section.envelope_hop_s <= section.envelope_frame_s, f"{name}.envelope_hop_s",
+             f"is {section.envelope_hop_s!r}; use at most {name}.envelope_frame_s ({section.envelope_frame_s!r})")
+    need(bool(p.clip.splits) and set(p.clip.splits) <= {"train", "val", "eval"}, "clip.splits",
+         f"is {list(p.clip.splits)}; use one or more of train, val and eval")
+    need(a.keywords == "all" or (bool(a.keywords) and all(k.strip() for k in a.keywords)), "ambience.keywords",
+         f"is {list(a.keywords)}; use a list of words (one must occur in a recording's category) or 'all' for every recording")
+    need(bool(a.extensions) and all(e.strip(". ") for e in a.extensions), "ambience.extensions",
+         f"is {list(a.extensions)}; use a list of file extensions such as [wav, flac]")
     m = p.mix
     for split in ("train", "valid", "test"):
         need(getattr(m.mixtures, split) >= 0, f"mix.mixtures.{split}", "must be 0 or more")
         need(getattr(m.holdout, split) >= 0, f"mix.holdout.{split}", "must be 0 or more")
     need(abs(m.holdout.train + m.holdout.valid + m.holdout.test - 1.0) < 1e-6, "mix.holdout", "fractions must sum to 1")
     need(m.partition_size >= 1, "mix.partition_size", "must be at least 1")
+    from pipeline.licenses import allowed_licenses_problem
+
+    license_problem = allowed_licenses_problem(m.allowed_licenses)
+    need(license_problem is None, "mix.allowed_licenses", license_problem or "")
     need(m.export.timelines >= 0, "mix.export.timelines", "must be 0 or more")
     need(m.relabel.fill_gaps_below_s >= 0 and m.relabel.drop_runs_below_s >= 0, "mix.relabel", "durations must be 0 or more")
     c = p.captions
@@ -382,6 +503,8 @@ def _check(p: Params) -> None:
     need(c.llm.timeout_s > 0, "captions.llm.timeout_s", "must be positive")
     need(c.llm.max_retries >= 0 and c.llm.backoff_s >= 0, "captions.llm.max_retries", "and backoff_s must be 0 or more")
     need(c.llm.requests_per_minute >= 0, "captions.llm.requests_per_minute", "must be 0 (no limit) or more")
+    key_env_problem = api_key_env_problem(c.llm.api_key_env)  # never repeats the value: it may be a key
+    need(key_env_problem is None, "captions.llm.api_key_env", key_env_problem or "")
     need(-1.0 <= p.clusters.min_similarity <= 1.0, "clusters.min_similarity", "must be a cosine similarity in [-1, 1]")
     need(-1.0 <= p.clusters.near_synonym_similarity <= 1.0, "clusters.near_synonym_similarity", "must be a cosine similarity in [-1, 1]")
     need(p.clusters.batch_size >= 1, "clusters.batch_size", "must be at least 1")
@@ -422,14 +545,58 @@ def load_params(path: Path | str = "params.yaml", overrides: dict | None = None)
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"params: {path} not found; run from the project root or pass --params PATH")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(raw, dict):
-        raise ParamsError(f"params: {path} must hold a mapping at the top level")
+    raw = read_yaml_mapping(path)
     if overrides:
         raw = merge(raw, overrides)
     params = build(Params, raw)
     _check(params)
     return params
+
+
+def _parse_yaml(text: str, where: str, column_offset: int | None = None) -> object:
+    """YAML text -> data; a syntax error becomes one ParamsError line naming ``where``, the position and the problem.
+
+    ``column_offset`` marks one-line text (a ``--set`` value): the position is then a column
+    of the whole ``--set`` text instead of a line and column.
+    """
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        def position(mark) -> str:
+            if column_offset is not None:
+                return f"column {column_offset + mark.column + 1}"
+            return f"line {mark.line + 1}, column {mark.column + 1}"
+
+        mark = e.problem_mark or e.context_mark
+        problem = " ".join(f"{e.problem or e.context or 'not valid YAML'}".split())
+        if e.problem and e.context and e.context_mark is not None and e.context_mark is not mark:
+            # an unclosed bracket is found where the text ends: also say where it opened
+            problem += f" ({' '.join(e.context.split())} that starts at {position(e.context_mark)})"
+        at = f" {position(mark)}" if mark is not None else ""
+        raise ParamsError(f"params: {where}{at}: {problem}; fix the YAML there") from None
+    except yaml.YAMLError as e:  # e.g. characters YAML does not allow; no problem_mark
+        raise ParamsError(f"params: {where}: {' '.join(str(e).split())}") from None
+
+
+def read_yaml_mapping(path: Path | str, role: str = "params file") -> dict:
+    """A YAML file that must hold a mapping at the top level (``params.yaml``, an ``--overrides`` file).
+
+    Every problem (unreadable, not UTF-8, a YAML syntax error, not a mapping) is one
+    :class:`ParamsError` line that names the file.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ParamsError(f"params: cannot read {role} {path} ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ParamsError(f"params: {role} {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    raw = _parse_yaml(text, str(path))
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"params: {role} {path} holds a {type(raw).__name__}; it must hold a mapping of keys at the top level")
+    return raw
 
 
 def merge(base: dict, top: dict) -> dict:
@@ -451,5 +618,5 @@ def parse_override(text: str) -> dict:
     for part in parts[:-1]:
         node[part] = {}
         node = node[part]
-    node[parts[-1]] = yaml.safe_load(value)
+    node[parts[-1]] = _parse_yaml(value, f"--set {text!r}", column_offset=len(key) + 1)
     return root

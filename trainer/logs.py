@@ -75,7 +75,6 @@ def plot_curves(train_rows: list[dict], valid_rows: list[dict], path: Path) -> N
     right.set(xlabel="epoch (0 = untrained)", ylabel="held-out score", title="Held-out split", ylim=(0, 1))
     right.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    from pipeline.figures import save_png
+
+    save_png(fig, path, dpi=100)
