@@ -8,6 +8,7 @@ restrictive licence of its sources; ``unknown`` ranks as the most restrictive of
 
 from __future__ import annotations
 
+import difflib
 from typing import Iterable
 
 _URL_PARTS = {
@@ -18,7 +19,8 @@ _URL_PARTS = {
 }
 ORDER = ("CC0", "CC-BY", "CC-Sampling+", "CC-BY-NC", "unknown")  # most permissive first
 _SHORT = {name.lower().replace(" ", "-"): name for name in ORDER}
-_SHORT.update({"cc-0": "CC0", "public-domain": "CC0", "cc-by-4.0": "CC-BY", "cc-by-3.0": "CC-BY", "cc-sampling-plus": "CC-Sampling+"})
+_SHORT.update({"cc-0": "CC0", "public-domain": "CC0", "cc-by-4.0": "CC-BY", "cc-by-3.0": "CC-BY", "cc-by-nc-4.0": "CC-BY-NC",
+               "cc-by-nc-3.0": "CC-BY-NC", "cc-sampling-plus": "CC-Sampling+"})
 
 
 def license_name(text: str) -> str:
@@ -33,3 +35,22 @@ def most_restrictive(licenses: Iterable[str]) -> str:
     """The most restrictive of some short names (``CC0`` for none)."""
     rank = {name: i for i, name in enumerate(ORDER)}
     return max(licenses, key=lambda x: rank.get(x, len(ORDER) - 1), default="CC0")
+
+
+def allowed_licenses_problem(names: Iterable[str]) -> str | None:
+    """Why a list of licence names (``mix.allowed_licenses``) is not usable, or None if it is.
+
+    Each name must be one of :data:`ORDER` exactly, as stored in the manifests: a filter that
+    spells ``cc-by`` would silently drop every CC-BY source.
+    """
+    names = list(names)
+    if not names:
+        return f"is empty, so every source would be dropped; list the licences to keep. Known names: {', '.join(ORDER)}"
+    for name in names:
+        if name in ORDER:
+            continue
+        folded = str(name).strip().lower().replace(" ", "-")
+        close = _SHORT.get(folded) or next((_SHORT[k] for k in difflib.get_close_matches(folded, list(_SHORT), n=1)), None)
+        hint = f"did you mean {close}? " if close else ""
+        return f"holds {name!r}, not a licence name; {hint}Known names: {', '.join(ORDER)}"
+    return None

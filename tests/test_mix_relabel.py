@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.audio import FULL_SCALE_INT16, quantize_int16
@@ -451,3 +451,34 @@ def test_smooth_properties(bits: list[bool], fill: int, drop: int, span: int) ->
         assert all(e - s >= drop for s, e in idx.reshape(-1, 2))
     else:
         assert (out == filled).all()
+
+
+# --- FLAM's drop rule holds for the segments as written (seconds, not frame counts) -------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    blips=st.lists(st.tuples(st.integers(int(0.005 * SR), int(0.08 * SR)), st.floats(-40.0, -10.0)), min_size=1, max_size=6),
+    onset=st.integers(0, 2 * SR),
+    masker=st.one_of(st.none(), st.tuples(st.integers(0, 3 * SR), st.integers(int(0.25 * SR), int(0.6 * SR)))),
+)
+@example(blips=[(782, -19.75)], onset=5613, masker=(10907, 6031))  # a masker leaves a 2-frame run: 20 ms between its centres
+def test_no_segment_shorter_than_drop_runs_below_s(blips: list[tuple[int, float]], onset: int, masker: tuple[int, int] | None) -> None:
+    """Short blips 0.3 s apart (too far for gap filling) in a long occurrence, sometimes under a
+    loud masker: every written segment of an occurrence longer than drop_runs_if_longer_than_s
+    lasts at least drop_runs_below_s (a 2-frame run, which FLAM's frame count keeps, spans only
+    one hop between its frame centres and must not come out as a 20 ms label)."""
+    p = RelabelParams()
+    parts = [silence(0.3)]
+    for n, level in blips:
+        parts += [tone(n / SR, level), silence(0.3)]
+    q = stored(np.concatenate(parts))
+    occs, envs = [occurrence("ev", q, onset / SR)], {"ev": envelope_of(q)}
+    if masker is not None:
+        loud = stored(noise(masker[1] / SR, -10.0, seed=masker[0], uniform=True))
+        occs.append(occurrence("mask", loud, masker[0] / SR, label="Knock", mid="/m/07r4wb8", index=1))
+        envs["mask"] = envelope_of(loud)
+    assert all(o.offset_s - o.onset_s > p.drop_runs_if_longer_than_s for o in occs)
+    segs = relabel("m", 10.0, occs, envs, quiet_background(level_dbfs=-100.0), 0.0, p)
+    assert all(s.offset_s - s.onset_s >= p.drop_runs_below_s - 1e-9 for s in segs), bounds(segs)
+

@@ -5,7 +5,9 @@ Input: the staging folder and the concatenated ``mixtures`` / ``occurrences`` / 
 tables. Output (all atomic):
 
 - ``metadata/<split>/events.tsv``: ``filename onset offset event_label`` (DESED / DCASE
-  task 4; relabeled, same-label segments merged), and ``durations.tsv``: ``filename duration``;
+  task 4; relabeled, same-label segments merged; a mixture with no audible event has one row
+  with empty onset, offset and label, so both files name every mixture, as
+  ``sed_scores_eval`` requires), and ``durations.tsv``: ``filename duration``;
 - ``audio/<split>/<id>.txt`` (``mix.export.txt``): Scaper's txt, ``onset offset label``
   tab-separated without a header, one row per placed occurrence (Scaper's meaning: where a
   clip was placed; the relabeled, audible segments are in ``events.tsv``);
@@ -62,8 +64,10 @@ def write_dcase_metadata(stage: Path, mixtures: pa.Table, segments: pa.Table) ->
         for m in mixtures.filter(pa.compute.equal(mixtures["split"], split)).to_pylist():
             name = Path(m["audio_path"]).name
             durations.append([name, _seconds(m["duration_s"])])
-            for s in sorted(segments_of.get(m["mixture_id"], []), key=lambda s: (s["onset_s"], s["label"])):
-                events.append([name, _seconds(s["onset_s"]), _seconds(s["offset_s"]), s["label"]])
+            mine = sorted(segments_of.get(m["mixture_id"], []), key=lambda s: (s["onset_s"], s["label"]))
+            events.extend([name, _seconds(s["onset_s"]), _seconds(s["offset_s"]), s["label"]] for s in mine)
+            if not mine:  # DCASE's way of listing a clip without events: read as no events, not as a missing clip
+                events.append([name, "", "", ""])
         write_atomic(stage / "metadata" / split / "events.tsv", _tsv(events, ["filename", "onset", "offset", "event_label"]))
         write_atomic(stage / "metadata" / split / "durations.tsv", _tsv(durations, ["filename", "duration"]))
 
@@ -152,10 +156,9 @@ def plot_timelines(stage: Path, mixtures: pa.Table, occurrences: pa.Table, segme
         ax_l.invert_yaxis()
         ax_l.set_xlabel("time (s)  light: placed occurrence, dark: relabeled (audible) segment", fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    from pipeline.figures import save_png
+
+    save_png(fig, path, dpi=90)
 
 
 def write_all(stage: Path, tables: dict, p: MixParams, spec: MixSpec, sources: Sources, events_dir: Path, backgrounds_dir: Path,

@@ -94,7 +94,7 @@ def _faded_level_db(q: np.ndarray, fade_in: int, fade_out: int, mode: str, sampl
 def _signal_level_db(x: np.ndarray, mode: str, sample_rate_hz: int) -> float:
     if mode == "lufs":
         return integrated_lufs(x, sample_rate_hz, tile_below_s=SCAPER_TILE_BELOW_S)
-    return float(power_db(float(np.dot(x, x)) / max(x.shape[0], 1)))
+    return float(power_db(float(np.einsum("i,i->", x, x)) / max(x.shape[0], 1)))  # einsum: no CPU-chosen BLAS kernel
 
 
 def _max_depth(intervals: list[tuple[int, int]], start: int, end: int) -> int:

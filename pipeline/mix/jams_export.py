@@ -12,12 +12,21 @@ project's gains whatever the level mode; the mixture gain (normalisation) has no
 equivalent (Scaper's ``fix_clipping`` / ``peak_normalization`` scale to full scale instead
 of ``normalize.peak_dbfs``) and is kept in ``sandbox.sedsynth``. Scaper uses one fade length per soundscape;
 the first occurrence's is written.
+
+Times: Scaper turns seconds into samples with ``int(sr * t)``, which truncates, and the
+nearest float to ``n / sr`` may lie a hair below it (``0.0636875 * 16000`` is
+``1018.9999999999999``). Every time and length is therefore written as the float nearest the
+recipe's sample index that Scaper maps back onto it (:func:`scaper_seconds`), and a span's
+end as well (Scaper reads a source from ``int(source_time * sr)`` to
+``int((source_time + event_duration) * sr)``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.audio import write_atomic
@@ -26,6 +35,40 @@ from pipeline.mix.instantiate import level_db
 from pipeline.mix.render import Sources, samples
 from pipeline.mix.spec import MixSpec
 from pipeline.schema import BackgroundSegment, EventClip
+
+
+def _step_up_until(t: float, ok: Callable[[float], bool], step: Callable[[float], float]) -> float:
+    """``t``, or the next values ``step`` gives above it, until ``ok`` holds (a few steps: the error is an ulp)."""
+    for _ in range(64):
+        if ok(t):
+            return t
+        t = step(t)
+    raise ValueError(f"no float near {t!r} s meets Scaper's sample arithmetic")
+
+
+def _next_float(t: float) -> float:
+    return float(np.nextafter(t, np.inf))
+
+
+def scaper_seconds(n: int, sample_rate_hz: int) -> float:
+    """Seconds for sample index ``n`` that Scaper's ``int(sr * t)`` turns back into ``n``."""
+    return _step_up_until(n / sample_rate_hz, lambda t: int(sample_rate_hz * t) == n, _next_float)
+
+
+def scaper_span(start: int, length: int, sample_rate_hz: int) -> tuple[float, float]:
+    """``(source_time, event_duration)`` for samples ``[start, start + length)`` as Scaper cuts them:
+    ``int(sr * source_time) == start``, ``int(sr * event_duration) == length`` and
+    ``int((source_time + event_duration) * sr) == start + length``."""
+    sr = sample_rate_hz
+    t = scaper_seconds(start, sr)
+
+    def ok(d: float) -> bool:
+        return int(sr * d) == length and int((t + d) * sr) == start + length
+
+    def step(d: float) -> float:  # the sum's float spacing can be far coarser than d's own
+        return max(_next_float(d), _next_float(t + d) - t)
+
+    return t, _step_up_until(length / sr, ok, step)
 
 
 def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: MixSpec, sources: Sources,
@@ -50,9 +93,10 @@ def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: Mix
 
     for m in mixtures.to_pylist():
         occ = sorted(occurrences_of.get(m["mixture_id"], []), key=lambda o: o["occurrence_index"])
-        duration = m["duration_s"]
+        duration = scaper_seconds(m["num_samples"], sr)
         b = bg[m["background_id"]]
-        ref_db = lufs("bg", b.segment_id, samples(m["background_offset_s"], sr), m["num_samples"]) + m["background_gain_db"]
+        bg_start = samples(m["background_offset_s"], sr)
+        ref_db = lufs("bg", b.segment_id, bg_start, m["num_samples"]) + m["background_gain_db"]
         jam = jams.JAMS()
         jam.file_metadata.duration = duration
         ann = jams.Annotation(namespace="scaper", time=0, duration=duration)
@@ -65,8 +109,8 @@ def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: Mix
             "sr": int(sr),
             "ref_db": float(ref_db),
             "n_channels": 1,
-            "fade_in_len": float(occ[0]["fade_in_s"]) if occ else 0.0,
-            "fade_out_len": float(occ[0]["fade_out_s"]) if occ else 0.0,
+            "fade_in_len": scaper_seconds(samples(occ[0]["fade_in_s"], sr), sr) if occ else 0.0,
+            "fade_out_len": scaper_seconds(samples(occ[0]["fade_out_s"], sr), sr) if occ else 0.0,
             "reverb": None,
             # Scaper can only scale a whole soundscape to full scale: ask for that where this
             # project scaled it (to normalize.peak_dbfs, so Scaper's output is louder by a constant).
@@ -79,19 +123,23 @@ def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: Mix
             "mixture_id": m["mixture_id"], "preset": spec.preset, "level_mode": m["level_mode"],
             "mixture_gain_db": m["mixture_gain_db"], "license": m["license"],
         }
-        ann.append(time=0.0, duration=duration, confidence=1.0, value={
+        bg_time, bg_duration = scaper_span(bg_start, m["num_samples"], sr)
+        ann.append(time=0.0, duration=bg_duration, confidence=1.0, value={
             "label": b.category, "source_file": str((backgrounds_dir / b.audio_path).resolve()),
-            "source_time": m["background_offset_s"], "event_time": 0.0, "event_duration": duration,
+            "source_time": bg_time, "event_time": 0.0, "event_duration": bg_duration,
             "snr": 0.0, "role": "background", "pitch_shift": None, "time_stretch": None,
         })
         for o in occ:
             e = ev[o["clip_id"]]
             start = samples(o["source_in_s"], sr)
-            length = samples(o["offset_s"], sr) - samples(o["onset_s"], sr)
+            onset = samples(o["onset_s"], sr)
+            length = samples(o["offset_s"], sr) - onset
             snr = lufs("event", e.clip_id, start, length) + o["gain_db"] - ref_db
-            ann.append(time=o["onset_s"], duration=o["offset_s"] - o["onset_s"], confidence=1.0, value={
+            source_time, event_duration = scaper_span(start, length, sr)
+            event_time = scaper_seconds(onset, sr)
+            ann.append(time=event_time, duration=event_duration, confidence=1.0, value={
                 "label": o["label"], "source_file": str((events_dir / e.audio_path).resolve()),
-                "source_time": o["source_in_s"], "event_time": o["onset_s"], "event_duration": o["offset_s"] - o["onset_s"],
+                "source_time": source_time, "event_time": event_time, "event_duration": event_duration,
                 "snr": float(snr), "role": "foreground", "pitch_shift": None, "time_stretch": None,
             })
         jam.annotations.append(ann)

@@ -16,6 +16,11 @@ Per occurrence, on its own envelope frames:
 3. FLAM's smoothing (appendix C.4): inactive runs shorter than ``fill_gaps_below_s`` between
    active ones become active; then, if the occurrence spans more than
    ``drop_runs_if_longer_than_s``, active runs shorter than ``drop_runs_below_s`` are removed.
+   FLAM counts that in frames (2 frames, 40 ms); the drop rule is applied once more to the
+   intervals as written, in seconds, because a run of ``k`` frames is written between its edge
+   frames' centres, ``k - 1`` hops: a 2-frame run that the frame count keeps would be a 20 ms
+   label. So no label segment of an occurrence longer than ``drop_runs_if_longer_than_s`` is
+   shorter than ``drop_runs_below_s``.
 
 An active run from frame ``a`` to ``b`` becomes the interval between the two frames' centres
 (a step inside a frame lies within one hop of its centre). Where the run ends at a step in the
@@ -205,9 +210,11 @@ def relabel(
     raw = []
     for i, (occ, env) in enumerate(placed):
         rest = [x for j, x in enumerate(placed) if j != i and x[0].onset_s < occ.offset_s and x[0].offset_s > occ.onset_s]
+        # FLAM's drop rule on the written seconds (see the module docstring, step 3)
+        shortest = p.drop_runs_below_s - 1e-9 if occ.offset_s - occ.onset_s > p.drop_runs_if_longer_than_s else 0.0
         for start, end in occurrence_activity(occ, env, rest, background, mixture_gain_db, p):
             start, end = max(0.0, start), min(duration_s, end)
-            if end > start:
+            if end > start and end - start >= shortest:
                 raw.append((occ.label, occ.mid, float(start), float(end)))
     # gaps under one hop are below the envelope's resolution (two back-to-back placements)
     hop = envelopes[0].hop_s if envelopes else 0.0

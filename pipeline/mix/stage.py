@@ -10,6 +10,11 @@ Output (``mix.out_dir``):
 - ``licenses.json`` and ``attribution.csv``; ``timelines.png``; ``spec.json`` (the effective
   spec); ``skipped.csv`` (sources left out and why); ``summary.json``.
 
+The stage refuses, before any audio is read, to upsample (a spec rate above the clips' or
+backgrounds' rate) and to make zero mixtures; a split its sources cannot serve stops it with
+the counts (clips available against clips needed, what ``mix.allowed_licenses`` dropped) and
+the skip report beside the output (``<out_dir>.skipped.csv``), the previous output untouched.
+
 Splits use disjoint sources: events by FSD50K's own split (dev train -> train, dev val ->
 valid, eval -> test) or, with ``event_split: random``, by source clip; backgrounds by the
 recording they were cut from, so no recording feeds two splits.
@@ -26,6 +31,7 @@ import hashlib
 import json
 import math
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +51,7 @@ from pipeline.outputs import (
     SKIPPED,
     SUMMARY,
     file_sha256,
+    rejected_report_path,
     resumable_dir,
     write_json,
     write_manifest,
@@ -70,6 +77,7 @@ PARTS = "parts"
 BANK = "bank"
 PLAN = "plan.json"
 FSD50K_TO_MIX_SPLIT = {"train": "train", "val": "valid", "eval": "test"}
+MIX_TO_FSD50K_SPLIT = {v: k for k, v in FSD50K_TO_MIX_SPLIT.items()}
 FLAC_COMPRESSION_LEVEL = 0.0  # libFLAC's fastest level: 10% less encoding time, 2-3% larger files
 RECORDS = {MIXTURES: MixtureRecipe, OCCURRENCES: EventOccurrence, SEGMENTS: LabelSegment}
 
@@ -85,6 +93,72 @@ def read_sources(events_dir: Path, backgrounds_dir: Path) -> tuple[list[EventCli
     events = from_table(pq.read_table(events_dir / MANIFEST), EventClip)
     backgrounds = from_table(pq.read_table(backgrounds_dir / MANIFEST), BackgroundSegment)
     return events, backgrounds
+
+
+def check_sample_rates(spec: MixSpec, p: MixParams, events: list[EventClip], backgrounds: list[BackgroundSegment],
+                       events_dir: Path, backgrounds_dir: Path) -> None:
+    """Raise :class:`MixError` if mixing at ``spec.sample_rate_hz`` would upsample a source.
+
+    Upsampled audio has nothing above the source's Nyquist frequency, so a 48 kHz dataset made
+    from 16 kHz clips only looks like 48 kHz; the clip and ambience stages must cut the sources
+    at the rate the mixtures need (their rate is the top-level ``sample_rate_hz``).
+    """
+    rate = spec.sample_rate_hz
+    low = [(folder, what, min(x.sample_rate_hz for x in items))
+           for folder, what, items in ((events_dir, "clips", events), (backgrounds_dir, "background segments", backgrounds))
+           if items and min(x.sample_rate_hz for x in items) < rate]
+    if not low:
+        return
+    setter = "mix.spec.sample_rate_hz" if "sample_rate_hz" in p.spec else f"the {p.preset} preset"
+    held = " and ".join(f"{folder} holds {source_rate} Hz {what}" for folder, what, source_rate in low)
+    lowest = min(source_rate for _, _, source_rate in low)
+    raise MixError(
+        f"mix: {setter} writes {rate} Hz but {held}, and mixing must not upsample them (nothing above {lowest // 2} Hz); "
+        f"set sample_rate_hz: {rate} in params.yaml (the rate the clip and ambience stages write) and re-run both "
+        f"(dvc repro, or sedsynth clip --set sample_rate_hz={rate} and sedsynth ambience --set sample_rate_hz={rate}), "
+        f"or mix at the sources' rate with mix.spec.sample_rate_hz: [const, {lowest}]"
+    )
+
+
+def filter_licenses(events: list[EventClip], backgrounds: list[BackgroundSegment], allowed: tuple[str, ...]
+                    ) -> tuple[list[EventClip], list[BackgroundSegment], list[Skip], dict[str, dict[str, int]]]:
+    """Keep the sources whose licence is in ``allowed``: (events, backgrounds, skips, dropped).
+
+    ``dropped`` counts the sources left out per kind (``events``, ``backgrounds``) and licence.
+    A background without licence metadata (a library read without a metadata CSV) is ``unknown``.
+    """
+    allowed_text = ", ".join(allowed)
+    kept_events = [e for e in events if e.license in allowed]
+    kept_backgrounds = [b for b in backgrounds if license_name(b.license) in allowed]
+    skips = [Skip(e.clip_id, e.audio_path, "license-not-allowed", f"licence {e.license} is not in mix.allowed_licenses [{allowed_text}]")
+             for e in events if e.license not in allowed]
+    for b in backgrounds:
+        name = license_name(b.license)
+        if name not in allowed:
+            stated = f"'{b.license}'" if b.license.strip() else "none in the library's metadata"
+            skips.append(Skip(b.segment_id, b.audio_path, "license-not-allowed",
+                              f"licence {name} (stated: {stated}) is not in mix.allowed_licenses [{allowed_text}]"))
+    dropped = {
+        "events": dict(sorted(Counter(e.license for e in events if e.license not in allowed).items())),
+        "backgrounds": dict(sorted(Counter(n for n in (license_name(b.license) for b in backgrounds) if n not in allowed).items())),
+    }
+    return kept_events, kept_backgrounds, skips, dropped
+
+
+def describe_license_drops(dropped: dict[str, dict[str, int]], allowed: tuple[str, ...]) -> str:
+    """One phrase: what ``mix.allowed_licenses`` left out, per kind and licence."""
+    def part(counts: dict[str, int], what: str) -> str:
+        n = sum(counts.values())
+        per = ", ".join(f"{lic} {k}" for lic, k in counts.items())
+        return f"{n} {what}" + (f" ({per})" if per else "")
+
+    if not any(dropped.values()):
+        return f"mix.allowed_licenses [{', '.join(allowed)}] dropped no source"
+    text = (f"mix.allowed_licenses [{', '.join(allowed)}] dropped {part(dropped['events'], 'event clips')} and "
+            f"{part(dropped['backgrounds'], 'background segments')}")
+    if "unknown" in dropped["events"] or "unknown" in dropped["backgrounds"]:
+        text += "; sources without licence metadata are 'unknown': add unknown to mix.allowed_licenses to use them"
+    return text
 
 
 def _rank(seed: int, salt: str, key: str) -> bytes:
@@ -128,6 +202,8 @@ def assign_splits(
     bg_pools = {s: [b for b in backgrounds if by_recording[b.source_id] == s] for s in SPLITS}
 
     most = int(spec.events_per_mixture.bounds()[1])
+    if needed and not backgrounds:
+        raise MixError("mix: no background segments are left to mix over")
     for s in needed:
         if not bg_pools[s]:
             recordings = len({b.source_id for b in backgrounds})
@@ -135,12 +211,15 @@ def assign_splits(
                 f"mix: split '{s}' has no background: {len(backgrounds)} segments from {recordings} recordings cannot "
                 f"give every split its own recordings; add ambience recordings, set mix.mixtures.{s}: 0, or change mix.holdout"
             )
-        if not event_pools[s] or (spec.distinct_clips and len(event_pools[s]) < most):
-            hint = (" (FSD50K's split decides: no clip of that split survived clipping; try mix.event_split: random)"
-                    if p.event_split == "fsd50k" else "")
+        have = len(event_pools[s])
+        need = (most if spec.distinct_clips else 1) if most > 0 else 0
+        if have < need:
+            source = (f" (the clips of FSD50K's '{MIX_TO_FSD50K_SPLIT[s]}' split; mix.event_split: random splits by source clip instead)"
+                      if p.event_split == "fsd50k" else "")
+            wanted = f"a mixture draws up to {most} distinct clips" if spec.distinct_clips else "a mixture needs at least one"
             raise MixError(
-                f"mix: split '{s}' has {len(event_pools[s])} event clips but a mixture draws up to {most} distinct clips{hint}; "
-                f"add source clips, set mix.mixtures.{s}: 0, or allow repeats with mix.spec.distinct_clips: false"
+                f"mix: split '{s}' has {have} event clips{source} but {wanted}; add source clips, set mix.mixtures.{s}: 0"
+                + (", or allow repeats with mix.spec.distinct_clips: false" if spec.distinct_clips else "")
             )
     return event_pools, bg_pools
 
@@ -218,18 +297,19 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
     out_dir = Path(out_dir or p.out_dir)
     spec = resolve_spec(p.preset, p.spec)
     events, backgrounds = read_sources(events_dir, backgrounds_dir)
+    check_sample_rates(spec, p, events, backgrounds, events_dir, backgrounds_dir)
 
-    skips = [Skip(e.clip_id, e.audio_path, "license-not-allowed", f"{e.license} is not in mix.allowed_licenses")
-             for e in events if e.license not in p.allowed_licenses]
-    skips += [Skip(b.segment_id, b.audio_path, "license-not-allowed", f"{license_name(b.license)} ({b.license}) is not in mix.allowed_licenses")
-              for b in backgrounds if license_name(b.license) not in p.allowed_licenses]
-    events = [e for e in events if e.license in p.allowed_licenses]
-    backgrounds = [b for b in backgrounds if license_name(b.license) in p.allowed_licenses]
-    hops = {round(x.envelope_hop_s, 9) for x in [*events, *backgrounds]}
-    if len(hops) > 1:
-        raise MixError(f"mix: event and background envelopes use different hops {sorted(hops)} s; "
-                       "set clip.envelope_hop_s and ambience.envelope_hop_s to the same value and re-run both stages")
-    event_pools, bg_pools = assign_splits(events, backgrounds, p, spec, params.seed)
+    events, backgrounds, skips, license_drops = filter_licenses(events, backgrounds, p.allowed_licenses)
+    try:
+        hops = {round(x.envelope_hop_s, 9) for x in [*events, *backgrounds]}
+        if len(hops) > 1:
+            raise MixError(f"mix: event and background envelopes use different hops {sorted(hops)} s; "
+                           "set clip.envelope_hop_s and ambience.envelope_hop_s to the same value and re-run both stages")
+        if sum(dataclasses.asdict(p.mixtures).values()) == 0:
+            raise MixError("mix: mix.mixtures asks for 0 mixtures in every split; set mix.mixtures.train, valid or test to the number to make")
+        event_pools, bg_pools = assign_splits(events, backgrounds, p, spec, params.seed)
+    except MixError as e:
+        raise refusal(e, out_dir, skips, license_drops, p.allowed_licenses) from None
 
     plan = {
         "preset": p.preset,
@@ -276,14 +356,29 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         write_skips(stage / SKIPPED, skips)
         write_json(stage / "spec.json", spec.to_dict())
         summary = exports.write_all(stage, tables, p, spec, SourceBank(bank), events_dir, backgrounds_dir, events, backgrounds)
-        summary.update({"skipped": len(skips), "dropped_occurrences": dropped, "preset": p.preset,
-                        "sample_rate_hz": spec.sample_rate_hz})
+        summary.update({"skipped": len(skips), "skipped_by_reason": dict(sorted(Counter(x.reason for x in skips).items())),
+                        "license_filter": {"allowed": list(p.allowed_licenses), "dropped": license_drops},
+                        "dropped_occurrences": dropped, "preset": p.preset, "sample_rate_hz": spec.sample_rate_hz})
         write_json(stage / SUMMARY, summary)
         shutil.rmtree(stage / PARTS, ignore_errors=True)
         shutil.rmtree(bank, ignore_errors=True)
         (stage / PLAN).unlink()
+    rejected_report_path(out_dir).unlink(missing_ok=True)  # a report of an earlier refused run no longer applies
     print(format_mix_summary(summary))
     return summary
+
+
+def refusal(error: MixError, out_dir: Path, skips: list[Skip], license_drops: dict, allowed: tuple[str, ...]) -> MixError:
+    """The error a run that cannot make its mixtures stops with; its skip report is written beside ``out_dir``."""
+    report = rejected_report_path(out_dir)
+    write_skips(report, skips)
+    text = str(error)
+    if any(license_drops.values()):
+        text += f"; {describe_license_drops(license_drops, allowed)}"
+    if skips:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(Counter(x.reason for x in skips).items()))
+        text += f"; sources skipped by reason: {reasons} (each listed in {report})"
+    return MixError(f"{text}; {out_dir} was left as it was")
 
 
 def format_mix_summary(summary: dict) -> str:
@@ -291,6 +386,8 @@ def format_mix_summary(summary: dict) -> str:
              f"{summary['occurrences']} event occurrences, {summary['segments']} label segments"]
     lines.append(f"  realised SNR - drawn SNR: median {summary['snr_error_db']['median']:+.3f} dB, "
                  f"max |.| {summary['snr_error_db']['max_abs']:.3f} dB ({summary['level_mode']} mode)")
+    license_filter = summary["license_filter"]
     lines.append(f"  dataset licence: {summary['licenses']['dataset_license']}; "
-                 f"{summary['skipped']} sources not allowed; {summary['dropped_occurrences']} occurrences dropped by placement")
+                 f"{describe_license_drops(license_filter['dropped'], tuple(license_filter['allowed']))}; "
+                 f"{summary['dropped_occurrences']} occurrences dropped by placement")
     return "\n".join(lines)
