@@ -307,10 +307,15 @@ class ShardPhrase:
 
 @dataclass(frozen=True)
 class ShardRow:
-    """One mixture as a row of the published Parquet shards (``data/<split>-*.parquet``)."""
+    """One mixture as a row of the published Parquet shards (``data/<split>-*.parquet``).
+
+    ``audio_sha256`` is the hex sha256 of ``audio.bytes`` taken when the row was written, so a
+    damaged cell is found without decoding it.
+    """
 
     id: str
     audio: AudioFile
+    audio_sha256: str
     sample_rate_hz: int
     duration_s: float
     caption: str

@@ -11,7 +11,6 @@ phrases, clusters, durations, SNRs), the licence summary and attribution; and
 from __future__ import annotations
 
 import csv
-import io
 import json
 import shutil
 from collections import Counter
@@ -75,10 +74,9 @@ def plot(stats: dict, cluster_names: dict[int, str], path: Path) -> None:
     ax.barh([cluster_names.get(c, str(c))[:28] for c, _ in reversed(clusters)], [n for _, n in reversed(clusters)])
     ax.set(title="most frequent clusters (all splits)", xlabel="label phrases")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    from pipeline.figures import save_png
+
+    save_png(fig, path, dpi=80)
 
 
 def front_matter(params, index: dict, licenses: dict) -> dict:
@@ -157,6 +155,7 @@ descendant and near-synonym relations a negative sampler should avoid.
 |---|---|---|
 | `id` | string | mixture id (`<split>_<index>`) |
 | `audio` | Audio | FLAC bytes and file name |
+| `audio_sha256` | string | sha256 (hex) of the FLAC bytes, taken when the row was written |
 | `sample_rate_hz`, `duration_s` | int, float | |
 | `caption` | string | a template filled with the phrases in temporal order |
 | `phrases` | list | one per audible label: `phrase`, `label` (FSD50K name), `mid` (AudioSet), `cluster_id`, `segments` (`start_s`, `end_s`), `source_clip_ids` and `snr_db` (one per sampled event of the label) |
@@ -189,7 +188,9 @@ Every source is credited in `attribution.csv` ({len(attribution)} sources); the 
 
 {_table(["file", "split", "rows", "bytes", "sha256"], [[f["path"], f["split"], f["num_rows"], f["num_bytes"], f["sha256"][:16] + "..."] for f in index["files"]])}
 
-`index.json` lists every shard with its full sha256; `sedsynth validate <folder>` checks a copy.
+`index.json` lists every shard with its full sha256; `sedsynth validate <folder>` checks a copy
+(every row's audio against its `audio_sha256`; `--decode` also decodes every cell in full and
+checks its length).
 
 ## Sources and citation
 

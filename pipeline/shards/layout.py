@@ -5,13 +5,14 @@ A dataset folder holds ``data/<split>-00000-of-000NN.parquet`` (rows of
 ``README.md`` (the dataset card), ``clusters/`` (the phrase database and cluster relations the
 trainer samples negatives from), ``licenses.json``, ``attribution.csv`` and ``images/``.
 
-The Parquet schema carries the ``huggingface`` metadata key, so ``datasets.load_dataset``
-types the ``audio`` column (``struct<bytes, path>``, FLAC bytes) as ``Audio``.
+Every shard has exactly the schema ``datasets`` itself writes for the row's features
+(nullable fields, in the dataclass's order) with the ``huggingface`` metadata key, so a shard
+alone (``Dataset.from_parquet``, ``load_dataset("parquet", ...)``, the ``data/`` folder
+without the card) loads with ``audio`` (``struct<bytes, path>``, FLAC bytes) typed as ``Audio``:
+``datasets`` uses that metadata only where it describes the column's Arrow field exactly.
 """
 
 from __future__ import annotations
-
-import json
 
 import pyarrow as pa
 
@@ -20,7 +21,7 @@ from pipeline.schema import ShardRow, arrow_schema
 INDEX = "index.json"
 CARD = "README.md"
 DATA = "data"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: rows carry audio_sha256; nullable fields as datasets writes them
 
 
 def shard_name(split: str, i: int, n: int) -> str:
@@ -37,6 +38,9 @@ def features(sample_rate_hz: int):
 
 
 def shard_schema(sample_rate_hz: int) -> pa.Schema:
-    """The Parquet schema of every shard, with the ``huggingface`` metadata ``datasets`` reads."""
-    meta = {"info": {"features": features(sample_rate_hz).to_dict()}}
-    return arrow_schema(ShardRow).with_metadata({"huggingface": json.dumps(meta, sort_keys=True)})
+    """The Parquet schema of every shard: the one ``Dataset.to_parquet`` writes for :func:`features`.
+
+    Taken from ``datasets`` rather than built here, so fields, nullability, order and the
+    ``huggingface`` metadata match what its Parquet reader checks the metadata against.
+    """
+    return features(sample_rate_hz).arrow_schema

@@ -3,8 +3,9 @@
 Input: the mix stage's folder (recipes, FLAC audio, licences), the captions stage's folder
 (captions and label phrases) and the clusters stage's folder (phrase database). Output, in
 ``shards.out_dir`` (layout in :mod:`pipeline.shards.layout`): Parquet shards of
-:class:`~pipeline.schema.ShardRow`, one row per mixture in (split, index) order, a new shard
-when the audio in one reaches ``shards.shard_size_mb`` and a new row group at
+:class:`~pipeline.schema.ShardRow`, one row per mixture in (split, index) order with the
+sha256 of its FLAC bytes (which ``validate`` checks), in the schema ``datasets`` itself writes;
+a new shard when the audio in one reaches ``shards.shard_size_mb`` and a new row group at
 ``shards.row_group_size_mb``, every column compressed with ``shards.compression`` but the
 FLAC bytes (stored as they are: they do not compress); ``index.json``; the dataset card; the phrase database and
 cluster relations under ``clusters/``; licences, attribution and pictures.
@@ -16,6 +17,7 @@ under a staging name and swapped in whole.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shutil
 from collections import defaultdict
@@ -95,8 +97,9 @@ def build_rows(mix_dir: Path, seed: int, captions: dict[str, Caption], phrases: 
                 raise ShardError(f"phrase {ph.phrase!r} ({ph.label}) has no cluster: re-run `sedsynth clusters` after `sedsynth captions`")
             shard_phrases.append(ShardPhrase(ph.phrase, ph.label, ph.mid, cluster_of[key], ph.segments, ph.source_clip_ids, ph.snr_db))
         audio = AudioFile((mix_dir / r.audio_path).read_bytes(), Path(r.audio_path).name)
-        return ShardRow(r.mixture_id, audio, r.sample_rate_hz, r.duration_s, captions[r.mixture_id].caption, tuple(shard_phrases),
-                        r.background_id, r.split, r.license, r.licenses, r.attribution, seed)
+        return ShardRow(r.mixture_id, audio, hashlib.sha256(audio.bytes).hexdigest(), r.sample_rate_hz, r.duration_s,
+                        captions[r.mixture_id].caption, tuple(shard_phrases), r.background_id, r.split, r.license, r.licenses,
+                        r.attribution, seed)
 
     return row
 
@@ -139,7 +142,8 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
                 with pq.ParquetWriter(staging / name, schema, compression=compression) as writer:
                     for x, y in groups:
                         rows = [row_of(r) for r in items[x:y]]
-                        writer.write_table(to_table(rows, ShardRow).replace_schema_metadata(schema.metadata), row_group_size=len(rows))
+                        # records are non-nullable; the cast gives the nullable fields datasets writes
+                        writer.write_table(to_table(rows, ShardRow).cast(schema), row_group_size=len(rows))
                         bar.update(len(rows))
                 files.append({"path": name, "split": split, "num_rows": b - a, "num_row_groups": len(groups),
                               "num_bytes": (staging / name).stat().st_size, "sha256": file_sha256(staging / name)})

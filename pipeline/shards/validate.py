@@ -4,14 +4,19 @@ Input: a dataset folder (as written by the shards stage, or downloaded from the 
 Output: a summary dict, or :class:`ValidationError` listing every problem found, each naming
 the file and what to do. Checks: ``index.json`` parses; every indexed shard exists with the
 indexed sha256 and row count, and no unindexed shard lies in ``data/``; each shard is
-Parquet with exactly the shard schema and the ``huggingface`` metadata that types ``audio``
-as ``Audio`` at the indexed rate; segments lie inside their mixture and cluster ids inside
-the inventory; the card has ``configs`` for every split. With ``decode=True`` every audio
-cell is decoded and its length checked against ``duration_s``.
+Parquet with exactly the shard schema (fields, nullability, order) and ``huggingface``
+metadata from which ``datasets`` types every column as the card does (``audio`` as ``Audio``
+at the indexed rate); every row's audio bytes match its ``audio_sha256``, segments lie inside
+their mixture and cluster ids inside the inventory; the card has ``configs`` for every split.
+With ``decode=True`` every audio cell is also decoded in full (a damaged FLAC frame fails its
+CRC) and its length checked against the recipe's ``duration_s`` x ``sample_rate_hz``. A
+problem in a row names the shard file, the row's position in it and the mixture id; every
+bad row is reported, not just the first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -22,8 +27,7 @@ import soundfile as sf
 import yaml
 
 from pipeline.outputs import file_sha256
-from pipeline.schema import ShardRow, arrow_schema
-from pipeline.shards.layout import CARD, DATA, INDEX, INDEX_VERSION
+from pipeline.shards.layout import CARD, DATA, INDEX, INDEX_VERSION, features, shard_schema
 
 
 class ValidationError(ValueError):
@@ -35,46 +39,75 @@ class ValidationError(ValueError):
         super().__init__(f"{folder} is not a valid shard folder ({len(problems)} problems):\n{lines}")
 
 
-def _schema_problems(name: str, schema, rate: int) -> list[str]:
-    expected = arrow_schema(ShardRow)
-    got = {f.name: f.type for f in schema}
-    want = {f.name: f.type for f in expected}
-    problems = []
+def _schema_problems(name: str, schema: pa.Schema, rate: int) -> list[str]:
+    """Problems of a shard's Arrow schema against :func:`shard_schema` and what ``datasets``
+    infers from the file alone (it takes the ``huggingface`` metadata only where it matches)."""
+    import datasets
+
+    expected = shard_schema(rate)
+    got = {f.name: f for f in schema}
+    want = {f.name: f for f in expected}
     if set(got) != set(want):
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-        problems.append(f"{name}: columns differ from the shard schema (missing {missing}, unexpected {extra}); "
-                        "it was not written by `sedsynth shards` (or by another version)")
-    problems += [f"{name}: column {k!r} is {got[k]}, expected {want[k]}" for k in want if k in got and got[k] != want[k]]
-    meta = (schema.metadata or {}).get(b"huggingface")
-    try:
-        audio = json.loads(meta)["info"]["features"]["audio"] if meta else None
-    except (ValueError, KeyError, TypeError):
-        audio = None
-    if not audio or audio.get("_type") != "Audio":
+        return [f"{name}: columns differ from the shard schema (missing {missing}, unexpected {extra}); "
+                "it was not written by `sedsynth shards` (or by another version): re-run `sedsynth shards`"]
+    problems = [f"{name}: column {k!r} is {got[k].type}{'' if got[k].nullable else ' not null'}, datasets writes {want[k].type}; "
+                "re-run `sedsynth shards`" for k in want if not got[k].equals(want[k])]
+    if schema.names != expected.names:
+        problems.append(f"{name}: columns are in the order {schema.names}, the shard schema's is {expected.names}; re-run `sedsynth shards`")
+    if problems:
+        return problems
+    inferred = datasets.Features.from_arrow_schema(schema)
+    audio = inferred["audio"]
+    if not isinstance(audio, datasets.Audio):
         problems.append(f"{name}: no 'huggingface' schema metadata typing 'audio' as Audio; datasets would load raw structs")
-    elif audio.get("sampling_rate") != rate:
-        problems.append(f"{name}: Audio sampling_rate {audio.get('sampling_rate')} differs from index.json's {rate}")
+    elif audio.sampling_rate != rate:
+        problems.append(f"{name}: Audio sampling_rate {audio.sampling_rate} differs from index.json's {rate}")
+    feats = features(rate)
+    untyped = [k for k in feats if k != "audio" and inferred[k] != feats[k]]
+    if untyped:
+        problems.append(f"{name}: datasets would read columns {untyped} otherwise than the card says (its 'huggingface' "
+                        "schema metadata disagrees); re-run `sedsynth shards`")
     return problems
 
 
-def _row_problems(name: str, rows: list[dict], num_clusters: int | None, decode: bool) -> list[str]:
+def _cell_problems(r: dict, decode: bool) -> list[str]:
+    """Faults of one row's audio cell, as messages without the file and row prefix."""
+    data = r["audio"]["bytes"]
     problems = []
-    for r in rows:
-        for ph in r["phrases"]:
-            for s in ph["segments"]:
-                if not 0.0 <= s["start_s"] < s["end_s"] <= r["duration_s"] + 1e-6:
-                    problems.append(f"{name}: row {r['id']}: segment {s} of {ph['label']!r} is outside [0, {r['duration_s']}] s or empty")
-            if num_clusters is not None and not 0 <= ph["cluster_id"] < num_clusters:
-                problems.append(f"{name}: row {r['id']}: cluster id {ph['cluster_id']} is not in clusters/clusters.parquet")
-        if decode:
-            try:
-                info = sf.info(io.BytesIO(r["audio"]["bytes"]))
-            except (sf.LibsndfileError, RuntimeError, TypeError) as e:
-                problems.append(f"{name}: row {r['id']}: audio does not decode ({e})")
-                continue
-            if info.samplerate != r["sample_rate_hz"] or abs(info.frames - round(r["duration_s"] * r["sample_rate_hz"])) > 1:
-                problems.append(f"{name}: row {r['id']}: audio is {info.frames} samples at {info.samplerate} Hz, "
-                                f"expected {r['duration_s']} s at {r['sample_rate_hz']} Hz")
+    if hashlib.sha256(data).hexdigest() != r["audio_sha256"]:
+        problems.append("audio bytes do not match audio_sha256 (the cell changed after it was written); "
+                        "copy the shard again or re-run `sedsynth shards`")
+    if decode:
+        # a full decode: libFLAC checks every frame's CRC, which a header read does not
+        try:
+            samples, rate = sf.read(io.BytesIO(data), dtype="int16", always_2d=True)
+        except (RuntimeError, TypeError, ValueError) as e:
+            return problems + [f"audio does not decode ({e}); re-run `sedsynth mix` and `sedsynth shards`"]
+        expected = round(r["duration_s"] * r["sample_rate_hz"])
+        if rate != r["sample_rate_hz"] or samples.shape[0] != expected:
+            problems.append(f"audio is {samples.shape[0]} frames at {rate} Hz, the recipe says {expected} frames "
+                            f"({r['duration_s']} s at {r['sample_rate_hz']} Hz); re-run `sedsynth mix` and `sedsynth shards`")
+    return problems
+
+
+def _row_problems(name: str, first_row: int, rows: list[dict], num_clusters: int | None, decode: bool) -> list[str]:
+    """Problems of consecutive rows of one shard, ``first_row`` being the first's position in the file."""
+    problems = []
+    for k, r in enumerate(rows, first_row):
+        where = f"{name}: row {k} (mixture {r.get('id')})"
+        try:
+            found = []
+            for ph in r["phrases"]:
+                for s in ph["segments"]:
+                    if not 0.0 <= s["start_s"] < s["end_s"] <= r["duration_s"] + 1e-6:
+                        found.append(f"segment {s} of {ph['label']!r} is outside [0, {r['duration_s']}] s or empty")
+                if num_clusters is not None and not 0 <= ph["cluster_id"] < num_clusters:
+                    found.append(f"cluster id {ph['cluster_id']} is not in clusters/clusters.parquet")
+            found += _cell_problems(r, decode)
+        except (TypeError, KeyError) as e:  # a null where a value belongs: report the row, check the rest
+            found = [f"malformed row ({type(e).__name__}: {e}); re-run `sedsynth shards`"]
+        problems += [f"{where}: {p}" for p in found]
     return problems
 
 
@@ -89,7 +122,8 @@ def validate(folder: Path | str, decode: bool = False) -> dict:
     except (ValueError, KeyError, TypeError) as e:
         raise ValidationError(folder, [f"{INDEX} is malformed ({e}); re-run `sedsynth shards`"]) from None
     if index.get("version") != INDEX_VERSION:
-        raise ValidationError(folder, [f"{INDEX} has version {index.get('version')!r}; this version reads {INDEX_VERSION}"])
+        raise ValidationError(folder, [f"{INDEX} has version {index.get('version')!r}; this version reads {INDEX_VERSION}: "
+                                       "re-run `sedsynth shards` with this version"])
     problems: list[str] = []
     indexed = {f["path"] for f in files}
     on_disk = {p.relative_to(folder).as_posix() for p in (folder / DATA).glob("*.parquet")}
@@ -115,10 +149,11 @@ def validate(folder: Path | str, decode: bool = False) -> dict:
         problems += schema_problems
         if schema_problems:
             continue
-        columns = None if decode else [c for c in pf.schema_arrow.names if c != "audio"]
+        first_row = 0
         for g in range(pf.num_row_groups):
-            rows = pf.read_row_group(g, columns=columns).to_pylist()
-            problems += _row_problems(f["path"], rows, num_clusters, decode)
+            rows = pf.read_row_group(g).to_pylist()
+            problems += _row_problems(f["path"], first_row, rows, num_clusters, decode)
+            first_row += len(rows)
             if any(r["split"] != f["split"] for r in rows):
                 problems.append(f"{f['path']}: rows of another split than {f['split']!r}")
     problems += _card_problems(folder, {f["split"] for f in files})
