@@ -2,27 +2,35 @@
 count in, clip embeddings and per-frame query probabilities out.
 
 Inputs: a checkpoint written by the trainer (its ``config`` rebuilds the model) or ``train``
-params plus a seed (the untrained model), and audio as file paths, encoded bytes or arrays.
-Outputs (:class:`ClipScores`): the clip embedding ``(d,)``, frame boundaries in seconds
-``(L+1,)`` and, per vocabulary, frame probabilities ``(L, C)`` = sigmoid(t' cos + b') with the
-checkpoint's frame temperature and bias (FLAM's per-text ones when the model has them).
+params plus a seed (the untrained model), and audio as whole mono arrays or as a stream of
+blocks (:func:`read_blocks` reads a file that way). Outputs (:class:`ClipScores`): the clip
+embedding ``(d,)``, frame boundaries in seconds ``(L+1,)`` and, per vocabulary, frame
+probabilities ``(L, C)`` = sigmoid(t' cos + b') with the checkpoint's frame temperature and
+bias (FLAM's per-text ones when the model has them).
 
 Audio longer than the model's window (``train.data.crop_s``) is cut into windows that overlap
 by ``overlap`` of their length, each aligned to the encoder's column grid; a column seen by
 several windows gets the mean of their probabilities, and the clip embedding is the normalised
-mean of the windows' clip embeddings. Windows of all clips are batched together, so a 10 s
-test clip costs one forward pass however many vocabularies are scored on it.
+mean of the windows' clip embeddings. Windows are cut as the samples arrive and a clip keeps
+only running per-column sums, so memory stays bounded for audio of any length; whole arrays
+and streams give the same scores. Windows of all clips are batched together, so a 10 s test
+clip costs one forward pass however many vocabularies are scored on it.
 """
 
 from __future__ import annotations
 
+import io
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
+import soxr
 import torch
 
+from pipeline.audio import AudioError, downmix
 from pipeline.audio import decode_mono as read_audio  # noqa: F401  (re-exported for stage and detect)
 from pipeline.params import TrainParams, build
 from trainer import checkpoint
@@ -31,6 +39,7 @@ from trainer.objective import Objective
 from trainer.train import autocast_for
 
 ZERO_SHOT_TEMPLATE = "The sound of {}"
+BLOCK_FRAMES = 1 << 17  # frames read at a time (about 3 s at 44.1 kHz): large enough that copying stays cheap
 
 
 @dataclass(frozen=True)
@@ -80,10 +89,10 @@ class Detector:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"detector: no checkpoint at {path}; train first (sedsynth train) or pass --checkpoint")
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = checkpoint.read(path, "detector")
         train = build(TrainParams, state["config"]["train"], "train")
         objective = Objective(build_model(train.model), train.loss)
-        checkpoint.load(path, objective, restore_rng=False)
+        checkpoint.restore(state, objective, restore_rng=False, path=path)
         detector = cls(objective, train, **kwargs)
         detector.seed = state["config"].get("seed")  # the trainer's seed: its untrained twin starts from it
         return detector
@@ -130,58 +139,224 @@ class Detector:
         edges[-1] = duration
         return edges
 
-    @torch.no_grad()
     def score(self, waves: Iterable[np.ndarray], vocabularies: Sequence[Vocabulary] | Iterable[Sequence[Vocabulary]]) -> Iterator[ClipScores]:
         """Mono waves at ``sample_rate_hz`` -> :class:`ClipScores`, in order.
 
         ``vocabularies`` is the same list of vocabularies for every clip, or (per clip) an
         iterable yielding each clip's own list (open-vocabulary: a clip's own phrases).
         """
+        return self.score_streams(([wave] for wave in waves), vocabularies)
+
+    def score_stream(self, blocks: Iterable[np.ndarray], vocabularies: Sequence[Vocabulary]) -> ClipScores:
+        """One clip given as consecutive mono blocks at ``sample_rate_hz`` (any sizes) -> its :class:`ClipScores`.
+
+        Holds at most about one window of audio plus one block and one batch of windows,
+        whatever the clip's length (see :func:`read_blocks` for a file read that way).
+        """
+        (scores,) = self.score_streams([blocks], [vocabularies])
+        return scores
+
+    @torch.no_grad()
+    def score_streams(self, clips: Iterable[Iterable[np.ndarray]],
+                      vocabularies: Sequence[Vocabulary] | Iterable[Sequence[Vocabulary]]) -> Iterator[ClipScores]:
+        """Clips, each an iterable of mono blocks at ``sample_rate_hz`` -> :class:`ClipScores`, in order.
+
+        Windows are cut as their samples arrive and scored ``batch_size`` at a time across
+        clips; a clip keeps only running per-column sums, so its scores come out when its
+        last window is scored. ``vocabularies`` as in :meth:`score`.
+        """
         shared = isinstance(vocabularies, (list, tuple)) and all(isinstance(v, Vocabulary) for v in vocabularies)
         per_clip = iter(()) if shared else iter(vocabularies)
-        pending: list[tuple[np.ndarray, list[Vocabulary]]] = []
-        windows = 0
-        for wave in waves:
-            pending.append((wave, list(vocabularies) if shared else list(next(per_clip))))
-            windows += len(self.windows(len(wave)))
-            if windows >= self.batch_size:
-                yield from self._score_batch(pending)
-                pending, windows = [], 0
-        if pending:
-            yield from self._score_batch(pending)
+        queue: list[tuple[_RunningScores, _Window]] = []
+        waiting: deque[_RunningScores] = deque()  # clips in order, until their last window is scored
 
-    def _score_batch(self, clips: list[tuple[np.ndarray, list[Vocabulary]]]) -> list[ClipScores]:
-        starts = [self.windows(len(w)) for w, _ in clips]
-        cut = []
-        for (wave, _), ss in zip(clips, starts):
-            for s in ss:
-                piece = wave[s:s + self.window_samples]
-                cut.append(np.pad(piece, (0, self.window_samples - len(piece))))
-        clip_emb, frames = [], []
-        for i in range(0, len(cut), self.batch_size):
-            batch = torch.from_numpy(np.stack(cut[i:i + self.batch_size])).to(self.device)
-            with self.autocast():
-                c, f = self.model.encode_audio(batch)
-            clip_emb.append(c.float())
-            frames.append(f.float()[:, :self.columns])
-        clip_all, frames_all = torch.cat(clip_emb), torch.cat(frames)
-        out, k = [], 0
-        for (wave, vocabs), ss in zip(clips, starts):
-            n = len(ss)
-            edges = self.timestamps_s(len(wave))
-            L = len(edges) - 1
-            clip = torch.nn.functional.normalize(clip_all[k:k + n].mean(0), dim=-1)
-            probs = []
-            for v in vocabs:
-                total = torch.zeros(L, len(v.texts), device=self.device)
-                count = torch.zeros(L, 1, device=self.device)
-                for j, s in enumerate(ss):
-                    first = s // self.column_samples
-                    take = min(self.columns, L - first)
-                    logit = v.scale * (frames_all[k + j, :take] @ v.embeddings.T) + v.bias
-                    total[first:first + take] += torch.sigmoid(logit)
-                    count[first:first + take] += 1
-                probs.append((total / count.clamp(min=1)).cpu().numpy())
-            out.append(ClipScores(clip.cpu().numpy(), edges, probs))
-            k += n
+        def enqueue(sums: _RunningScores, windows: list[_Window]) -> None:
+            for w in windows:
+                queue.append((sums, w))
+                sums.pending += 1
+                if len(queue) == self.batch_size:
+                    self._score_windows(queue)
+                    queue.clear()
+
+        for blocks in clips:
+            sums = _RunningScores(self, list(vocabularies) if shared else list(next(per_clip)))
+            waiting.append(sums)
+            cutter = _WindowCutter(self)
+            for block in blocks:
+                enqueue(sums, cutter.push(block))
+            enqueue(sums, cutter.close())
+            sums.num_samples = cutter.num_samples
+            while waiting and waiting[0].done:
+                yield waiting.popleft().result()
+        if queue:
+            self._score_windows(queue)
+        while waiting:
+            yield waiting.popleft().result()
+
+    def _score_windows(self, queue: list[tuple[_RunningScores, _Window]]) -> None:
+        """One forward pass over up to ``batch_size`` windows; each clip adds its windows' scores."""
+        batch = torch.from_numpy(np.stack([w.samples for _, w in queue])).to(self.device)  # (B, window_samples)
+        with self.autocast():
+            clip, frames = self.model.encode_audio(batch)
+        clip, frames = clip.float(), frames.float()[:, :self.columns]  # (B, d), (B, columns, d)
+        for j, (sums, window) in enumerate(queue):
+            sums.add(window, clip[j], frames[j, :window.columns])
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One window of a clip: its first sample, ``window_samples`` samples (zero-padded past the
+    end) and how many of its columns lie inside the clip."""
+
+    start: int
+    samples: np.ndarray
+    columns: int
+
+
+class _WindowCutter:
+    """Consecutive mono blocks in, the detector's windows out as soon as each is known and full.
+
+    Emits exactly the windows :meth:`Detector.windows` lists for the finished clip, in the same
+    order: a window on the hop grid at ``s`` exists when a sample lies past ``s + covered`` (so
+    it is cut once that sample and its own ``window_samples`` have arrived), and at the end the
+    last window is aligned to the clip's end. Keeps only the samples a later window can still
+    need: from the next window's start, or the last ``max(window, covered)`` samples.
+    """
+
+    def __init__(self, det: Detector):
+        self.det = det
+        self.covered = det.columns * det.column_samples
+        self.keep = max(det.window_samples, self.covered)
+        self.buffer = np.zeros(0, np.float32)
+        self.buffer_start = 0  # clip sample index of buffer[0]
+        self.arrived: list[np.ndarray] = []  # blocks after the buffer, not yet joined to it
+        self.num_samples = 0
+        self.next_start = 0  # the next window on the hop grid
+
+    def _cut(self, start: int, columns: int) -> _Window:
+        piece = self.buffer[start - self.buffer_start:start - self.buffer_start + self.det.window_samples]
+        return _Window(start, np.pad(piece, (0, self.det.window_samples - len(piece))), columns)  # a copy: the buffer moves on
+
+    def _ready(self) -> bool:
+        return self.next_start + self.covered < self.num_samples and self.next_start + self.det.window_samples <= self.num_samples
+
+    def _join(self) -> None:
+        if self.arrived:
+            self.buffer = np.concatenate([self.buffer, *self.arrived]) if len(self.buffer) or len(self.arrived) > 1 else self.arrived[0]
+            self.arrived = []
+
+    def push(self, block: np.ndarray) -> list[_Window]:
+        block = np.asarray(block, dtype=np.float32)
+        self.arrived.append(block)  # joined only when a window can be cut: small blocks cost no copying
+        self.num_samples += len(block)
+        if not self._ready():
+            return []
+        self._join()
+        out = []
+        while self._ready():
+            out.append(self._cut(self.next_start, self.det.columns))
+            self.next_start += self.det.hop_samples
+        keep_from = max(self.buffer_start, min(self.next_start, self.num_samples - self.keep))
+        self.buffer, self.buffer_start = self.buffer[keep_from - self.buffer_start:], keep_from
         return out
+
+    def close(self) -> list[_Window]:
+        """The clip has ended: windows still waiting for samples (zero-padded) and the last one."""
+        self._join()
+        n, col = self.num_samples, self.det.column_samples
+        frames = len(self.det.timestamps_s(n)) - 1
+        out = []
+        while self.next_start + self.covered < n:  # known to exist, short of samples
+            out.append(self._cut(self.next_start, self.det.columns))
+            self.next_start += self.det.hop_samples
+        last = 0 if n <= self.covered else -(-(n - self.covered) // col) * col
+        out.append(self._cut(last, min(self.det.columns, frames - last // col)))
+        self.buffer = np.zeros(0, np.float32)
+        return out
+
+
+class _RunningScores:
+    """One clip's running sums: clip embeddings ``(d,)`` and, per vocabulary, frame
+    probabilities ``(L, C)`` and how many windows saw each column ``(L,)``."""
+
+    def __init__(self, det: Detector, vocabularies: list[Vocabulary]):
+        self.det, self.vocabularies = det, vocabularies
+        self.clip_sum: torch.Tensor | None = None
+        self.windows = 0
+        self.totals = [np.zeros((0, len(v.texts)), np.float32) for v in vocabularies]
+        self.count = np.zeros(0, np.float32)
+        self.pending = 0  # windows queued, not yet scored
+        self.num_samples: int | None = None  # set when the clip has ended
+
+    @property
+    def done(self) -> bool:
+        return self.num_samples is not None and self.pending == 0
+
+    def _reserve(self, columns: int) -> None:
+        if columns > len(self.count):
+            size = max(columns, 2 * len(self.count))  # doubling: appends stay linear in the clip's length
+            self.count = np.concatenate([self.count, np.zeros(size - len(self.count), np.float32)])
+            self.totals = [np.concatenate([t, np.zeros((size - len(t), t.shape[1]), np.float32)]) for t in self.totals]
+
+    def add(self, window: _Window, clip: torch.Tensor, frames: torch.Tensor) -> None:
+        """A scored window: its clip embedding ``(d,)`` and its in-clip columns' frame embeddings ``(take, d)``."""
+        self.clip_sum = clip if self.clip_sum is None else self.clip_sum + clip
+        self.windows += 1
+        first, take = window.start // self.det.column_samples, window.columns
+        self._reserve(first + take)
+        for total, v in zip(self.totals, self.vocabularies):
+            logit = v.scale * (frames @ v.embeddings.T) + v.bias  # (take, C)
+            total[first:first + take] += torch.sigmoid(logit).cpu().numpy()
+        self.count[first:first + take] += 1
+        self.pending -= 1
+
+    def result(self) -> ClipScores:
+        edges = self.det.timestamps_s(self.num_samples)
+        L = len(edges) - 1
+        clip = torch.nn.functional.normalize(self.clip_sum / self.windows, dim=-1)
+        count = np.maximum(self.count[:L], 1)[:, None]
+        return ClipScores(clip.cpu().numpy(), edges, [t[:L] / count for t in self.totals])
+
+
+def read_blocks(source: str | Path | bytes, sample_rate_hz: int, block_frames: int = BLOCK_FRAMES) -> Iterator[np.ndarray]:
+    """A file path or encoded bytes -> mono float32 blocks at ``sample_rate_hz``, read ``block_frames`` at a time.
+
+    The blocks joined are exactly :func:`read_audio`'s samples (channel mean, then libsoxr at
+    "HQ" run as a stream), but only one block is held at a time. Raises AudioError like
+    :func:`read_audio` (``unreadable``, ``empty``, ``non-finite``), the last two possibly
+    after some blocks were yielded; ``empty`` also when the file is shorter than one sample
+    at ``sample_rate_hz``.
+    """
+    where = "the audio bytes" if isinstance(source, bytes) else str(source)
+
+    def unreadable(e: Exception) -> AudioError:
+        return AudioError("unreadable", f"cannot decode {where} ({e}); use WAV, FLAC, OGG or another format libsndfile reads")
+
+    try:
+        f = sf.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+        raise unreadable(e) from None
+    with f:
+        rate = int(f.samplerate)
+        stream = None if rate == sample_rate_hz else soxr.ResampleStream(rate, sample_rate_hz, 1, dtype="float32", quality="HQ")
+        read = produced = 0
+        while True:
+            try:
+                x = f.read(block_frames, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError, OSError) as e:
+                raise unreadable(e) from None
+            last = len(x) == 0
+            read += len(x)
+            if last and read == 0:
+                raise AudioError("empty", "zero samples")
+            x = downmix(x)
+            if not np.isfinite(x).all():
+                raise AudioError("non-finite", "NaN or infinite samples")
+            y = x if stream is None else stream.resample_chunk(x, last=last)
+            produced += len(y)
+            if last and produced == 0:
+                raise AudioError("empty", f"{read} samples at {rate} Hz are shorter than one sample at {sample_rate_hz} Hz")
+            if len(y):
+                yield y
+            if last:
+                return
