@@ -21,7 +21,9 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth evaluate                    # PSDS1/2, AUROC, F1, retrieval, zero-shot on the test split
     sedsynth detect a.wav --query "dog barking" --query "car horn"
     sedsynth bench evaluate              # metric time split on a 10,000-clip score set
-    sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant (dvc repro configs/ablations/dvc.yaml: all + table)
+    sedsynth bench llm-cache             # storing one LLM completion at 5,000 and 100,000 entries vs rewriting the file
+    sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant, trained and evaluated in models/ablations/
+    sedsynth ablate --queue              # all five as DVC experiments (then dvc queue start; sedsynth ablate --table)
 """
 
 from __future__ import annotations
@@ -29,20 +31,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.params import ParamsError, load_params, merge, parse_override
+from pipeline.params import ParamsError, load_params, merge, parse_override, read_yaml_mapping
 from pipeline.text.llm import LLMError
 
 
 def _params(args: argparse.Namespace):
     overrides: dict = {}
     for path in args.overrides or []:
-        import yaml
-
-        try:
-            with open(path, encoding="utf-8") as f:
-                overrides = merge(overrides, yaml.safe_load(f) or {})
-        except OSError as e:
-            raise ParamsError(f"params: cannot read overrides file {path} ({e.strerror})") from None
+        overrides = merge(overrides, read_yaml_mapping(path, "overrides file"))
     for text in args.set or []:
         overrides = merge(overrides, parse_override(text))
     return load_params(args.params, overrides)
@@ -134,8 +130,17 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _detect(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
     from trainer.evaluate.detect import main as detect_main
 
+    if not Path(args.params).exists():
+        if not args.checkpoint:
+            raise ParamsError(f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
+                              "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH")
+        # the checkpoint carries the model's config; evaluate.* keep their defaults, --set still applies
+        args = argparse.Namespace(**{**vars(args), "params": os.devnull})
     return detect_main(args, _params(args))
 
 
@@ -146,12 +151,22 @@ def _ablate(args: argparse.Namespace) -> int:
 
     params = _params(args)
     if args.table:
-        print(ablations.write_table(Path(params.ablations.out_dir)))
+        print(ablations.write_table(Path(params.ablations.out_dir), ablations.experiment_metrics(params)))
         return 0
+    if args.queue:
+        variants = args.variant or list(ablations.VARIANTS)
+        outcome = ablations.queue_experiments(params, variants)
+        queued = [v for v, what in outcome.items() if what == "queued"]
+        print(f"ablate: queued {len(queued)} DVC experiment(s): {', '.join(queued) or 'none'}; run them with `dvc queue start`, "
+              "follow them with `dvc queue status`, then `dvc exp show` and `sedsynth ablate --table`")
+        return 1 if any(what.startswith("refused") for what in outcome.values()) else 0
     if not args.variant:
-        print(f"sedsynth ablate: error: name a variant ({', '.join(ablations.VARIANTS)}) or pass --table", file=sys.stderr)
+        print(f"sedsynth ablate: error: name a variant ({', '.join(ablations.VARIANTS)}), or pass --queue or --table", file=sys.stderr)
         return 2
-    ablations.run_variant(params, args.variant)
+    for variant in args.variant:
+        ablations.variant_params(params, variant)  # every name checked before the first training starts
+    for variant in args.variant:
+        ablations.run_variant(params, variant)
     return 0
 
 
@@ -195,16 +210,22 @@ def build_parser() -> argparse.ArgumentParser:
     det = stage("detect", _detect, "print when each text query sounds in audio files (onset, offset, score)")
     det.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
     det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
-    det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint)")
+    det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
     det.add_argument("--threshold", type=float, default=0.5, help="frame probability that starts an event (default 0.5)")
-    det.add_argument("--format", choices=["table", "tsv"], default="table", help="output layout (default table)")
-    det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<file>.png")
+    det.add_argument("--format", choices=["table", "tsv"], default="table",
+                     help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
+    det.add_argument("--scores", default=None, metavar="DIR",
+                     help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
+    det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
     det.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
     abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants, or write the table")
-    abl.add_argument("variant", nargs="?", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce")
-    abl.add_argument("--table", action="store_true", help="write <ablations.out_dir>/table.md from the variants' evaluations")
+    abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce")
+    abl.add_argument("--queue", action="store_true",
+                     help="queue the variants (default: all) as DVC experiments of the pipeline, for `dvc queue start`")
+    abl.add_argument("--table", action="store_true",
+                     help="write <ablations.out_dir>/table.md from the variants' DVC experiments (else their folders)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
-    bench.add_argument("what", choices=["clip", "mix", "shards", "train", "evaluate"], help="which stage to measure")
+    bench.add_argument("what", choices=["clip", "mix", "shards", "train", "evaluate", "llm-cache"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
     bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400; evaluate: test clips, default 10000)")
     bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")
@@ -220,16 +241,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's time limit), raised like Ctrl-C."""
+
+
+def _terminate(signum: int, frame) -> None:
+    # unwinding like Ctrl-C lets the stage remove its temporaries and staging folder
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
     args = build_parser().parse_args(argv)
+    on_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         return args.fn(args)
     except (ParamsError, FileNotFoundError, FileExistsError, ValueError, LLMError) as e:
         print(f"sedsynth {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(f"sedsynth {args.command}: interrupted; the previous output, if any, is unchanged", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+    finally:
+        if on_main_thread:  # None: a handler set outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""The real DVC pipeline, end to end, on a small embedded corpus; and the README's commands."""
+"""The real DVC pipeline, end to end, on a small embedded corpus, in git as a user has it:
+repro, the default views, experiments, metrics and params diffs; and the README's commands."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,15 +18,25 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _env() -> dict:
+    return dict(os.environ, DVC_NO_ANALYTICS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+
 def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DVC_NO_ANALYTICS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, env=_env(), check=True, capture_output=True, timeout=60)
+
+
+STAGES = {"corpus", "clip", "ambience", "mix", "captions", "clusters", "shards", "train", "evaluate"}
 
 
 def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     work = tmp_path / "project"
     work.mkdir()
-    for name in ("dvc.yaml", "params.yaml"):
+    for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "configs", work / "configs")
@@ -42,7 +54,12 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     params["train"]["optim"].update(epochs=2, warmup_steps=2)
     params["evaluate"]["pictures"] = 1
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert _dvc(work, "init", "--no-scm", "-q").returncode == 0
+    _git(work, "init", "-q")
+    _git(work, "config", "user.name", "sedsynth test")
+    _git(work, "config", "user.email", "test@sedsynth.invalid")
+    assert _dvc(work, "init", "-q").returncode == 0
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", "project")
 
     first = _dvc(work, "repro")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -81,6 +98,62 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
 
     again = _dvc(work, "repro")
     assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", "pipeline run")
+    assert not subprocess.run(["git", "ls-files", "data", "models"], cwd=work, capture_output=True, text=True).stdout, \
+        "no generated file is in git: DVC caches them all, dvc.lock names them"
+    _check_default_views(work)
+    _check_experiments(work, scores)
+
+
+def _check_default_views(work: Path) -> None:
+    """dvc status, dag and metrics show list the default pipeline only, without warnings."""
+    status = _dvc(work, "status")
+    assert status.returncode == 0 and not status.stderr, status.stderr
+    assert "up to date" in status.stdout, status.stdout
+    dag = _dvc(work, "dag", "--md")
+    assert dag.returncode == 0 and not dag.stderr, dag.stderr
+    assert set(re.findall(r'node\d+\["(.+?)"\]', dag.stdout)) == STAGES, dag.stdout
+    shown = _dvc(work, "metrics", "show", "--json")
+    assert shown.returncode == 0 and not shown.stderr, shown.stderr
+    assert set(json.loads(shown.stdout)[""]["data"]) == {"models/finelap/metrics.json", "models/finelap/evaluation/metrics.json"}
+
+
+def _check_experiments(work: Path, baseline: dict) -> None:
+    """An experiment re-runs what its params touch and carries its metrics; the ablations queue as experiments."""
+    run = _dvc(work, "exp", "run", "-n", "f1-low", "-S", "evaluate.f1_threshold=0.3")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "'evaluate'" in run.stdout and "Running stage 'train'" not in run.stdout, run.stdout
+    shown = _dvc(work, "exp", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    commit = next(row for row in json.loads(shown.stdout) if row["rev"] != "workspace")
+    rows = {"baseline": commit["data"], **{r["name"]: r["data"] for e in commit["experiments"] for r in e["revs"]}}
+    for name, data in rows.items():
+        assert set(data["metrics"]) == {"models/finelap/metrics.json", "models/finelap/evaluation/metrics.json"}, name
+        assert all(m.get("data") and not m.get("error") for m in data["metrics"].values()), (name, data["metrics"])
+    evaluated = json.loads((work / "models" / "finelap" / "evaluation" / "metrics.json").read_text())
+    assert rows["f1-low"]["metrics"]["models/finelap/evaluation/metrics.json"]["data"]["test"] == evaluated["test"]
+    assert rows["baseline"]["metrics"]["models/finelap/evaluation/metrics.json"]["data"]["test"] == baseline["test"]
+    assert rows["f1-low"]["params"]["params.yaml"]["data"]["evaluate"]["f1_threshold"] == 0.3
+
+    params_diff = _dvc(work, "params", "diff", "--json")
+    changed = json.loads(params_diff.stdout)
+    assert list(changed["params.yaml"]) == ["evaluate.f1_threshold"], changed
+    assert (changed["params.yaml"]["evaluate.f1_threshold"]["old"], changed["params.yaml"]["evaluate.f1_threshold"]["new"]) == (0.5, 0.3)
+    metrics_diff = json.loads(_dvc(work, "metrics", "diff", "--json", "--all").stdout)["models/finelap/evaluation/metrics.json"]
+    f1 = {k: v for k, v in metrics_diff.items() if k.startswith("test.trained.") and "f1" in k}
+    assert f1 and all(v["old"] is not None and v["new"] is not None for v in f1.values()), metrics_diff
+
+    from pipeline.params import load_params
+    from trainer.evaluate import ablations
+
+    params = load_params(work / "params.yaml")
+    assert ablations.experiment_metrics(params, work)["f1-low"] == evaluated["test"]["trained"]
+    queued = subprocess.run([sys.executable, "-m", "pipeline", "ablate", "--queue", "no_frame_loss"], cwd=work, env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    status = _dvc(work, "queue", "status")
+    assert re.search(r"no_frame_loss\s+.*Queued", status.stdout), status.stdout
 
 
 def test_ci_runs_the_readme_test_command() -> None:

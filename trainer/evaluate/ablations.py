@@ -1,10 +1,18 @@
 """FineLAP's Table 5 ablations on our data: train and evaluate each variant, then one table.
 
 Input: params (the ``train`` and ``evaluate`` sections are the base every variant starts
-from) and a variant name from :data:`VARIANTS`. Output: ``<ablations.out_dir>/<variant>/``
-(the trainer's outputs and ``evaluation/``), and with :func:`write_table`
-``table.md`` / ``table.csv``: our held-out numbers in the paper's row order, the paper's
-numbers beside them, and whether each change against the full model goes the paper's way.
+from) and a variant name from :data:`VARIANTS`. A variant runs one of two ways:
+
+- as a DVC experiment of the default pipeline (:func:`queue_experiments`, ``sedsynth ablate
+  --queue``): ``dvc exp run --queue -n <variant> -S train...`` with the variant's params, run by
+  ``dvc queue start`` and listed by ``dvc exp show``;
+- directly (:func:`run_variant`, ``sedsynth ablate VARIANT``): the trainer's outputs and
+  ``evaluation/`` in ``<ablations.out_dir>/<variant>/``.
+
+:func:`write_table` writes ``<ablations.out_dir>/table.md`` / ``table.csv``: our held-out
+numbers in the paper's row order (each variant from its experiment on the current commit,
+else from its folder), the paper's numbers beside them, and whether each change against the
+full model goes the paper's way.
 
 Every variant trains for the same number of steps and is evaluated at its last step
 (``latest.pt``), as the paper keeps the optimisation steps comparable.
@@ -14,9 +22,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+from pipeline.audio import write_atomic
 from pipeline.params import Params, build, merge
 
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -46,14 +58,96 @@ TOLERANCE = {"AC-T2A": 1.0, "AC-A2T": 1.0, "US8K": 1.0}  # paper changes smaller
 
 def variant_params(params: Params, variant: str) -> Params:
     """``params`` with the variant's train changes, its own output folders and a last-step evaluation."""
-    if variant not in VARIANTS:
-        raise ValueError(f"ablate: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    _check(variant)
     root = Path(params.ablations.out_dir) / variant
     raw = dataclasses.asdict(params)
     raw = merge(raw, {"train": merge(VARIANTS[variant][1], {"out_dir": str(root), "resume": False})})
     raw = merge(raw, {"evaluate": {"checkpoint": str(root / "checkpoints" / "latest.pt"), "untrained": False,
                                    "pictures": 0, "benchmarks": params.evaluate.benchmarks, "out_dir": str(root / "evaluation")}})
     return build(Params, raw)
+
+
+def _check(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"ablate: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+
+
+def _flatten(prefix: str, tree: dict) -> dict[str, object]:
+    flat = {}
+    for key, value in tree.items():
+        flat |= _flatten(f"{prefix}.{key}", value) if isinstance(value, dict) else {f"{prefix}.{key}": value}
+    return flat
+
+
+def experiment_settings(params: Params, variant: str) -> list[str]:
+    """``key=value`` params (for ``dvc exp run -S``) that make the default pipeline run ``variant``.
+
+    The same changes as :func:`variant_params`, except that the outputs stay the default
+    pipeline's (DVC keeps each experiment's outputs apart).
+    """
+    _check(variant)
+    settings = _flatten("train", VARIANTS[variant][1]) | {
+        "evaluate.checkpoint": str(Path(params.train.out_dir) / "checkpoints" / "latest.pt"),
+        "evaluate.untrained": False, "evaluate.pictures": 0}
+    return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in settings.items()]
+
+
+def _dvc(*args: str, cwd: Path | str = ".") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def queue_experiments(params: Params, variants: list[str], repo: Path | str = ".") -> dict[str, str]:
+    """Queue each variant as a DVC experiment named after it; returns variant -> what happened.
+
+    ``queued``; ``exists`` for a variant that already has an experiment on the current commit
+    (left as it is: ``dvc exp remove <name>`` lets it run again); ``refused: <DVC's message>``
+    for one DVC would not queue. Each variant not queued is reported on stderr and the others
+    are still queued.
+    """
+    for v in variants:
+        _check(v)
+    done = experiment_metrics(params, repo)
+    outcome = {}
+    for v in variants:
+        if v in done:
+            outcome[v] = "exists"
+            print(f"ablate: {v}: an experiment of that name exists on this commit; `dvc exp remove {v}` to run it again",
+                  file=sys.stderr)
+            continue
+        args = ["exp", "run", "--queue", "-n", v]
+        for setting in experiment_settings(params, v):
+            args += ["-S", setting]
+        result = _dvc(*args, cwd=repo)
+        if result.returncode != 0:
+            lines = (result.stderr or result.stdout).strip().splitlines() or ["no message"]
+            outcome[v] = f"refused: {lines[-1]}"
+            print(f"ablate: {v}: not queued: {lines[-1]}", file=sys.stderr)
+            continue
+        outcome[v] = "queued"
+    return outcome
+
+
+def experiment_metrics(params: Params, repo: Path | str = ".") -> dict[str, dict]:
+    """Experiment name -> its ``test.trained`` metrics, for the DVC experiments on the current commit.
+
+    Read from ``dvc exp show --json``; queued, running and failed experiments, and a folder
+    that is not a DVC project in git, give nothing. The variants' experiments bear their names.
+    """
+    result = _dvc("exp", "show", "--json", "--hide-queued", "--hide-failed", "--hide-workspace", cwd=repo)
+    if result.returncode != 0:
+        return {}
+    metrics_path = (Path(params.evaluate.out_dir) / "metrics.json").as_posix()
+    found = {}
+    for baseline in json.loads(result.stdout or "[]"):
+        if baseline.get("rev") == "workspace":
+            continue
+        for exp in baseline.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = (rev.get("data") or {}).get("metrics", {}).get(metrics_path, {}).get("data")
+                name = rev.get("name")
+                if name and not rev.get("error") and data and "trained" in data.get("test", {}):
+                    found[name] = data["test"]["trained"]
+    return found
 
 
 def run_variant(params: Params, variant: str) -> dict:
@@ -70,18 +164,31 @@ def _direction(delta: float, tolerance: float) -> str:
     return "=" if abs(delta) <= tolerance else ("up" if delta > 0 else "down")
 
 
-def table(out_dir: Path) -> list[dict]:
-    """One row per variant with our metrics, the paper's and the directions against ``full``."""
-    ours = {}
+def table(out_dir: Path, experiments: dict[str, dict] | None = None) -> list[dict]:
+    """One row per variant with our metrics, the paper's and the directions against ``full``.
+
+    Each variant's metrics come from ``experiments`` (:func:`experiment_metrics`) when it is
+    there, else from ``<out_dir>/<variant>/evaluation/metrics.json``; without all five there is
+    no table (an error names the missing ones and how to run them).
+    """
+    experiments = experiments or {}
+    ours, source, missing = {}, {}, []
     for v in VARIANTS:
-        path = out_dir / v / "evaluation" / "metrics.json"
-        if not path.exists():
-            raise FileNotFoundError(f"ablate: no evaluation for {v} at {path}; run `sedsynth ablate {v}` "
-                                    "(or `dvc repro configs/ablations/dvc.yaml`)")
-        ours[v] = json.loads(path.read_text(encoding="utf-8"))["test"]["trained"]
+        path = Path(out_dir) / v / "evaluation" / "metrics.json"
+        if v in experiments:
+            ours[v], source[v] = experiments[v], "dvc experiment"
+        elif path.exists():
+            ours[v], source[v] = json.loads(path.read_text(encoding="utf-8"))["test"]["trained"], str(path)
+        else:
+            missing.append(v)
+    if missing:
+        raise FileNotFoundError(
+            f"ablate: no evaluation for {', '.join(missing)} (no DVC experiment of that name on this commit, nothing in "
+            f"{out_dir}/<variant>/evaluation); run `sedsynth ablate --queue {' '.join(missing)}` and `dvc queue start`, "
+            f"or {' and '.join(f'`sedsynth ablate {v}`' for v in missing)}")
     rows = []
     for v, (name, _) in VARIANTS.items():
-        row = {"variant": v, "name": name}
+        row = {"variant": v, "name": name, "source": source[v]}
         for key, label, paper_col, scale in OURS:
             row[label] = ours[v].get(key, float("nan")) * scale
         row |= {f"paper {c}": x for c, x in zip(PAPER_COLUMNS, PAPER[v])}
@@ -98,8 +205,9 @@ def table(out_dir: Path) -> list[dict]:
     return rows
 
 
-def write_table(out_dir: Path) -> str:
-    rows = table(out_dir)
+def write_table(out_dir: Path, experiments: dict[str, dict] | None = None) -> str:
+    """:func:`table` as ``<out_dir>/table.md`` (returned) and ``table.csv``, each written whole or not at all."""
+    rows = table(out_dir, experiments)
     labels = [label for _, label, _, _ in OURS]
     head = ["Methods", *labels, *(f"paper {c}" for c in PAPER_COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -113,14 +221,14 @@ def write_table(out_dir: Path) -> str:
     lines.append("")
     lines.append("Direction of each change against the full model (ours; the paper's where it differs):")
     lines += [f"- {r['name']}: {r['direction vs full']}" for r in rows if "direction vs full" in r]
+    lines.append("")
+    lines.append("Read from: " + "; ".join(f"{r['variant']} {r['source']}" for r in rows))
     text = "\n".join(lines) + "\n"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / ".table.md.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out_dir / "table.md")
-    with open(out_dir / ".table.csv.tmp", "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) + (["direction vs full"] if "direction vs full" not in rows[0] else []))
-        w.writeheader()
-        w.writerows(rows)
-    (out_dir / ".table.csv.tmp").replace(out_dir / "table.csv")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]) + (["direction vs full"] if "direction vs full" not in rows[0] else []),
+                       lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    write_atomic(Path(out_dir) / "table.md", text.encode("utf-8"))
+    write_atomic(Path(out_dir) / "table.csv", buf.getvalue().encode("utf-8"))
     return text
