@@ -105,7 +105,7 @@ def frame_mean_square(x: np.ndarray, frame: int, hop: int) -> np.ndarray:
     blocks[:full] = np.einsum("ij,ij->i", head, head)
     if full < n:
         tail = x[full * hop :]
-        blocks[full] = float(np.dot(tail, tail))
+        blocks[full] = float(np.einsum("i,i->", tail, tail))
     prefix = np.concatenate(([0.0], np.cumsum(blocks)))
     return (prefix[per_frame : per_frame + n] - prefix[:n]) / (per_frame * hop)
 
@@ -142,6 +142,7 @@ def a_weighted_envelope(x: np.ndarray, sample_rate_hz: int, frame_s: float, hop_
     frames = framed(x, frame, hop)
     spectrum = np.fft.rfft(frames, axis=1)
     power = spectrum.real**2 + spectrum.imag**2
-    energy = power @ _a_weights(frame, sample_rate_hz)
+    # einsum, not BLAS: BLAS picks its summation order by CPU, and the bytes must not.
+    energy = np.einsum("ij,j->i", power, _a_weights(frame, sample_rate_hz))
     db = np.round(power_db(energy), 2).astype(np.float32)
     return EnergyEnvelope(frame_s=frame / sample_rate_hz, hop_s=hop / sample_rate_hz, energy_db=tuple(db.tolist()))

@@ -379,7 +379,7 @@ def _render(spec: _Spec, n: int, rng: np.random.Generator) -> np.ndarray:
     x = _MODELS[spec.kind](rng, n, sr, ch).astype(np.float32)
     if ch == 2:
         mix = np.array([[1.0, _STEREO_BLEED], [_STEREO_BLEED, 1.0]], dtype=np.float32) / np.float32(math.hypot(1.0, _STEREO_BLEED))
-        x = x @ mix
+        x = x[:, :1] * mix[0] + x[:, 1:] * mix[1]  # not BLAS, whose FMA use varies by CPU
     rms_db = rng.uniform(*(_TRANSIENT_BED_RMS_DBFS if spec.transient else RMS_DBFS))
     bed_rms = 10.0 ** (rms_db / 20.0)
     x *= np.float32(bed_rms / max(float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))), 1e-12))
