@@ -122,6 +122,11 @@ def resample(x: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     return soxr.resample(x, from_hz, to_hz, quality="HQ").astype(np.float32, copy=False)
 
 
+def _undecodable(source: str | Path | bytes, e: Exception) -> AudioError:
+    where = "the audio bytes" if isinstance(source, bytes) else str(source)
+    return AudioError("unreadable", f"cannot decode {where} ({e}); use WAV, FLAC, OGG or another format libsndfile reads")
+
+
 def decode_mono(source: str | Path | bytes, sample_rate_hz: int) -> np.ndarray:
     """A file path or encoded bytes -> mono float32 at ``sample_rate_hz`` (channel mean, soxr).
 
@@ -130,14 +135,55 @@ def decode_mono(source: str | Path | bytes, sample_rate_hz: int) -> np.ndarray:
     try:
         x, rate = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-        where = "the audio bytes" if isinstance(source, bytes) else str(source)
-        raise AudioError("unreadable", f"cannot decode {where} ({e}); use WAV, FLAC, OGG or another format libsndfile reads") from None
+        raise _undecodable(source, e) from None
     if x.shape[0] == 0:
         raise AudioError("empty", "zero samples")
     x = downmix(x)
     if not np.isfinite(x).all():
         raise AudioError("non-finite", "NaN or infinite samples")
     return resample(x, rate, sample_rate_hz)
+
+
+BLOCK_FRAMES = 1 << 17  # frames read at a time (about 3 s at 44.1 kHz): large enough that copying stays cheap
+
+
+def read_blocks(source: str | Path | bytes, sample_rate_hz: int, block_frames: int = BLOCK_FRAMES) -> Iterator[np.ndarray]:
+    """A file path or encoded bytes -> mono float32 blocks at ``sample_rate_hz``, read ``block_frames`` at a time.
+
+    The blocks joined are exactly :func:`decode_mono`'s samples (channel mean, then libsoxr at
+    "HQ" run as a stream), but only one block is held at a time. Raises AudioError like
+    :func:`decode_mono` (``unreadable``, ``empty``, ``non-finite``), the last two possibly
+    after some blocks were yielded; ``empty`` also when the file is shorter than one sample
+    at ``sample_rate_hz``.
+    """
+    try:
+        f = sf.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+        raise _undecodable(source, e) from None
+    with f:
+        rate = int(f.samplerate)
+        stream = None if rate == sample_rate_hz else soxr.ResampleStream(rate, sample_rate_hz, 1, dtype="float32", quality="HQ")
+        read = produced = 0
+        while True:
+            try:
+                x = f.read(block_frames, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError, OSError) as e:
+                raise _undecodable(source, e) from None
+            last = len(x) == 0
+            read += len(x)
+            if last and read == 0:
+                raise AudioError("empty", "zero samples")
+            x = downmix(x)
+            if not np.isfinite(x).all():
+                raise AudioError("non-finite", "NaN or infinite samples")
+            y = x if stream is None else stream.resample_chunk(x, last=last)
+            produced += len(y)
+            if last and produced == 0:
+                raise AudioError("empty", f"{read} samples at {rate} Hz are shorter than one sample at {sample_rate_hz} Hz")
+            if len(y):
+                yield y
+            if last:
+                return
 
 
 def clipped_fraction(samples: np.ndarray, level: float) -> float:

@@ -33,7 +33,8 @@ from pipeline.params import Params
 from tests.conftest import tiny_train_params, tone_burst
 from trainer import checkpoint
 from trainer.evaluate import detect as D
-from trainer.evaluate.detector import Detector, _WindowCutter, read_audio, read_blocks
+from pipeline.audio import read_blocks
+from trainer.evaluate.detector import Detector, _WindowCutter, read_audio
 from trainer.evaluate.metrics import smooth
 from trainer.evaluate.plots import Spectrogram, frame_envelope
 from trainer.model import build_model

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.audio import AudioError, write_atomic
-from trainer.evaluate.detector import Detector, read_blocks
+from pipeline.audio import AudioError, read_blocks, write_atomic
+from trainer.evaluate.detector import Detector
 from trainer.evaluate.metrics import smooth
 from trainer.evaluate.plots import Spectrogram, detection_figure
 

@@ -3,7 +3,7 @@ count in, clip embeddings and per-frame query probabilities out.
 
 Inputs: a checkpoint written by the trainer (its ``config`` rebuilds the model) or ``train``
 params plus a seed (the untrained model), and audio as whole mono arrays or as a stream of
-blocks (:func:`read_blocks` reads a file that way). Outputs (:class:`ClipScores`): the clip
+blocks (:func:`pipeline.audio.read_blocks` reads a file that way). Outputs (:class:`ClipScores`): the clip
 embedding ``(d,)``, frame boundaries in seconds ``(L+1,)`` and, per vocabulary, frame
 probabilities ``(L, C)`` = sigmoid(t' cos + b') with the checkpoint's frame temperature and
 bias (FLAM's per-text ones when the model has them).
@@ -19,18 +19,14 @@ clip costs one forward pass however many vocabularies are scored on it.
 
 from __future__ import annotations
 
-import io
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
-import soxr
 import torch
 
-from pipeline.audio import AudioError, downmix
 from pipeline.audio import decode_mono as read_audio  # noqa: F401  (re-exported for stage and detect)
 from pipeline.params import TrainParams, build
 from trainer import checkpoint
@@ -39,7 +35,6 @@ from trainer.objective import Objective
 from trainer.train import autocast_for
 
 ZERO_SHOT_TEMPLATE = "The sound of {}"
-BLOCK_FRAMES = 1 << 17  # frames read at a time (about 3 s at 44.1 kHz): large enough that copying stays cheap
 
 
 @dataclass(frozen=True)
@@ -151,7 +146,7 @@ class Detector:
         """One clip given as consecutive mono blocks at ``sample_rate_hz`` (any sizes) -> its :class:`ClipScores`.
 
         Holds at most about one window of audio plus one block and one batch of windows,
-        whatever the clip's length (see :func:`read_blocks` for a file read that way).
+        whatever the clip's length (see :func:`pipeline.audio.read_blocks` for a file read that way).
         """
         (scores,) = self.score_streams([blocks], [vocabularies])
         return scores
@@ -316,47 +311,3 @@ class _RunningScores:
         clip = torch.nn.functional.normalize(self.clip_sum / self.windows, dim=-1)
         count = np.maximum(self.count[:L], 1)[:, None]
         return ClipScores(clip.cpu().numpy(), edges, [t[:L] / count for t in self.totals])
-
-
-def read_blocks(source: str | Path | bytes, sample_rate_hz: int, block_frames: int = BLOCK_FRAMES) -> Iterator[np.ndarray]:
-    """A file path or encoded bytes -> mono float32 blocks at ``sample_rate_hz``, read ``block_frames`` at a time.
-
-    The blocks joined are exactly :func:`read_audio`'s samples (channel mean, then libsoxr at
-    "HQ" run as a stream), but only one block is held at a time. Raises AudioError like
-    :func:`read_audio` (``unreadable``, ``empty``, ``non-finite``), the last two possibly
-    after some blocks were yielded; ``empty`` also when the file is shorter than one sample
-    at ``sample_rate_hz``.
-    """
-    where = "the audio bytes" if isinstance(source, bytes) else str(source)
-
-    def unreadable(e: Exception) -> AudioError:
-        return AudioError("unreadable", f"cannot decode {where} ({e}); use WAV, FLAC, OGG or another format libsndfile reads")
-
-    try:
-        f = sf.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
-    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-        raise unreadable(e) from None
-    with f:
-        rate = int(f.samplerate)
-        stream = None if rate == sample_rate_hz else soxr.ResampleStream(rate, sample_rate_hz, 1, dtype="float32", quality="HQ")
-        read = produced = 0
-        while True:
-            try:
-                x = f.read(block_frames, dtype="float32", always_2d=True)
-            except (sf.LibsndfileError, RuntimeError, OSError) as e:
-                raise unreadable(e) from None
-            last = len(x) == 0
-            read += len(x)
-            if last and read == 0:
-                raise AudioError("empty", "zero samples")
-            x = downmix(x)
-            if not np.isfinite(x).all():
-                raise AudioError("non-finite", "NaN or infinite samples")
-            y = x if stream is None else stream.resample_chunk(x, last=last)
-            produced += len(y)
-            if last and produced == 0:
-                raise AudioError("empty", f"{read} samples at {rate} Hz are shorter than one sample at {sample_rate_hz} Hz")
-            if len(y):
-                yield y
-            if last:
-                return
