@@ -1,6 +1,6 @@
 """Reader for ambience libraries: a folder tree of recordings, with or without a metadata CSV.
 
-Input: the library root and :class:`~pipeline.params.AmbienceParams`. With a metadata CSV
+Input: the library root and :class:`~pipeline.config.params.AmbienceParams`. With a metadata CSV
 (``metadata_csv``, path relative to the root), each row names a file (``path_column``,
 relative to the root) and a category (``category_column``); optional licence and author
 columns are carried along. Without one, every audio file under the root is a candidate and
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.metadata_csv import plain_text, read_header_and_rows
-from pipeline.params import AmbienceParams
+from pipeline.config.params import AmbienceParams
 from pipeline.schema import Skip
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
-import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,57 +240,3 @@ def encode_flac(q: np.ndarray, sample_rate_hz: int, compression_level: float | N
     extra = {} if compression_level is None else {"compression_level": compression_level}
     sf.write(buf, q, sample_rate_hz, format="FLAC", subtype="PCM_16", **extra)
     return buf.getvalue()
-
-
-# folders this process has cleared of temporaries left by killed writers (once each, so a
-# stage writing 100,000 files into one folder lists it once, not once per file)
-_SWEPT_FOLDERS: set[str] = set()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write bytes to ``path`` through a temporary file in the same folder and a rename.
-
-    The file gets the mode every new file gets (0666 less the umask), like the FLACs beside it.
-    The temporary, ``.<name>.<pid>.<random>.tmp``, is removed when the write fails or is
-    interrupted; those left by a writer that was killed outright are removed by the next
-    process that writes into the same folder (:func:`remove_stale_temporaries`).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    folder = os.path.abspath(path.parent)
-    if folder not in _SWEPT_FOLDERS:
-        remove_stale_temporaries(path.parent)
-        _SWEPT_FOLDERS.add(folder)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
-    created = False
-    try:
-        # "x" opens with O_CREAT | O_EXCL and mode 0666, so the umask applies (mkstemp forces 0600)
-        with open(tmp, "xb") as f:
-            created = True
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if created:
-            tmp.unlink(missing_ok=True)
-        raise
-
-
-_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{16}\.tmp$")
-
-
-def remove_stale_temporaries(folder: Path, recursive: bool = False) -> list[Path]:
-    """Remove the :func:`write_atomic` temporaries in ``folder`` whose writing process is gone.
-
-    ``recursive`` also searches its subfolders. Temporaries of running processes (another
-    writer at work) are kept. Returns the removed paths.
-    """
-    import psutil
-
-    found = Path(folder).rglob(".*.tmp") if recursive else Path(folder).glob(".*.tmp")
-    removed = []
-    for tmp in found:
-        m = _TEMPORARY.match(tmp.name)
-        if m and not psutil.pid_exists(int(m.group(1))):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
-    return removed

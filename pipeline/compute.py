@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence, TypeVar
 import dask
 from tqdm import tqdm
 
-from pipeline.params import ComputeParams
+from pipeline.config.params import ComputeParams
 
 SINGLE_THREADED_LIBRARIES = {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1}
 

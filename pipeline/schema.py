@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pyarrow as pa
 
@@ -41,6 +42,13 @@ SkipReason = typing.Literal[
 ]
 
 
+SPLITS = ("train", "valid", "test")  # the dataset's splits, in the order every output lists them
+
+# Runs of SourceExcerpt columns that both excerpt manifests hold in this order.
+_LEVEL_COLUMNS = ("duration_s", "num_samples", "sample_rate_hz", "source_sample_rate_hz", "source_channels", "rms_dbfs", "peak_dbfs",
+                  "loudness_lufs")
+_ENVELOPE_COLUMNS = ("envelope_frame_s", "envelope_hop_s", "envelope_db")
+
 @dataclass(frozen=True)
 class Skip:
     """One input a stage did not turn into an output, and why."""
@@ -61,66 +69,75 @@ class EnergyEnvelope:
 
 
 @dataclass(frozen=True)
-class EventClip:
+class SourceExcerpt:
+    """What every stored excerpt of a source recording records (:class:`EventClip`, :class:`BackgroundSegment`).
+
+    ``audio_path`` is the excerpt, downmixed and resampled from the source's
+    ``source_sample_rate_hz`` and ``source_channels`` to ``sample_rate_hz``; the levels describe
+    that stored audio. ``envelope_db`` is its A-weighted frame energy in dB re full scale,
+    frame ``k`` starting at ``k * envelope_hop_s``; mixing scales it by the gain
+    (``+ gain_db``) instead of re-analysing the audio. ``license`` is the source's licence.
+    """
+
+    audio_path: str
+    source_id: str
+    source_path: str
+    duration_s: float
+    num_samples: int
+    sample_rate_hz: int
+    source_sample_rate_hz: int
+    source_channels: int
+    rms_dbfs: float
+    peak_dbfs: float
+    loudness_lufs: float
+    envelope_frame_s: float
+    envelope_hop_s: float
+    envelope_db: tuple[Float32, ...]
+    license: str
+
+
+@dataclass(frozen=True)
+class EventClip(SourceExcerpt):
     """One clean single-event clip cut from a source clip (row of ``events/manifest.parquet``).
 
-    ``envelope_db`` is the A-weighted frame energy of the stored audio in dB re full scale,
-    frame ``k`` starting at ``k * envelope_hop_s``; mixing scales it by the event gain
-    (``+ gain_db``) instead of re-analysing the audio.
+    The clip is ``[onset_in_source_s, offset_in_source_s)`` of the source.
     """
 
     clip_id: str
-    audio_path: str
     source_dataset: str
-    source_id: str
     source_split: str
-    source_path: str
     label: str
     mid: str
     audioset_name: str
     onset_in_source_s: float
     offset_in_source_s: float
-    duration_s: float
-    num_samples: int
-    sample_rate_hz: int
-    source_sample_rate_hz: int
-    source_channels: int
-    rms_dbfs: float
-    peak_dbfs: float
-    loudness_lufs: float
-    envelope_frame_s: float
-    envelope_hop_s: float
-    envelope_db: tuple[Float32, ...]
     license_url: str
-    license: str
     uploader: str
     title: str
 
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "clip_id", "audio_path", "source_dataset", "source_id", "source_split", "source_path", "label", "mid", "audioset_name",
+        "onset_in_source_s", "offset_in_source_s", *_LEVEL_COLUMNS, *_ENVELOPE_COLUMNS, "license_url", "license", "uploader", "title",
+    )
+
 
 @dataclass(frozen=True)
-class BackgroundSegment:
-    """One background segment cut from an ambience recording (row of ``backgrounds/manifest.parquet``)."""
+class BackgroundSegment(SourceExcerpt):
+    """One background segment cut from an ambience recording (row of ``backgrounds/manifest.parquet``).
+
+    The segment starts ``offset_in_source_s`` into the recording.
+    """
 
     segment_id: str
-    audio_path: str
-    source_id: str
-    source_path: str
     category: str
     offset_in_source_s: float
-    duration_s: float
-    num_samples: int
-    sample_rate_hz: int
-    source_sample_rate_hz: int
-    source_channels: int
-    rms_dbfs: float
-    peak_dbfs: float
-    loudness_lufs: float
     peak_to_median_db: float
-    envelope_frame_s: float
-    envelope_hop_s: float
-    envelope_db: tuple[Float32, ...]
-    license: str
     author: str
+
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "segment_id", "audio_path", "source_id", "source_path", "category", "offset_in_source_s", *_LEVEL_COLUMNS, "peak_to_median_db",
+        *_ENVELOPE_COLUMNS, "license", "author",
+    )
 
 
 @dataclass(frozen=True)
@@ -351,14 +368,27 @@ def _arrow_type(hint: object) -> pa.DataType:
     return _ARROW_TYPES[hint]
 
 
+def columns(record_type: type) -> tuple[str, ...]:
+    """A record's column names in file order: its ``COLUMNS`` if it has them, else its field order.
+
+    A record that shares fields through a base class lists ``COLUMNS``, because a base's fields
+    come first in field order and the published manifests have their own order.
+    """
+    names = tuple(f.name for f in dataclasses.fields(record_type))
+    order = getattr(record_type, "COLUMNS", names)
+    if sorted(order) != sorted(names):
+        raise TypeError(f"{record_type.__name__}.COLUMNS {list(order)} must name each of its fields exactly once: {sorted(names)}")
+    return order
+
+
 def arrow_schema(record_type: type) -> pa.Schema:
-    """The Parquet schema of a record dataclass (field order kept, none nullable).
+    """The Parquet schema of a record dataclass (columns in :func:`columns` order, none nullable).
 
     Nested records become structs, tuples of records lists of structs; floats are float64
     except :data:`Float32` (envelopes).
     """
     hints = typing.get_type_hints(record_type)
-    return pa.schema([pa.field(f.name, _arrow_type(hints[f.name]), nullable=False) for f in dataclasses.fields(record_type)])
+    return pa.schema([pa.field(name, _arrow_type(hints[name]), nullable=False) for name in columns(record_type)])
 
 
 @functools.cache

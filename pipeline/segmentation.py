@@ -23,25 +23,11 @@ of a step onset or offset. Without it the segment spans every frame of the run's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
+from pipeline.config.params import SegmentationParams
 from pipeline.loudness import frame_mean_square, power_db
-
-
-@dataclass(frozen=True)
-class SegmentationParams:
-    frame_s: float = 0.032
-    hop_s: float = 0.016
-    window_frames: int = 5
-    window_step_frames: int = 1
-    threshold_db: float = -20.0
-    threshold_reference: Literal["peak", "dbfs", "percentile"] = "peak"
-    threshold_percentile: float = 95.0
-    merge_gap_s: float = 0.0
-    refine_edges: bool = True
-    segment: Literal["first", "longest"] = "first"
 
 
 @dataclass(frozen=True)

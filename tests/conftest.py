@@ -8,11 +8,14 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]  # the project root
+
 import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.params import ComputeParams, Params
+from pipeline.config.params import ComputeParams
+from trainer.config import Params
 
 # (fname, labels, mids): leaf first, then ancestors, as FSD50K writes them.
 BARK = ("Bark,Dog,Domestic_animals_and_pets,Animal", "/m/05tny_,/m/0bt9lr,/m/068hy,/m/0jbk")
@@ -95,10 +98,10 @@ def mixed(tmp_path_factory):
     Returns ``(params, mix_dir, events_dir, backgrounds_dir)``; params point ``mix.out_dir``
     at the folder and run everything in-process.
     """
-    from pipeline import ambience, clip
+    from pipeline.stages import ambience, clip
     from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
-    from pipeline.mix.stage import run as mix
-    from pipeline.params import MixtureCounts
+    from pipeline.stages.mix import run as mix
+    from pipeline.config.params import MixtureCounts
 
     tmp = tmp_path_factory.mktemp("mixed")
     p = replace(Params(), compute=ComputeParams(workers=1, chunk_size=4))
@@ -120,8 +123,8 @@ def shard_folder(mixed, tmp_path_factory):
     Shards and row groups are small, so every split spans several of each. Returns
     ``(params, folder)`` where ``folder`` holds ``data/``, ``index.json`` and ``clusters/``.
     """
-    from pipeline.shards.stage import run as shards
-    from pipeline.text import captions, clusters
+    from pipeline.stages.shards import run as shards
+    from pipeline.stages import captions, clusters
 
     params, mix_dir, _, _ = mixed
     tmp = tmp_path_factory.mktemp("shard_folder")
@@ -134,7 +137,7 @@ def shard_folder(mixed, tmp_path_factory):
 
 def tiny_train_params(params: Params, folder: Path, out_dir: Path, **train_changes) -> Params:
     """``params`` with a CPU-sized ``train`` section reading ``folder`` (a few steps, tiny model)."""
-    from pipeline.params import SourceParams
+    from trainer.config import SourceParams
 
     t = params.train
     data = replace(t.data, sources=(SourceParams(path=str(folder), split="train"),),

@@ -38,9 +38,9 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     work.mkdir()
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(ROOT / name, work / name)
-    shutil.copytree(ROOT / "pipeline", work / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("pipeline", "trainer", "sedsynth", "benchmarks"):
+        shutil.copytree(ROOT / package, work / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "configs", work / "configs")
-    shutil.copytree(ROOT / "trainer", work / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["corpus"]["fsd50k_clips"] = 60
     params["corpus"]["ambience_recordings"] = 8
@@ -144,12 +144,12 @@ def _check_experiments(work: Path, baseline: dict) -> None:
     f1 = {k: v for k, v in metrics_diff.items() if k.startswith("test.trained.") and "f1" in k}
     assert f1 and all(v["old"] is not None and v["new"] is not None for v in f1.values()), metrics_diff
 
-    from pipeline.params import load_params
-    from trainer.evaluate import ablations
+    from trainer.config import load_params
+    from sedsynth import ablate as ablations
 
     params = load_params(work / "params.yaml")
     assert ablations.experiment_metrics(params, work)["f1-low"] == evaluated["test"]["trained"]
-    queued = subprocess.run([sys.executable, "-m", "pipeline", "ablate", "--queue", "no_frame_loss"], cwd=work, env=_env(),
+    queued = subprocess.run([sys.executable, "-m", "sedsynth", "ablate", "--queue", "no_frame_loss"], cwd=work, env=_env(),
                             capture_output=True, text=True, timeout=300)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     status = _dvc(work, "queue", "status")

@@ -3,7 +3,7 @@
 The import closure is found statically: each project module is parsed with ``ast`` and every
 ``import`` / ``from ... import`` in it is followed, function-level ones included (imports under
 ``if TYPE_CHECKING:`` never run and are left out). A stage's closure starts at the ``sedsynth``
-subcommand its ``cmd`` runs: ``pipeline/cli.py``'s module-level imports, and the imports of the
+subcommand its ``cmd`` runs: ``sedsynth/cli.py``'s module-level imports, and the imports of the
 CLI function the subcommand calls and of the ``cli.py`` helpers that function calls. Package data
 files (non-Python files inside the project's packages, their READMEs aside) count when their
 names appear in a module of the closure.
@@ -23,12 +23,12 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "trainer")  # pyproject's [tool.setuptools.packages.find] include
-CLI = "pipeline/cli.py"
+PACKAGES = ("pipeline", "trainer", "sedsynth", "benchmarks")  # pyproject's [tool.setuptools.packages.find] include
+CLI = "sedsynth/cli.py"
 
 
 def _module_file(name: str) -> str | None:
-    """``pipeline.mix.stage`` -> ``pipeline/mix/stage.py`` (or a package's ``__init__.py``); None outside the project."""
+    """``pipeline.stages.mix`` -> ``pipeline/stages/mix.py`` (or a package's ``__init__.py``); None outside the project."""
     if name.split(".")[0] not in PACKAGES:
         return None
     base = ROOT / Path(*name.split("."))
@@ -93,14 +93,14 @@ def _tree(file: str) -> ast.Module:
 
 
 def _cli_roots(function: str) -> set[str]:
-    """Modules ``pipeline/cli.py`` loads for one subcommand: its module-level imports and those of
+    """Modules ``sedsynth/cli.py`` loads for one subcommand: its module-level imports and those of
     ``function`` and of the ``cli.py`` functions it calls (``_params``), transitively."""
     tree = _tree(CLI)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    roots = {"pipeline", "pipeline.cli"}
+    roots = {"sedsynth", "sedsynth.cli"}
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            roots |= _imported_modules(node, "pipeline.cli")
+            roots |= _imported_modules(node, "sedsynth.cli")
     seen, todo = set(), [function]
     while todo:
         name = todo.pop()
@@ -108,7 +108,7 @@ def _cli_roots(function: str) -> set[str]:
             continue
         seen.add(name)
         for node in _import_nodes(functions[name]):
-            roots |= _imported_modules(node, "pipeline.cli")
+            roots |= _imported_modules(node, "sedsynth.cli")
         todo += [c.func.id for c in ast.walk(functions[name]) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
     return roots
 
@@ -121,7 +121,7 @@ def import_closure(function: str) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        if name == "pipeline.cli":
+        if name == "sedsynth.cli":
             continue  # its other subcommands' imports are not this stage's
         for node in _import_nodes(_tree(_module_file(name))):
             todo += _imported_modules(node, name)
@@ -149,7 +149,7 @@ def _stages() -> dict[str, dict]:
 
 
 def _cli_function(cmd: str) -> str:
-    from pipeline.cli import build_parser
+    from sedsynth.cli import build_parser
 
     argv = shlex.split(cmd)
     assert argv[0] == "sedsynth", f"dvc.yaml: stage command {cmd!r} is not a sedsynth subcommand"
@@ -182,10 +182,10 @@ def test_every_code_dep_exists():
 
 def test_the_closure_follows_function_level_and_relative_imports(tmp_path):
     clip = import_closure("_clip")
-    assert {"pipeline/cli.py", "pipeline/clip.py", "pipeline/params.py", "pipeline/__init__.py"} <= clip
+    assert {"sedsynth/cli.py", "pipeline/stages/clip.py", "pipeline/config/params.py", "pipeline/__init__.py"} <= clip
     assert not any(f.startswith("trainer/") for f in clip), "another subcommand's imports are not the clip stage's"
     train = import_closure("_train")
-    assert "trainer/train.py" in train and "pipeline/audio.py" in train
+    assert "trainer/stages/train.py" in train and "pipeline/audio.py" in train
     assert "pipeline/data/audioset_ontology.json" in package_data(import_closure("_clip"))
 
 
@@ -203,8 +203,9 @@ def test_a_removed_dep_is_reported(stage):
 @pytest.mark.parametrize("variant", ["full", "no_frame_loss", "no_clip_loss", "shared_projector", "infonce"])
 def test_experiment_settings_make_the_pipeline_run_the_variant(variant):
     """``dvc exp run -S`` with the settings gives the params the direct run uses, outputs aside."""
-    from pipeline.params import load_params, merge, parse_override
-    from trainer.evaluate import ablations
+    from pipeline.config.params import merge, parse_override
+    from trainer.config import load_params
+    from sedsynth import ablate as ablations
 
     base = load_params(ROOT / "params.yaml")
     overrides: dict = {}
@@ -229,7 +230,7 @@ def _metrics(**changes) -> dict:
 
 
 def test_table_takes_experiments_first_then_folders_and_names_what_is_missing(tmp_path):
-    from trainer.evaluate import ablations
+    from sedsynth import ablate as ablations
 
     for v in ("full", "no_clip_loss"):  # run directly: folders
         (tmp_path / v / "evaluation").mkdir(parents=True)
@@ -255,15 +256,15 @@ def _umask() -> int:
 
 
 def test_outside_a_dvc_project_there_are_no_experiments(tmp_path):
-    from pipeline.params import Params
-    from trainer.evaluate import ablations
+    from trainer.config import Params
+    from sedsynth import ablate as ablations
 
     assert ablations.experiment_metrics(Params(), tmp_path) == {}
 
 
 def test_queueing_reports_each_variant_dvc_refuses_and_goes_on(tmp_path, capsys):
-    from pipeline.params import Params
-    from trainer.evaluate import ablations
+    from trainer.config import Params
+    from sedsynth import ablate as ablations
 
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
         ablations.queue_experiments(Params(), ["full", "nope"], tmp_path)  # names checked before anything is queued

@@ -173,8 +173,3 @@ def restore(state: dict, model: nn.Module, optimizer=None, scheduler=None, resto
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
     return state
-
-
-def load(path: Path, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True) -> dict:
-    """Read ``path`` and load it into the given objects; returns the checkpoint dict (step, epoch, config...)."""
-    return restore(read(path), model, optimizer, scheduler, restore_rng, path)

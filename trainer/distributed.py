@@ -1,6 +1,6 @@
 """DDP set-up through torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK), and the device.
 
-``torchrun --nproc_per_node=8 -m trainer`` starts one process per GPU; every process calls
+``torchrun --nproc_per_node=8 -m sedsynth train`` starts one process per GPU; every process calls
 :func:`setup`, which joins the process group (NCCL on CUDA, gloo on CPU) and picks the device.
 A plain ``sedsynth train`` is a world of one.
 """

@@ -9,9 +9,9 @@ start to the last window's end, which is what frame labels are built against.
 ``eat-base`` follows EAT (Chen et al., 2024) as its public code builds it: 128-bin Kaldi fbank
 (EAT's constants), 1024 frames, 16x16 patches -> 64 x 8 tokens with a fixed 2-D sin-cos
 position table, a CLS token without position, a LayerNorm, then 12 post-norm blocks (768-d,
-12 heads, MLP 3072, LayerNorm eps 1e-6). :func:`load_eat_weights` reads an EAT checkpoint from a
-local path (the fairseq ``.pt`` or the Hugging Face port's weights); without one it trains from
-scratch.
+12 heads, MLP 3072, LayerNorm eps 1e-6). :func:`read_eat_checkpoint` reads an EAT checkpoint from
+a local path (the fairseq ``.pt`` or the Hugging Face port's weights) and :func:`fit_eat_weights`
+loads it; without one it trains from scratch.
 """
 
 from __future__ import annotations
@@ -243,15 +243,6 @@ def fit_eat_weights(encoder: EATEncoder, state: dict[str, torch.Tensor], source:
     missing = sorted(k for k in own if k not in fitting)
     encoder.load_state_dict(fitting, strict=False)
     return {"loaded": len(fitting), "missing": missing}
-
-
-def load_eat_weights(encoder: EATEncoder, path: str) -> dict:
-    """Load EAT weights from a local ``.pt`` / ``.bin`` / ``.safetensors`` file or folder.
-
-    Returns ``{"loaded": n, "missing": [...]}``; raises :class:`EncoderError` when nothing fits.
-    """
-    source, state = read_eat_checkpoint(path)
-    return fit_eat_weights(encoder, state, source)
 
 
 # --------------------------------------------------------------------------- small CNN

@@ -46,12 +46,6 @@ class FbankParams:
     def fft_size(self) -> int:
         return 1 << (self.window_samples - 1).bit_length()
 
-    def frames_for(self, num_samples: int) -> int:
-        """Frames Kaldi computes for a signal (snip_edges): before padding to ``target_frames``."""
-        if num_samples < self.window_samples:
-            return 0
-        return 1 + (num_samples - self.window_samples) // self.shift_samples
-
     def frame_span_s(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Start and end time in seconds of fbank frames ``index`` (window extent)."""
         start = index.double() * self.shift_samples / self.sample_rate_hz

@@ -11,29 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.stats import rankdata
 
-
-def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the ROC curve by the rank statistic (ties get average ranks)."""
-    pos = int(labels.sum())
-    neg = len(labels) - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
-
-
-def recall_at_1(similarity: np.ndarray) -> float:
-    """Share of rows whose best column is their own index (ties count as misses)."""
-    best = similarity.argmax(axis=1)
-    own = similarity[np.arange(len(similarity)), np.arange(len(similarity))]
-    unique_best = (similarity >= own[:, None]).sum(axis=1) == 1
-    return float(((best == np.arange(len(similarity))) & unique_best).mean())
+from trainer.evaluation.ranking import auroc, retrieval
 
 
 @torch.no_grad()
 def score(objective, loader, device, autocast) -> dict[str, float]:
+    """``objective`` (put back in training mode after) on every batch of ``loader``, under ``autocast``
+    -> ``valid_<term>`` means, ``frame_auroc``, ``a2t_r1`` and ``t2a_r1``; ``{}`` for an empty loader."""
     objective.eval()
     sums: dict[str, float] = {}
     batches = 0
@@ -59,5 +44,5 @@ def score(objective, loader, device, autocast) -> dict[str, float]:
     s, y = np.concatenate(frame_scores), np.concatenate(frame_labels).astype(bool)
     out["frame_auroc"] = auroc(s, y)
     a, t = np.concatenate(clips), np.concatenate(captions)
-    out["a2t_r1"], out["t2a_r1"] = recall_at_1(a @ t.T), recall_at_1(t @ a.T)
+    out |= retrieval(a, t, [(k, k) for k in range(len(a))], ks=(1,))  # a2t_r1, t2a_r1: each clip's own caption
     return out

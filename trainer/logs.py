@@ -11,8 +11,8 @@ import io
 import math
 from pathlib import Path
 
-from pipeline.audio import write_atomic
-from pipeline.outputs import write_skips
+from pipeline.figures import save_png
+from pipeline.outputs import write_atomic, write_skips
 
 __all__ = ["CsvLog", "plot_curves", "write_skips"]
 
@@ -75,6 +75,4 @@ def plot_curves(train_rows: list[dict], valid_rows: list[dict], path: Path) -> N
     right.set(xlabel="epoch (0 = untrained)", ylabel="held-out score", title="Held-out split", ylim=(0, 1))
     right.legend()
     fig.tight_layout()
-    from pipeline.figures import save_png
-
     save_png(fig, path, dpi=100)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from scipy import signal
 
-from pipeline.audio import write_atomic
+from pipeline.outputs import write_atomic
 from pipeline.corpus.fsd50k_like import LICENSES, csv_text, write_audio_atomically
 
 SAMPLE_RATES_HZ = (16000, 22050, 32000, 44100, 48000)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.audio import downmix, quantize_int16, read_audio, resample, write_atomic
+from pipeline.audio import downmix, quantize_int16, read_audio, resample
+from pipeline.outputs import write_atomic
 
 INDEX = "index.json"
 COMPLETE = "complete"
@@ -80,12 +80,6 @@ class SourceBank:
 
     def background(self, segment_id: str) -> np.ndarray:
         return self._backgrounds.get(segment_id)
-
-
-@lru_cache(maxsize=4)
-def open_bank(bank_dir: str) -> SourceBank:
-    """The bank at ``bank_dir``, opened once per process (workers keep it between tasks)."""
-    return SourceBank(Path(bank_dir))
 
 
 class FileSources:

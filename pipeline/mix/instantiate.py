@@ -2,7 +2,10 @@
 
 Input: a :class:`MixContext` (spec, source pools of one split, source reader, envelopes) and
 the mixture's split and index. Output: a :class:`Mixture` (recipe, occurrences, label
-segments, int16 audio). All randomness comes from one generator seeded by
+segments, int16 audio). :func:`instantiate` runs three steps: :func:`draw_mixture` (every
+random choice, as a recipe and its :class:`~pipeline.schema.EventOccurrence` rows),
+:func:`render_mixture` (samples, realised SNRs, normalisation) and :func:`relabel_mixture`
+(audible label segments). All randomness comes from one generator seeded by
 ``(seed, split, index)``, so a mixture does not depend on which worker makes it, on the
 order mixtures finish in, or on how many mixtures the other splits have.
 
@@ -27,12 +30,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from pipeline.audio import FULL_SCALE_INT16, int16_to_float, quantize_int16
+from pipeline.config.distributions import Distribution
+from pipeline.config.mix_spec import MixSpec
+from pipeline.config.params import RelabelParams
 from pipeline.licenses import license_name, most_restrictive
 from pipeline.loudness import integrated_lufs, power_db
-from pipeline.mix.relabel import Envelope, RelabelParams, occurrence_envelopes, relabel
+from pipeline.mix.relabel import Envelope, occurrence_envelopes, relabel
 from pipeline.mix.render import Sources, apply_fades, apply_gain, mix_components
-from pipeline.mix.spec import MixSpec
 from pipeline.schema import (
+    SPLITS,
     BackgroundSegment,
     EventClip,
     EventOccurrence,
@@ -40,9 +46,9 @@ from pipeline.schema import (
     MixtureRecipe,
 )
 
-SPLITS = ("train", "valid", "test")
 SCAPER_TILE_BELOW_S = 0.5
 FULL_SCALE_PEAK_DB = 20.0 * math.log10(32767.0 / FULL_SCALE_INT16)
+
 
 @dataclass
 class MixContext:
@@ -139,7 +145,7 @@ def _place(spec: MixSpec, rng: np.random.Generator, length: int, num_samples: in
     fit = (num_samples - length) / sr
     blocked = _blocked(placed, own, spec)
     for _ in range(spec.placement_tries):
-        onset = int(round(min(max(float(spec.onset_s.sample(rng, fit=fit)), 0.0), fit) * sr))
+        onset = _draw_position(spec.onset_s, rng, fit, sr)
         if not any(s < onset + length and e > onset for s, e in blocked):
             return onset
     ranges, lo = [], 0  # free onset ranges [lo, hi] between blocked intervals
@@ -179,28 +185,48 @@ def _spans(spec: MixSpec, rng: np.random.Generator, start: int, length: int, sr:
 
 
 def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_path: str) -> Mixture:
-    """Draw, render and relabel mixture ``index`` of ``split`` (see the module docstring)."""
-    spec, sources = ctx.spec, ctx.sources
-    sr = sources.sample_rate_hz
+    """Mixture ``index`` of ``split``: drawn, rendered, then relabeled (see the module docstring)."""
+    drawn = draw_mixture(ctx, split, index, mixture_id, audio_path)
+    recipe, occurrences, audio = render_mixture(ctx, drawn)
+    segments = relabel_mixture(ctx, recipe, occurrences, drawn.background, drawn.clips)
+    return Mixture(recipe, occurrences, segments, audio, drawn.dropped_occurrences)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """A drawn mixture, not yet rendered: what :func:`draw_mixture` hands to :func:`render_mixture`."""
+
+    recipe: MixtureRecipe  # mixture_gain_db and peak_dbfs still 0: rendering sets them
+    occurrences: list[EventOccurrence]  # in time order; realised_snr_db still NaN
+    background: BackgroundSegment
+    clips: dict[str, EventClip]  # clip_id -> clip, for every clip with a placed occurrence
+    dropped_occurrences: int  # occurrences placement found no room for
+
+
+@dataclass(frozen=True)
+class _Background:
+    """The drawn background: its window under the mixture and its level."""
+
+    segment: BackgroundSegment
+    start: int  # first sample of the window in the segment
+    window: np.ndarray  # int16, shorter than the mixture if the segment is
+    level_db: float  # of the window zero-padded to the mixture, in the spec's level mode
+    gain_db: float  # 0, or what brings the level to ref_db
+
+
+def draw_mixture(ctx: MixContext, split: str, index: int, mixture_id: str, audio_path: str) -> Draw:
+    """Every random choice of one mixture, from its own generator.
+
+    Input: the context (spec, the split's pools, sources, level caches), the split and index
+    (which seed the generator) and the ids the recipe records. Output: a :class:`Draw`:
+    duration, background window and gain, and each event's clip span, SNR, fades, role,
+    onsets and gain as :class:`~pipeline.schema.EventOccurrence` rows in time order.
+    """
+    spec, sr = ctx.spec, ctx.sources.sample_rate_hz
     rng = mixture_rng(ctx.seed, split, index)
-    pool, backgrounds = ctx.events[split], ctx.backgrounds[split]
-    mode = spec.level_mode
-
     num_samples = max(1, int(round(float(spec.duration_s.sample(rng)) * sr)))
-    duration_s = num_samples / sr
-
-    bg = backgrounds[int(rng.integers(len(backgrounds)))]
-    bg_q = sources.background(bg.segment_id)
-    fit = max(bg_q.shape[0] - num_samples, 0) / sr
-    bg_start = int(round(min(max(float(spec.background_offset_s.sample(rng, fit=fit)), 0.0), fit) * sr))
-    bg_window = bg_q[bg_start : bg_start + num_samples]
-    key = ("bg", bg.segment_id, bg_start, num_samples, mode)
-    if key not in ctx._levels:  # measured as mixed: zero-padded when the background is short
-        padded = bg_window if bg_window.shape[0] == num_samples else np.concatenate([bg_window, np.zeros(num_samples - bg_window.shape[0], np.int16)])
-        ctx._levels[key] = level_db(padded, mode, sr)
-    bg_level = ctx._levels[key]
-    bg_gain = 0.0 if spec.ref_db is None else spec.ref_db - bg_level
-
+    bg = _draw_background(ctx, rng, ctx.backgrounds[split], num_samples)
+    pool = ctx.events[split]
     n_events = int(spec.events_per_mixture.sample(rng))
     if spec.distinct_clips:
         picks = rng.choice(len(pool), size=min(n_events, len(pool)), replace=False)
@@ -208,87 +234,141 @@ def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_
         picks = rng.integers(len(pool), size=n_events)
 
     placed: list[tuple[int, int]] = []  # (onset, end) of every placed occurrence, in samples
-    drafts = []  # (event_index, role, clip, src_start, length, onset, fade_in, fade_out, snr, gain)
+    occurrences: list[EventOccurrence] = []
     dropped = 0
+    clips: dict[str, EventClip] = {}
     for event_index, pick in enumerate(picks):
         clip = pool[int(pick)]
-        q = sources.event(clip.clip_id)
-        clip_len = q.shape[0]
-        if spec.event_duration_s is not None:
-            length = min(clip_len, max(1, int(round(float(spec.event_duration_s.sample(rng)) * sr))))
-        else:
-            length = clip_len
-        length = min(length, num_samples)
-        room = (clip_len - length) / sr
-        src_start = int(round(min(max(float(spec.source_time_s.sample(rng, fit=room)), 0.0), room) * sr))
-        snr = float(spec.snr_db.sample(rng))
-        fade_in = int(round(float(spec.fade_in_s.sample(rng)) * sr))
-        fade_out = int(round(float(spec.fade_out_s.sample(rng)) * sr))
-        role, spans = _spans(spec, rng, src_start, length, sr)
-        fades = (0, 0) if role == "piece" else (fade_in, fade_out)  # a split event is levelled whole
-        gain = None
-        if mode != "local":
-            lkey = (clip.clip_id, src_start, length, *fades, mode)
-            if lkey not in ctx._levels:
-                ctx._levels[lkey] = _faded_level_db(q[src_start : src_start + length], *fades, mode, sr)
-            gain = bg_level + bg_gain + snr - ctx._levels[lkey]
-        own: list[tuple[int, int]] = []
-        for s_start, s_len in spans:
-            onset = _place(spec, rng, s_len, num_samples, placed, own, sr)
-            if onset is None:
-                dropped += 1
-                continue
-            end = onset + s_len
-            own.append((onset, end))
-            placed.append((onset, end))
-            occ_gain = gain
-            if occ_gain is None:  # local: the background in this occurrence's own window
-                window = bg_window[onset:end]
-                level = level_db(window, "rms", sr) if window.shape[0] else -120.0
-                occ_gain = level + bg_gain + snr - _faded_level_db(q[s_start : s_start + s_len], fade_in, fade_out, "rms", sr)
-            drafts.append((event_index, role, clip, s_start, s_len, onset, fade_in, fade_out, snr, occ_gain))
+        mine, lost = _draw_event(ctx, rng, mixture_id, event_index, clip, bg, num_samples, placed)
+        occurrences += mine
+        dropped += lost
+        if mine:
+            clips[clip.clip_id] = clip
+    occurrences.sort(key=lambda o: (o.onset_s, o.event_index, o.source_in_s))
+    occurrences = [replace(o, occurrence_index=i) for i, o in enumerate(occurrences)]
+    return Draw(_recipe(split, index, mixture_id, audio_path, num_samples, sr, spec.level_mode, bg, occurrences, clips, placed),
+                occurrences, bg.segment, clips, dropped)
 
-    drafts.sort(key=lambda d: (d[5], d[0], d[3]))
-    occurrences = [
-        EventOccurrence(
-            mixture_id=mixture_id, occurrence_index=i, event_index=ev, role=role, clip_id=clip.clip_id,
+
+def _draw_position(d: Distribution, rng: np.random.Generator, fit_s: float, sr: int) -> int:
+    """A placement tuple drawn with ``fit`` = ``fit_s`` and clamped to ``[0, fit_s]`` (as Scaper does), in samples."""
+    return int(round(min(max(float(d.sample(rng, fit=fit_s)), 0.0), fit_s) * sr))
+
+
+def _draw_background(ctx: MixContext, rng: np.random.Generator, backgrounds: list[BackgroundSegment], num_samples: int) -> _Background:
+    spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
+    bg = backgrounds[int(rng.integers(len(backgrounds)))]
+    q = ctx.sources.background(bg.segment_id)
+    start = _draw_position(spec.background_offset_s, rng, max(q.shape[0] - num_samples, 0) / sr, sr)
+    window = q[start : start + num_samples]
+    key = ("bg", bg.segment_id, start, num_samples, mode)
+    if key not in ctx._levels:  # measured as mixed: zero-padded when the background is short
+        padded = window if window.shape[0] == num_samples else np.concatenate([window, np.zeros(num_samples - window.shape[0], np.int16)])
+        ctx._levels[key] = level_db(padded, mode, sr)
+    level = ctx._levels[key]
+    return _Background(bg, start, window, level, 0.0 if spec.ref_db is None else spec.ref_db - level)
+
+
+def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, event_index: int, clip: EventClip,
+                bg: _Background, num_samples: int, placed: list[tuple[int, int]]) -> tuple[list[EventOccurrence], int]:
+    """One event's occurrences (``occurrence_index`` still unset) and how many found no room.
+
+    Draws, in this order: the span of the clip, SNR, fades, the role (whole, repeat, pieces)
+    and an onset per occurrence; ``placed`` gains every placed occurrence.
+    """
+    spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
+    q = ctx.sources.event(clip.clip_id)
+    length = q.shape[0]
+    if spec.event_duration_s is not None:
+        length = min(length, max(1, int(round(float(spec.event_duration_s.sample(rng)) * sr))))
+    length = min(length, num_samples)
+    src_start = _draw_position(spec.source_time_s, rng, (q.shape[0] - length) / sr, sr)
+    snr = float(spec.snr_db.sample(rng))
+    fade_in = int(round(float(spec.fade_in_s.sample(rng)) * sr))
+    fade_out = int(round(float(spec.fade_out_s.sample(rng)) * sr))
+    role, spans = _spans(spec, rng, src_start, length, sr)
+    gain = None
+    if mode != "local":
+        fades = (0, 0) if role == "piece" else (fade_in, fade_out)  # a split event is levelled whole
+        key = (clip.clip_id, src_start, length, *fades, mode)
+        if key not in ctx._levels:
+            ctx._levels[key] = _faded_level_db(q[src_start : src_start + length], *fades, mode, sr)
+        gain = bg.level_db + bg.gain_db + snr - ctx._levels[key]
+    own: list[tuple[int, int]] = []
+    out: list[EventOccurrence] = []
+    for s_start, s_len in spans:
+        onset = _place(spec, rng, s_len, num_samples, placed, own, sr)
+        if onset is None:
+            continue
+        end = onset + s_len
+        own.append((onset, end))
+        placed.append((onset, end))
+        occ_gain = gain
+        if occ_gain is None:  # local: the background in this occurrence's own window
+            window = bg.window[onset:end]
+            level = level_db(window, "rms", sr) if window.shape[0] else -120.0
+            occ_gain = level + bg.gain_db + snr - _faded_level_db(q[s_start : s_start + s_len], fade_in, fade_out, "rms", sr)
+        out.append(EventOccurrence(
+            mixture_id=mixture_id, occurrence_index=-1, event_index=event_index, role=role, clip_id=clip.clip_id,
             label=clip.label, mid=clip.mid, source_in_s=s_start / sr, source_out_s=(s_start + s_len) / sr,
-            onset_s=onset / sr, offset_s=(onset + s_len) / sr,
-            fade_in_s=fade_in / sr, fade_out_s=fade_out / sr,
-            gain_db=float(g), snr_db=snr, realised_snr_db=float("nan"), license=clip.license,
-        )
-        for i, (ev, role, clip, s_start, s_len, onset, fade_in, fade_out, snr, g) in enumerate(drafts)
-    ]
-    sources_used = [d[2] for d in drafts]
-    licenses = sorted({c.license for c in sources_used} | {license_name(bg.license)})
+            onset_s=onset / sr, offset_s=end / sr, fade_in_s=fade_in / sr, fade_out_s=fade_out / sr,
+            gain_db=float(occ_gain), snr_db=snr, realised_snr_db=float("nan"), license=clip.license,
+        ))
+    return out, len(spans) - len(out)
+
+
+def _recipe(split: str, index: int, mixture_id: str, audio_path: str, num_samples: int, sr: int, mode: str, bg: _Background,
+            occurrences: list[EventOccurrence], clips: dict[str, EventClip], placed: list[tuple[int, int]]) -> MixtureRecipe:
+    """The drawn mixture's recipe row, before rendering sets its mixture gain and peak."""
+    segment = bg.segment
+    licenses = sorted({c.license for c in clips.values()} | {license_name(segment.license)})
     attribution = sorted(
-        {f"'{c.title}' by {c.uploader} ({c.source_dataset} {c.source_id}, {c.license})" for c in sources_used}
-        | {f"{bg.source_id} by {bg.author} (ambience, {license_name(bg.license)})"}
+        {f"'{c.title}' by {c.uploader} ({c.source_dataset} {c.source_id}, {c.license})" for c in clips.values()}
+        | {f"{segment.source_id} by {segment.author} (ambience, {license_name(segment.license)})"}
     )
-    recipe = MixtureRecipe(
-        mixture_id=mixture_id, split=split, index=index, audio_path=audio_path, duration_s=duration_s,
-        num_samples=num_samples, sample_rate_hz=sr, level_mode=mode, background_id=bg.segment_id,
-        background_offset_s=bg_start / sr, background_gain_db=float(bg_gain), background_level_db=float(bg_level),
+    return MixtureRecipe(
+        mixture_id=mixture_id, split=split, index=index, audio_path=audio_path, duration_s=num_samples / sr,
+        num_samples=num_samples, sample_rate_hz=sr, level_mode=mode, background_id=segment.segment_id,
+        background_offset_s=bg.start / sr, background_gain_db=float(bg.gain_db), background_level_db=float(bg.level_db),
         mixture_gain_db=0.0, peak_dbfs=0.0, num_events=len({o.event_index for o in occurrences}),
         num_occurrences=len(occurrences), max_polyphony=_max_depth(placed, 0, num_samples),
         labels=tuple(sorted({o.label for o in occurrences})), license=most_restrictive(licenses),
         licenses=tuple(licenses), attribution=tuple(attribution),
     )
 
-    mix, background, parts = mix_components(recipe, occurrences, sources)
+
+def render_mixture(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[EventOccurrence], np.ndarray]:
+    """Render a drawn mixture through :mod:`pipeline.mix.render` and normalise it.
+
+    Input: the context (spec, sources) and a :class:`Draw`. Output: ``(recipe, occurrences,
+    audio)``: the recipe with its mixture gain and stored peak, the occurrences with their
+    realised SNR (measured on the rendered signals), and the int16 samples.
+    """
+    spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
+    mix, background, parts = mix_components(drawn.recipe, drawn.occurrences, ctx.sources)
     bg_mixed_level = None if mode == "local" else _signal_level_db(background, mode, sr)
     occurrences = [
-        replace(o, realised_snr_db=_realised_snr(x, o, background, bg_mixed_level, mode, sr)) for o, x in zip(occurrences, parts)
+        replace(o, realised_snr_db=_realised_snr(x, o, background, bg_mixed_level, mode, sr)) for o, x in zip(drawn.occurrences, parts)
     ]
     mixture_gain = _normalisation_db(mix, spec, sr)
     audio = quantize_int16(apply_gain(mix, mixture_gain))
     peak = float(max(int(audio.max()), -int(audio.min()))) if audio.size else 0.0
-    recipe = replace(recipe, mixture_gain_db=mixture_gain, peak_dbfs=float(20.0 * math.log10(max(peak, 1.0) / FULL_SCALE_INT16)))
+    recipe = replace(drawn.recipe, mixture_gain_db=mixture_gain, peak_dbfs=float(20.0 * math.log10(max(peak, 1.0) / FULL_SCALE_INT16)))
+    return recipe, occurrences, audio
 
-    bg_env = ctx.envelope(bg)
-    envelopes = occurrence_envelopes(occurrences, {c.clip_id: ctx.envelope(c) for c in sources_used}, sources)
-    segments = relabel(mixture_id, duration_s, occurrences, envelopes, (recipe.background_offset_s, bg_gain, bg_env), mixture_gain, ctx.relabel)
-    return Mixture(recipe, occurrences, segments, audio, dropped)
+
+def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[EventOccurrence], background: BackgroundSegment,
+                    clips: dict[str, EventClip]) -> list[LabelSegment]:
+    """When each placed event is audible: :func:`pipeline.mix.relabel.relabel` on the sources' envelopes.
+
+    Input: the context (envelope cache, sources, relabel params), the rendered recipe (its
+    background offset and gain and mixture gain scale the envelopes), its occurrences, the
+    background segment and the clips used. Output: merged label segments; no audio is read
+    but that of spans cut from inside a clip.
+    """
+    envelopes = occurrence_envelopes(occurrences, {clip_id: ctx.envelope(c) for clip_id, c in clips.items()}, ctx.sources)
+    background_placement = (recipe.background_offset_s, recipe.background_gain_db, ctx.envelope(background))
+    return relabel(recipe.mixture_id, recipe.duration_s, occurrences, envelopes, background_placement, recipe.mixture_gain_db, ctx.relabel)
 
 
 def _realised_snr(x: np.ndarray, occ: EventOccurrence, background: np.ndarray, background_level: float | None, mode: str, sr: int) -> float:

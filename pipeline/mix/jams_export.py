@@ -1,9 +1,9 @@
 """Scaper-compatible JAMS files, one per mixture (``mix.export.jams``; needs ``pip install .[jams]``).
 
-Input: the mix stage's recipe tables and the source bank. Output: ``audio/<split>/<id>.jams``
-with one annotation in the ``scaper`` namespace, laid out as Scaper 1.6 writes it, so
-``scaper.generate_from_jams(path, out.wav)`` re-renders the mixture from the stored clips and
-segments (absolute ``source_file`` paths) and reports the same events.
+Input: the mix stage's recipes and occurrences (records) and the source bank. Output:
+``audio/<split>/<id>.jams`` with one annotation in the ``scaper`` namespace, laid out as
+Scaper 1.6 writes it, so ``scaper.generate_from_jams(path, out.wav)`` re-renders the mixture
+from the stored clips and segments (absolute ``source_file`` paths) and reports the same events.
 
 Level translation: Scaper sets the background to ``ref_db - LUFS(background)`` and each event
 to ``ref_db + snr - LUFS(event)``. Writing ``ref_db = LUFS(background window) + background
@@ -27,14 +27,12 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pyarrow as pa
 
-from pipeline.audio import write_atomic
-from pipeline.mix.exports import by_mixture
+from pipeline.config.mix_spec import MixSpec
 from pipeline.mix.instantiate import level_db
 from pipeline.mix.render import Sources, samples
-from pipeline.mix.spec import MixSpec
-from pipeline.schema import BackgroundSegment, EventClip
+from pipeline.outputs import write_atomic
+from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe
 
 
 def _step_up_until(t: float, ok: Callable[[float], bool], step: Callable[[float], float]) -> float:
@@ -71,8 +69,10 @@ def scaper_span(start: int, length: int, sample_rate_hz: int) -> tuple[float, fl
     return t, _step_up_until(length / sr, ok, step)
 
 
-def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: MixSpec, sources: Sources,
-               events_dir: Path, backgrounds_dir: Path, events: list[EventClip], backgrounds: list[BackgroundSegment]) -> None:
+def write_jams(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]], spec: MixSpec,
+               sources: Sources, events_dir: Path, backgrounds_dir: Path, events: list[EventClip],
+               backgrounds: list[BackgroundSegment]) -> None:
+    """One ``<id>.jams`` beside each mixture's FLAC; ``occurrences_of`` maps mixture ids to their occurrences."""
     try:
         import jams
     except ImportError as e:
@@ -81,7 +81,6 @@ def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: Mix
     sr = sources.sample_rate_hz
     ev = {e.clip_id: e for e in events}
     bg = {b.segment_id: b for b in backgrounds}
-    occurrences_of = by_mixture(occurrences)
     cache: dict[tuple, float] = {}
 
     def lufs(kind: str, item: str, start: int, length: int) -> float:
@@ -91,12 +90,12 @@ def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: Mix
             cache[key] = level_db(q[start : start + length], "lufs", sr)
         return cache[key]
 
-    for m in mixtures.to_pylist():
-        occ = sorted(occurrences_of.get(m["mixture_id"], []), key=lambda o: o["occurrence_index"])
-        duration = scaper_seconds(m["num_samples"], sr)
-        b = bg[m["background_id"]]
-        bg_start = samples(m["background_offset_s"], sr)
-        ref_db = lufs("bg", b.segment_id, bg_start, m["num_samples"]) + m["background_gain_db"]
+    for m in recipes:
+        occ = sorted(occurrences_of.get(m.mixture_id, []), key=lambda o: o.occurrence_index)
+        duration = scaper_seconds(m.num_samples, sr)
+        b = bg[m.background_id]
+        bg_start = samples(m.background_offset_s, sr)
+        ref_db = lufs("bg", b.segment_id, bg_start, m.num_samples) + m.background_gain_db
         jam = jams.JAMS()
         jam.file_metadata.duration = duration
         ann = jams.Annotation(namespace="scaper", time=0, duration=duration)
@@ -109,40 +108,40 @@ def write_jams(stage: Path, mixtures: pa.Table, occurrences: pa.Table, spec: Mix
             "sr": int(sr),
             "ref_db": float(ref_db),
             "n_channels": 1,
-            "fade_in_len": scaper_seconds(samples(occ[0]["fade_in_s"], sr), sr) if occ else 0.0,
-            "fade_out_len": scaper_seconds(samples(occ[0]["fade_out_s"], sr), sr) if occ else 0.0,
+            "fade_in_len": scaper_seconds(samples(occ[0].fade_in_s, sr), sr) if occ else 0.0,
+            "fade_out_len": scaper_seconds(samples(occ[0].fade_out_s, sr), sr) if occ else 0.0,
             "reverb": None,
             # Scaper can only scale a whole soundscape to full scale: ask for that where this
             # project scaled it (to normalize.peak_dbfs, so Scaper's output is louder by a constant).
-            "fix_clipping": bool(m["mixture_gain_db"] < 0 and spec.normalize.peak == "if-clipping"),
+            "fix_clipping": bool(m.mixture_gain_db < 0 and spec.normalize.peak == "if-clipping"),
             "peak_normalization": spec.normalize.peak == "always",
             "quick_pitch_time": False,
             "n_events": len(occ),
         }
         ann.sandbox.sedsynth = {
-            "mixture_id": m["mixture_id"], "preset": spec.preset, "level_mode": m["level_mode"],
-            "mixture_gain_db": m["mixture_gain_db"], "license": m["license"],
+            "mixture_id": m.mixture_id, "preset": spec.preset, "level_mode": m.level_mode,
+            "mixture_gain_db": m.mixture_gain_db, "license": m.license,
         }
-        bg_time, bg_duration = scaper_span(bg_start, m["num_samples"], sr)
+        bg_time, bg_duration = scaper_span(bg_start, m.num_samples, sr)
         ann.append(time=0.0, duration=bg_duration, confidence=1.0, value={
             "label": b.category, "source_file": str((backgrounds_dir / b.audio_path).resolve()),
             "source_time": bg_time, "event_time": 0.0, "event_duration": bg_duration,
             "snr": 0.0, "role": "background", "pitch_shift": None, "time_stretch": None,
         })
         for o in occ:
-            e = ev[o["clip_id"]]
-            start = samples(o["source_in_s"], sr)
-            onset = samples(o["onset_s"], sr)
-            length = samples(o["offset_s"], sr) - onset
-            snr = lufs("event", e.clip_id, start, length) + o["gain_db"] - ref_db
+            e = ev[o.clip_id]
+            start = samples(o.source_in_s, sr)
+            onset = samples(o.onset_s, sr)
+            length = samples(o.offset_s, sr) - onset
+            snr = lufs("event", e.clip_id, start, length) + o.gain_db - ref_db
             source_time, event_duration = scaper_span(start, length, sr)
             event_time = scaper_seconds(onset, sr)
             ann.append(time=event_time, duration=event_duration, confidence=1.0, value={
-                "label": o["label"], "source_file": str((events_dir / e.audio_path).resolve()),
+                "label": o.label, "source_file": str((events_dir / e.audio_path).resolve()),
                 "source_time": source_time, "event_time": event_time, "event_duration": event_duration,
                 "snr": float(snr), "role": "foreground", "pitch_shift": None, "time_stretch": None,
             })
         jam.annotations.append(ann)
-        path = (stage / m["audio_path"]).with_suffix(".jams")
+        path = (stage / m.audio_path).with_suffix(".jams")
         jam.validate()
         write_atomic(path, jam.dumps(indent=2).encode("utf-8"))

@@ -40,18 +40,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pipeline.audio import int16_to_float
+from pipeline.config.params import RelabelParams
 from pipeline.loudness import a_weighted_envelope
 from pipeline.schema import EventOccurrence, LabelSegment
-
-
-@dataclass(frozen=True)
-class RelabelParams:
-    absolute_floor_db: float = -70.0
-    relative_floor_db: float = -30.0
-    masked_below_snr_db: float = -10.0
-    fill_gaps_below_s: float = 0.2
-    drop_runs_below_s: float = 0.04
-    drop_runs_if_longer_than_s: float = 0.2
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from pipeline.audio import write_atomic
+from pipeline.figures import pyplot, save_png
+from pipeline.outputs import write_atomic
 from pipeline.shards.layout import CARD, DATA, features
 
 HF_LICENSES = {"CC0": "cc0-1.0", "CC-BY": "cc-by-4.0", "CC-BY-NC": "cc-by-nc-4.0", "CC-Sampling+": "other"}
@@ -49,12 +50,8 @@ def statistics(folder: Path, index: dict) -> dict:
 
 
 def plot(stats: dict, cluster_names: dict[int, str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    """``images/statistics.png``: phrases per mixture, segment durations and SNRs per split, and the top clusters."""
+    fig, axes = pyplot().subplots(2, 2, figsize=(11, 7))
     ax = axes[0, 0]
     top = max((max(s["labels_per_mixture"], default=0) for s in stats.values()), default=0)
     for split, s in stats.items():
@@ -74,8 +71,6 @@ def plot(stats: dict, cluster_names: dict[int, str], path: Path) -> None:
     ax.barh([cluster_names.get(c, str(c))[:28] for c, _ in reversed(clusters)], [n for _, n in reversed(clusters)])
     ax.set(title="most frequent clusters (all splits)", xlabel="label phrases")
     fig.tight_layout()
-    from pipeline.figures import save_png
-
     save_png(fig, path, dpi=80)
 
 
@@ -105,33 +100,42 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def body(params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]], cluster_names: dict[int, str]) -> str:
-    splits = list(index["splits"])
-    stat_rows = []
-    for split in splits:
-        s = stats[split]
-        lpm = np.asarray(s["labels_per_mixture"], float)
-        seg = np.asarray(s["segment_s"], float)
-        snr = np.asarray(s["snr_db"], float)
-        stat_rows.append([
-            split, s["mixtures"], f"{s['hours']:.2f}", f"{lpm.mean():.2f}" if lpm.size else "-", len(s["phrases"]), len(s["clusters"]),
-            f"{np.median(seg):.2f}" if seg.size else "-", f"{snr.min():.1f} to {snr.max():.1f}" if snr.size else "-",
-        ])
-    clusters = sum((s["clusters"] for s in stats.values()), Counter()).most_common(10)
-    phrases = sum((s["phrases"] for s in stats.values()), Counter()).most_common(10)
-    lic = licenses.get("mixtures_by_license", {})
-    shown = attribution[:ATTRIBUTION_LINES_SHOWN]
-    return f"""
-# {params.shards.card_title}
+FIELDS_SECTION = """## Fields
+
+| field | type | meaning |
+|---|---|---|
+| `id` | string | mixture id (`<split>_<index>`) |
+| `audio` | Audio | FLAC bytes and file name |
+| `audio_sha256` | string | sha256 (hex) of the FLAC bytes, taken when the row was written |
+| `sample_rate_hz`, `duration_s` | int, float | |
+| `caption` | string | a template filled with the phrases in temporal order |
+| `phrases` | list | one per audible label: `phrase`, `label` (FSD50K name), `mid` (AudioSet), `cluster_id`, `segments` (`start_s`, `end_s`), `source_clip_ids` and `snr_db` (one per sampled event of the label) |
+| `background_id` | string | background segment |
+| `split` | string | |
+| `license`, `licenses`, `attribution` | | most restrictive licence, all source licences, credit lines |
+| `seed` | int | the generation seed |"""
+
+SOURCES_SECTION = """## Sources and citation
+
+Mixing follows FineLAP (Scaper-style soundscapes, 1-5 events at 12-20 dB SNR over ambience) with
+FLAM's boundary smoothing. Event sources: FSD50K (Fonseca et al., 2022). Label hierarchy:
+AudioSet ontology (Gemmeke et al., 2017); cluster inventory from AudioSet-Strong (Hershey et
+al., 2021)."""
+
+
+def _introduction(params, sample_rate_hz: int) -> str:
+    return f"""# {params.shards.card_title}
 
 Synthetic sound-event-detection soundscapes with frame-exact event boundaries and captions, for
 training and evaluating open-vocabulary (language-queried) sound event detectors and audio-text
-models. Each row is one {index['sample_rate_hz'] / 1000:g} kHz mixture of single-event clips (FSD50K-style
+models. Each row is one {sample_rate_hz / 1000:g} kHz mixture of single-event clips (FSD50K-style
 sources) over a background ambience, with the recipe's labels relabeled from the rendered
 signals: a label's segments are where it is audible, not where its clip was placed.
-Mixing preset `{params.mix.preset}`, seed {params.seed}.
+Mixing preset `{params.mix.preset}`, seed {params.seed}."""
 
-## Load
+
+def _load_section(splits: list[str]) -> str:
+    return f"""## Load
 
 ```python
 from datasets import Audio, load_dataset
@@ -147,26 +151,27 @@ for p in row["phrases"]:
 
 `clusters/phrases.parquet` is the phrase database (phrase, label, MID, cluster id, similarity,
 method, count) and `clusters/clusters.parquet` the cluster inventory with the ancestor,
-descendant and near-synonym relations a negative sampler should avoid.
+descendant and near-synonym relations a negative sampler should avoid."""
 
-## Fields
 
-| field | type | meaning |
-|---|---|---|
-| `id` | string | mixture id (`<split>_<index>`) |
-| `audio` | Audio | FLAC bytes and file name |
-| `audio_sha256` | string | sha256 (hex) of the FLAC bytes, taken when the row was written |
-| `sample_rate_hz`, `duration_s` | int, float | |
-| `caption` | string | a template filled with the phrases in temporal order |
-| `phrases` | list | one per audible label: `phrase`, `label` (FSD50K name), `mid` (AudioSet), `cluster_id`, `segments` (`start_s`, `end_s`), `source_clip_ids` and `snr_db` (one per sampled event of the label) |
-| `background_id` | string | background segment |
-| `split` | string | |
-| `license`, `licenses`, `attribution` | | most restrictive licence, all source licences, credit lines |
-| `seed` | int | the generation seed |
+def _statistics_row(split: str, s: dict) -> list:
+    """One split's row of the statistics table; ``-`` where the split has nothing to average."""
+    lpm = np.asarray(s["labels_per_mixture"], float)
+    seg = np.asarray(s["segment_s"], float)
+    snr = np.asarray(s["snr_db"], float)
+    return [
+        split, s["mixtures"], f"{s['hours']:.2f}", f"{lpm.mean():.2f}" if lpm.size else "-", len(s["phrases"]), len(s["clusters"]),
+        f"{np.median(seg):.2f}" if seg.size else "-", f"{snr.min():.1f} to {snr.max():.1f}" if snr.size else "-",
+    ]
 
-## Statistics
 
-{_table(["split", "mixtures", "hours", "labels per mixture", "distinct phrases", "clusters", "median segment s", "SNR dB"], stat_rows)}
+def _statistics_section(splits: list[str], stats: dict, cluster_names: dict[int, str]) -> str:
+    header = ["split", "mixtures", "hours", "labels per mixture", "distinct phrases", "clusters", "median segment s", "SNR dB"]
+    clusters = sum((s["clusters"] for s in stats.values()), Counter()).most_common(10)
+    phrases = sum((s["phrases"] for s in stats.values()), Counter()).most_common(10)
+    return f"""## Statistics
+
+{_table(header, [_statistics_row(split, stats[split]) for split in splits])}
 
 Most frequent clusters: {", ".join(f"{cluster_names.get(c, c)} ({n})" for c, n in clusters)}.
 
@@ -174,31 +179,54 @@ Most frequent phrases: {", ".join(f"{p} ({n})" for p, n in phrases)}.
 
 ![statistics](images/statistics.png)
 
-![timelines](images/timelines.png)
+![timelines](images/timelines.png)"""
 
-## Licence
+
+def _licence_section(licenses: dict, attribution: list[list[str]]) -> str:
+    by_license = licenses.get("mixtures_by_license", {})
+    shown = attribution[:ATTRIBUTION_LINES_SHOWN]
+    return f"""## Licence
 
 Each mixture carries the most restrictive licence of its sources; the dataset as a whole is
-**{licenses.get("dataset_license", "unknown")}**. Mixtures by licence: {", ".join(f"{k} {v}" for k, v in sorted(lic.items()))}.
+**{licenses.get("dataset_license", "unknown")}**. Mixtures by licence: {", ".join(f"{k} {v}" for k, v in sorted(by_license.items()))}.
 Every source is credited in `attribution.csv` ({len(attribution)} sources); the first {len(shown)}:
 
-{_table(["role", "id", "title", "author", "licence"], [[a[0], a[1], a[4], a[5], a[6]] for a in shown])}
+{_table(["role", "id", "title", "author", "licence"], [[a[0], a[1], a[4], a[5], a[6]] for a in shown])}"""
 
-## Files
 
-{_table(["file", "split", "rows", "bytes", "sha256"], [[f["path"], f["split"], f["num_rows"], f["num_bytes"], f["sha256"][:16] + "..."] for f in index["files"]])}
+def _files_section(files: list[dict]) -> str:
+    rows = [[f["path"], f["split"], f["num_rows"], f["num_bytes"], f["sha256"][:16] + "..."] for f in files]
+    return f"""## Files
+
+{_table(["file", "split", "rows", "bytes", "sha256"], rows)}
 
 `index.json` lists every shard with its full sha256; `sedsynth validate <folder>` checks a copy
 (every row's audio against its `audio_sha256`; `--decode` also decodes every cell in full and
-checks its length).
+checks its length)."""
 
-## Sources and citation
 
-Mixing follows FineLAP (Scaper-style soundscapes, 1-5 events at 12-20 dB SNR over ambience) with
-FLAM's boundary smoothing. Event sources: FSD50K (Fonseca et al., 2022). Label hierarchy:
-AudioSet ontology (Gemmeke et al., 2017); cluster inventory from AudioSet-Strong (Hershey et
-al., 2021).
-"""
+def body(params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]], cluster_names: dict[int, str]) -> str:
+    """The card's Markdown below the front matter, one section after another.
+
+    Sections: what the data is, how to load it, its fields, statistics, licence, files and sources.
+    """
+    splits = list(index["splits"])
+    sections = [
+        _introduction(params, index["sample_rate_hz"]),
+        _load_section(splits),
+        FIELDS_SECTION,
+        _statistics_section(splits, stats, cluster_names),
+        _licence_section(licenses, attribution),
+        _files_section(index["files"]),
+        SOURCES_SECTION,
+    ]
+    return "\n" + "\n\n".join(sections) + "\n"
+
+
+def card_text(params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]], cluster_names: dict[int, str]) -> str:
+    """``README.md``: the YAML front matter, then :func:`body`."""
+    meta = yaml.safe_dump(front_matter(params, index, licenses), sort_keys=False, allow_unicode=True)
+    return f"---\n{meta}---\n{body(params, index, stats, licenses, attribution, cluster_names)}"
 
 
 def write(folder: Path, params, mix_dir: Path, index: dict) -> None:
@@ -213,6 +241,4 @@ def write(folder: Path, params, mix_dir: Path, index: dict) -> None:
     plot(stats, names, folder / "images" / "statistics.png")
     if (mix_dir / "timelines.png").exists():
         shutil.copyfile(mix_dir / "timelines.png", folder / "images" / "timelines.png")
-    meta = yaml.safe_dump(front_matter(params, index, licenses), sort_keys=False, allow_unicode=True)
-    text = f"---\n{meta}---\n{body(params, index, stats, licenses, attribution, names)}"
-    write_atomic(folder / CARD, text.encode("utf-8"))
+    write_atomic(folder / CARD, card_text(params, index, stats, licenses, attribution, names).encode("utf-8"))

@@ -23,7 +23,7 @@ import csv
 import json
 from pathlib import Path
 
-from pipeline.audio import write_atomic
+from pipeline.outputs import write_atomic
 from pipeline.ontology import DATA_DIR, Ontology, default_ontology
 from pipeline.text.phrases import label_phrases, name_phrases
 

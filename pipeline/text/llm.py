@@ -30,11 +30,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from pipeline.audio import write_atomic
+from pipeline.outputs import write_atomic
+from pipeline.config.params import LLMParams, api_key_env_problem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,46 +50,6 @@ class LLMError(RuntimeError):
 
 class MalformedCompletion(ValueError):
     """A completion that does not have the requested form (retried)."""
-
-
-@dataclass(frozen=True)
-class LLMParams:
-    """How to reach an OpenAI-compatible chat-completions endpoint."""
-
-    base_url: str | None = None  # null: api.openai.com
-    model: str = "gpt-4o-mini"
-    api_key_env: str | None = "OPENAI_API_KEY"  # environment variable with the key; null: no key
-    timeout_s: float = 60.0
-    max_retries: int = 4
-    backoff_s: float = 2.0
-    max_backoff_s: float = 60.0
-    requests_per_minute: float = 60.0
-    temperature: float = 1.0
-    cache: str = "configs/llm_cache.jsonl"
-
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LONG_RUN = re.compile(r"[A-Za-z0-9]{16,}")
-
-
-def api_key_env_problem(name: str | None) -> str | None:
-    """Why ``name`` cannot name the variable that holds the API key (a phrase to follow the setting's name), or None.
-
-    Keys are long runs of mixed letters and digits, often with ``-`` (``sk-proj-...``); variable
-    names are letters, digits and ``_`` and, by habit, upper case. The answer never contains
-    ``name``: when it is a key, repeating it would leak it into logs and CI output.
-    """
-    if not name:
-        return None
-    looks_like_key = any(any(ch.isdigit() for ch in run) and any(ch.islower() for ch in run) for run in _LONG_RUN.findall(name))
-    fix = ("take the key out of params.yaml (and revoke it if that file was shared), export it in an environment "
-           "variable (export OPENAI_API_KEY=...) and set api_key_env to that variable's name")
-    if looks_like_key:
-        return f"looks like an API key, not the name of the environment variable that holds one (the value is not shown): {fix}"
-    if not _ENV_NAME.fullmatch(name):
-        return ("is not an environment variable name (letters, digits and _, no $ or -; the value is not shown in case it is a key): "
-                f"{fix}")
-    return None
 
 
 def _json_or_none(raw: bytes):

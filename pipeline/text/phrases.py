@@ -5,7 +5,7 @@ natural first: ``"Chirp, tweet"`` gives ``chirp`` and ``tweet``; ``"Bark"`` (a c
 ``Dog``) gives ``bark`` and ``dog bark``; ``"Coin (dropping)"`` gives ``coin dropping``; a
 description that starts "The sound of ..." adds what follows (``"Plop"`` -> ``a small object
 dropping into a liquid``). These rules make the offline default of
-``pipeline/data/label_phrases.json``; an LLM can add variants (``pipeline.text.captions``).
+``pipeline/data/label_phrases.json``; an LLM can add variants (:mod:`pipeline.text.label_phrases`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.params import SourceParams
+from trainer.config import SourceParams
 from pipeline.schema import Skip
 
 SHARD_COLUMNS = ("id", "audio", "caption", "phrases")

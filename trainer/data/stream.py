@@ -11,6 +11,7 @@ Everything random about one item (crop, negatives, caption choice, tag replaceme
 a generator seeded by (seed, epoch, source, id), so an item does not depend on which worker
 made it. Items that cannot be decoded are skipped and reported with their reason (``skips``
 rides on the next item to the training loop, which writes them to ``skipped.csv``).
+:func:`make_stream` builds the stream ``train.data`` describes for an encoder.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.audio import AudioError, decode_mono
-from pipeline.params import SourceParams
+from trainer.config import SourceParams
 from pipeline.schema import Skip
 from trainer.data.labels import frame_labels
-from trainer.data.negatives import NegativeSampler
+from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
 from trainer.data.sources import (
     open_source,
     piece_rows_for,
@@ -220,6 +221,24 @@ class TrainStream(IterableDataset):
         for item in held:
             item.skips += skips  # unreadable rows after the last item
             yield item
+
+
+def make_stream(params, encoder, sources: list[SourceParams], shuffle: bool, rank: int = 0, world_size: int = 1) -> TrainStream:
+    """The stream ``params.train.data`` describes over ``sources``, shaped for ``encoder``.
+
+    ``shuffle``: a training stream (random crops, tag replacement, shuffled pieces); otherwise
+    a held-out one (fixed crops, rows in order). ``rank`` / ``world_size``: this process's share
+    of a DDP run. Negatives come from ``train.data.clusters`` (default: the first source's
+    ``clusters/`` folder), drawn as ``train.data.negative_sampling`` says.
+    """
+    d = params.train.data
+    folder = d.clusters or default_clusters_folder(d.sources[0].path)
+    sampler = NegativeSampler(ClusterTables.read(folder), d.negative_sampling)
+    items = ItemParams(encoder.sample_rate_hz, encoder.input_samples(d.crop_s), d.num_phrases, random_crop=shuffle,
+                       tag_replacement_p=d.tag_replacement_p if shuffle else 0.0, min_label_overlap=d.min_label_overlap)
+    builder = ItemBuilder(items, encoder.frame_spans_s(), sampler, params.seed)
+    return TrainStream(list(sources), builder, params.seed, d.shuffle_buffer if shuffle else 1, d.piece_rows,
+                       rank=rank, world_size=world_size, shuffle=shuffle)
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Benchmarks that print figures beside a peer measured in the same run (``sedsynth bench WHAT``)."""

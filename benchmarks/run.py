@@ -1,0 +1,148 @@
+"""Benchmarks that print figures next to a peer measured in the same run.
+
+``sedsynth bench mix``: see :mod:`benchmarks.mix`; ``sedsynth bench shards``: see
+:mod:`benchmarks.shards`; ``sedsynth bench llm-cache``: see :mod:`benchmarks.llm_cache`.
+
+``sedsynth bench clip``: clipping throughput against decoding the same files, all on one
+core in this process, in seconds of source audio per second. Passes over every
+single-label candidate file:
+
+- ``decode``: ``soundfile.read(path, dtype="float32")``, the plain decode (the peer);
+- ``decode + resample``: the same, downmixed and resampled to the pipeline rate with
+  libsoxr, which is what loading audio for a 16 kHz model costs;
+- ``output floor``: decode, then resample and write as FLAC only the segments the stage
+  keeps, with no analysis: the least work that produces the stage's audio;
+- ``clipping stage``: the stage's whole per-file work (decode, downmix, segment, resample,
+  measure RMS, loudness and envelope, write FLAC).
+
+Files are read once before timing so every pass sees a warm page cache; the passes run
+``--repeat`` times, interleaved, and the best time of each is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import soundfile as sf
+
+from trainer.config import Params
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_clip(params: Params, corpus: Path | None, n_clips: int, repeat: int) -> dict:
+    from pipeline.audio import downmix, quantize_int16, resample, write_flac
+    from pipeline.corpus import write_fsd50k_corpus
+    from pipeline.events import clip_one, plan_clips
+    from pipeline.schema import EventClip
+
+    with tempfile.TemporaryDirectory(prefix="sedsynth-bench-") as tmp:
+        tmp_path = Path(tmp)
+        if corpus is None:
+            corpus = tmp_path / "fsd50k"
+            t0 = time.perf_counter()
+            write_fsd50k_corpus(corpus, n_clips=n_clips, seed=params.corpus.seed)
+            print(f"generated {n_clips} FSD50K-layout clips in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        tasks, _ = plan_clips(corpus, params.clip)
+        paths = [t.clip.audio_path for t in tasks if t.clip.audio_path.exists()]
+        source_s = sum(sf.info(str(p)).duration for p in paths)
+        for p in paths:  # warm the page cache for both passes
+            p.read_bytes()
+        audio_dir = tmp_path / "audio"
+        floor_dir = tmp_path / "floor"
+        target_hz = params.sample_rate_hz
+
+        def decode() -> None:
+            for p in paths:
+                sf.read(str(p), dtype="float32")
+
+        def decode_resample() -> None:
+            for p in paths:
+                x, sr = sf.read(str(p), dtype="float32", always_2d=True)
+                resample(downmix(x), sr, target_hz)
+
+        results: list = []
+
+        def clipping() -> None:
+            results.clear()
+            results.extend(clip_one(t, params.clip, target_hz, audio_dir) for t in tasks)
+
+        clipping()
+        kept = {r.clip_id: r for r in results if isinstance(r, EventClip)}
+
+        def output_floor() -> None:
+            for t in tasks:
+                x, sr = sf.read(str(t.clip.audio_path), dtype="float32", always_2d=True)
+                r = kept.get(t.clip.clip_id)
+                if r is not None:
+                    a, b = round(r.onset_in_source_s * sr), round(r.offset_in_source_s * sr)
+                    write_flac(floor_dir / f"{r.clip_id}.flac", quantize_int16(resample(downmix(x[a:b]), sr, target_hz)), target_hz)
+
+        passes = {"decode": decode, "decode_resample": decode_resample, "output_floor": output_floor, "clip": clipping}
+        best = {name: float("inf") for name in passes}
+        for _ in range(repeat):
+            for name, fn in passes.items():
+                best[name] = min(best[name], _timed(fn))
+        figures = {
+            "files": len(paths),
+            "source_hours": source_s / 3600,
+            "kept_clips": len(kept),
+            **{f"{name}_source_s_per_s": source_s / t for name, t in best.items()},
+            "clip_files_per_s": len(paths) / best["clip"],
+            "ratio_clip_to_decode": best["decode"] / best["clip"],
+            "ratio_floor_to_decode": best["decode"] / best["output_floor"],
+            "ratio_clip_to_decode_resample": best["decode_resample"] / best["clip"],
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    return figures
+
+
+def main(args: argparse.Namespace, params: Params) -> int:
+    """Run the benchmark ``args.what`` names with ``params`` and print its figures; returns the exit status."""
+    if args.what == "clip":
+        f = bench_clip(params, Path(args.corpus) if args.corpus else None, args.clips, args.repeat)
+        print(f"bench clip: {f['files']} single-label files, {f['source_hours'] * 60:.1f} min of source audio, one core")
+        print("  seconds of source audio per second:")
+        print(f"    decode (soundfile.read, float32)        {f['decode_source_s_per_s']:8.0f}   <- peer")
+        print(f"    decode + resample to {params.sample_rate_hz} Hz           {f['decode_resample_source_s_per_s']:8.0f}")
+        print(f"    output floor (decode, resample + FLAC)  {f['output_floor_source_s_per_s']:8.0f}")
+        print(f"    clipping stage                          {f['clip_source_s_per_s']:8.0f}   ({f['clip_files_per_s']:.0f} files/s, {f['kept_clips']} kept)")
+        print(f"  clipping / decode              {f['ratio_clip_to_decode']:6.2f}   (target >= 0.70)")
+        print(f"  output floor / decode          {f['ratio_floor_to_decode']:6.2f}")
+        print(f"  clipping / (decode + resample) {f['ratio_clip_to_decode_resample']:6.2f}")
+        print(f"  peak RSS                       {f['peak_rss_mib']:6.0f} MiB")
+    elif args.what == "mix":
+        from benchmarks.mix import bench_mix, print_figures
+
+        workers = [int(w) for w in args.workers.split(",")]
+        print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures))
+    elif args.what == "shards":
+        from benchmarks.shards import bench_shards
+        from benchmarks.shards import print_figures as print_shards
+
+        print_shards(bench_shards(params, args.repeat))
+    elif args.what == "train":
+        from benchmarks.train import print_figures as print_train
+        from benchmarks.train import run as bench_train
+
+        print_train(bench_train(params, args.rows, args.steps, args.preset, args.peak_tflops))
+    elif args.what == "evaluate":
+        from benchmarks.evaluate import print_figures as print_evaluate
+        from benchmarks.evaluate import run as bench_evaluate
+
+        print_evaluate(bench_evaluate(args.clips if args.clips != 400 else 10000))
+    elif args.what == "llm-cache":
+        from benchmarks.llm_cache import bench_llm_cache
+        from benchmarks.llm_cache import print_figures as print_llm_cache
+
+        print_llm_cache(bench_llm_cache(rewrites=args.repeat))
+    return 0

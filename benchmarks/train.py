@@ -1,0 +1,140 @@
+"""``sedsynth bench train``: the loader's rate alone and the training step's rate, in one run.
+
+Loader: items made in this process (one worker) from the first source's shards: FLAC decode,
+crop, frame labels and cluster negatives, in clips/s, against the peer measured on the same
+rows in the same run: plain ``soundfile`` decoding of the same FLAC bytes. Step: forward,
+backward and optimizer step of the configured model on prepared batches (the loader excluded),
+in steps/s and clips/s; on CUDA also peak memory and model FLOPs utilisation (FLOPs counted by
+``torch.utils.flop_counter`` for one step, over the step time, over the GPU's peak). The last
+line says how many loader workers per GPU keep the step fed.
+
+``--preset gpu`` is FineLAP's GPU setting for throughput: eat-base, a BERT/RoBERTa-base-size
+text tower (random weights, the same FLOPs), d = 1024, batch 128, bf16, text tower training.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import replace
+
+import soundfile as sf
+import torch
+
+# Dense bf16 peak (TFLOP/s) by device name, for MFU.
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+
+
+def _peak_tflops(name: str, override: float | None) -> float | None:
+    if override:
+        return override
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def gpu_preset(params):
+    t = params.train
+    model = replace(t.model, encoder="eat-base", embed_dim=1024, adapter_ffn=4096, text_model="random:bert-base", freeze_text=False)
+    data = replace(t.data, batch_size=128)
+    return replace(params, train=replace(t, model=model, data=data, precision="bf16"))
+
+
+def bench_loader(params, encoder, rows: int) -> dict:
+    from trainer.data.stream import make_stream
+
+    stream = make_stream(params, encoder, params.train.data.sources[:1], shuffle=True)
+    stream.set_epoch(0)
+    source = stream.sources[0]
+    raw = []
+    for piece in sorted({p for d in stream.plan(1) for p in d.pieces[0]}, key=lambda p: (p.file, p.row_group, p.start)):
+        raw += source.read(piece)
+        if len(raw) >= rows:
+            break
+    raw = raw[:rows]
+    blobs = [r["audio"]["bytes"] for r in raw]
+    t0 = time.perf_counter()
+    for b in blobs:
+        sf.read(io.BytesIO(b), dtype="float32")
+    decode_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    items = [stream.builder(r, 0, 0) for r in raw]
+    item_s = time.perf_counter() - t0
+    return {"rows": len(raw), "decode_clips_per_s": len(raw) / decode_s, "loader_clips_per_s": len(raw) / item_s,
+            "decode_ms": 1000 * decode_s / len(raw), "loader_ms": 1000 * item_s / len(raw), "items": items}
+
+
+def bench_step(params, model, items, steps: int, peak_override: float | None) -> dict:
+    from trainer.data.stream import collate
+    from trainer.objective import Objective
+    from trainer.optim import optimizer_for
+    from trainer.precision import autocast_for
+
+    t = params.train
+    device = torch.device("cuda") if torch.cuda.is_available() and t.device != "cpu" else torch.device("cpu")
+    objective = Objective(model, t.loss).to(device)
+    if t.compile:
+        model.encoder.compile()
+    optimizer = optimizer_for(objective, t.optim)
+    autocast = autocast_for(t.precision, device)
+    b = t.data.batch_size
+    pool = [items[i % len(items)] for i in range(b)]
+    batch = collate(pool).to(device)
+
+    def step():
+        with autocast():
+            loss = objective(batch)["loss"]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up (and the frozen text cache, when frozen)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    flops = counter.get_total_flops()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - t0) / steps
+    out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+           "batch": b, "step_s": seconds, "clips_per_s": b / seconds,
+           "params_m": sum(p.numel() for p in objective.parameters() if p.requires_grad) / 1e6,
+           "gflop_per_step": flops / 1e9, "tflops": flops / seconds / 1e12}
+    if device.type == "cuda":
+        out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        peak = _peak_tflops(out["device"], peak_override)
+        out["mfu"] = out["tflops"] / peak if peak else float("nan")
+    return out
+
+
+def run(params, rows: int = 200, steps: int = 5, preset: str = "default", peak_tflops: float | None = None) -> dict:
+    from trainer.model import build_model
+
+    if preset == "gpu":
+        params = gpu_preset(params)
+    torch.manual_seed(params.seed)
+    model = build_model(params.train.model)
+    loader = bench_loader(params, model.encoder, rows)
+    step = bench_step(params, model, loader.pop("items"), steps, peak_tflops)
+    return {"loader": loader, "step": step, "model": params.train.model.encoder, "precision": params.train.precision}
+
+
+def print_figures(f: dict) -> None:
+    lo, st = f["loader"], f["step"]
+    print(f"bench train: {lo['rows']} shard rows, encoder {f['model']}, batch {st['batch']}")
+    print("  loader, one worker (decode, crop, frame labels, negatives):")
+    print(f"    FLAC decode alone (soundfile)     {lo['decode_clips_per_s']:8.0f} clips/s  ({lo['decode_ms']:.2f} ms)   <- peer")
+    print(f"    loader items                      {lo['loader_clips_per_s']:8.0f} clips/s  ({lo['loader_ms']:.2f} ms)   (target >= 300)")
+    print(f"    loader / decode                   {lo['loader_clips_per_s'] / lo['decode_clips_per_s']:8.2f}")
+    print(f"  training step on {st['device']} ({st['params_m']:.1f} M trainable parameters):")
+    print(f"    {st['step_s'] * 1000:.0f} ms/step, {st['clips_per_s']:.1f} clips/s, {st['gflop_per_step']:.0f} GFLOP/step "
+          f"({1000 * st['tflops']:.0f} GFLOP/s)")
+    if "mfu" in st:
+        print(f"    MFU {100 * st['mfu']:.1f}% (target >= 40%), peak memory {st['peak_mem_gib']:.1f} GiB")
+    print(f"  loader workers per device to keep the step fed: {st['clips_per_s'] / lo['loader_clips_per_s']:.2f}")

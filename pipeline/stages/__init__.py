@@ -1,0 +1,1 @@
+"""The data stages, one file per ``dvc.yaml`` stage, each with one ``run(params, ...)``."""

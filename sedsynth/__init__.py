@@ -1,0 +1,1 @@
+"""The ``sedsynth`` command above the two packages: ``pipeline`` (the data stages) and ``trainer``."""

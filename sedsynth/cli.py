@@ -1,0 +1,295 @@
+"""The ``sedsynth`` command: one subcommand per stage, plus benchmarks.
+
+Every stage reads ``params.yaml`` (``--params``) with ``--set key.sub=value`` overrides, and
+calls the stage's ``run`` function; DVC calls exactly these commands.
+
+    sedsynth corpus                      # generate the embedded source corpora
+    sedsynth clip                        # FSD50K-layout corpus -> event clips
+    sedsynth ambience                    # ambience library -> background segments
+    sedsynth mix                         # clips + backgrounds -> soundscapes, recipes, labels
+    sedsynth mix --set mix.preset=flam --set mix.mixtures.train=100000
+    sedsynth captions                    # mixtures -> label phrases and captions (offline by default)
+    sedsynth clusters                    # phrases -> clusters of the AudioSet-derived inventory
+    sedsynth shards                      # -> Hugging Face Parquet shards, index and dataset card
+    sedsynth validate data/dataset       # check a shard folder against the schema and index
+    sedsynth publish data/dataset --repo-id you/name --dry-run
+    sedsynth clip --set sources.fsd50k_dir=/data/FSD50K --set compute.workers=8
+    sedsynth bench clip                  # clipping throughput vs plain decoding
+    sedsynth bench mix                   # mixtures/s and memory vs Scaper on the same sources
+    sedsynth train                       # FineLAP on the shards (torchrun --nproc_per_node=8 -m sedsynth train)
+    sedsynth bench train                 # loader clips/s per worker and training steps/s
+    sedsynth evaluate                    # PSDS1/2, AUROC, F1, retrieval, zero-shot on the test split
+    sedsynth detect a.wav --query "dog barking" --query "car horn"
+    sedsynth bench evaluate              # metric time split on a 10,000-clip score set
+    sedsynth bench llm-cache             # storing one LLM completion at 5,000 and 100,000 entries vs rewriting the file
+    sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant, trained and evaluated in models/ablations/
+    sedsynth ablate --queue              # all five as DVC experiments (then dvc queue start; sedsynth ablate --table)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.config.params import ParamsError, load_params, merge, parse_override, read_yaml_mapping
+
+TRAINER_SECTIONS = ("train", "evaluate", "ablations")  # trainer.config.SECTIONS, which the data stages leave alone
+
+
+class CommandError(Exception):
+    """A failure the command reports in one line (an LLM endpoint that keeps failing)."""
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    overrides: dict = {}
+    for path in args.overrides or []:
+        overrides = merge(overrides, read_yaml_mapping(path, "overrides file"))
+    for text in args.set or []:
+        overrides = merge(overrides, parse_override(text))
+    return overrides
+
+
+def _params(args: argparse.Namespace):
+    """The data stages' params (the trainer's sections are read by the trainer's commands)."""
+    return load_params(args.params, _overrides(args), skip_sections=TRAINER_SECTIONS)
+
+
+def _trainer_params(args: argparse.Namespace):
+    """Every section of the params file, the trainer's included."""
+    from trainer.config import load_params as load_trainer_params
+
+    return load_trainer_params(args.params, _overrides(args))
+
+
+def _corpus(args: argparse.Namespace) -> int:
+    from pipeline.stages.corpus import run
+
+    run(_params(args))
+    return 0
+
+
+def _clip(args: argparse.Namespace) -> int:
+    from pipeline.stages.clip import run
+
+    run(_params(args))
+    return 0
+
+
+def _ambience(args: argparse.Namespace) -> int:
+    from pipeline.stages.ambience import run
+
+    run(_params(args))
+    return 0
+
+
+def _mix(args: argparse.Namespace) -> int:
+    from pipeline.stages.mix import run
+
+    run(_params(args))
+    return 0
+
+
+def _captions(args: argparse.Namespace) -> int:
+    from pipeline.stages.captions import run
+    from pipeline.text.llm import LLMError
+
+    try:
+        run(_params(args))
+    except LLMError as e:
+        raise CommandError(str(e)) from None
+    return 0
+
+
+def _clusters(args: argparse.Namespace) -> int:
+    from pipeline.stages.clusters import run
+
+    run(_params(args))
+    return 0
+
+
+def _shards(args: argparse.Namespace) -> int:
+    from pipeline.stages.shards import run
+
+    run(_params(args))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from pipeline.shards.validate import validate
+
+    folder = args.folder or _params(args).shards.out_dir
+    summary = validate(folder, decode=args.decode)
+    print(f"{folder}: valid, {summary['rows']} rows in {summary['files']} shards ({', '.join(summary['splits'])})")
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from pipeline.shards.publish import publish
+
+    folder = args.folder or _params(args).shards.out_dir
+    publish(folder, args.repo_id, token_env=args.token_env, private=args.private, dry_run=args.dry_run, batch_files=args.batch_files)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from trainer.stages.train import run
+
+    summary = run(_trainer_params(args))
+    if summary:
+        final, untrained = summary.get("final", {}), summary.get("untrained", {})
+        print(f"train: {summary['steps']} steps, {summary['train_clips_per_s']:.1f} clips/s; held-out frame AUROC "
+              f"{untrained.get('frame_auroc', float('nan')):.3f} untrained -> {final.get('frame_auroc', float('nan')):.3f}, "
+              f"audio->caption R@1 {untrained.get('a2t_r1', float('nan')):.3f} -> {final.get('a2t_r1', float('nan')):.3f}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from trainer.stages.evaluate import run
+
+    run(_trainer_params(args))
+    return 0
+
+
+def _detect(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from trainer.evaluation.detect import main as detect_main
+
+    if not Path(args.params).exists():
+        if not args.checkpoint:
+            raise ParamsError(f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
+                              "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH")
+        # the checkpoint carries the model's config; evaluate.* keep their defaults, --set still applies
+        args = argparse.Namespace(**{**vars(args), "params": os.devnull})
+    return detect_main(args, _trainer_params(args))
+
+
+def _ablate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sedsynth import ablate as ablations
+
+    params = _trainer_params(args)
+    if args.table:
+        print(ablations.write_table(Path(params.ablations.out_dir), ablations.experiment_metrics(params)))
+        return 0
+    if args.queue:
+        variants = args.variant or list(ablations.VARIANTS)
+        outcome = ablations.queue_experiments(params, variants)
+        queued = [v for v, what in outcome.items() if what == "queued"]
+        print(f"ablate: queued {len(queued)} DVC experiment(s): {', '.join(queued) or 'none'}; run them with `dvc queue start`, "
+              "follow them with `dvc queue status`, then `dvc exp show` and `sedsynth ablate --table`")
+        return 1 if any(what.startswith("refused") for what in outcome.values()) else 0
+    if not args.variant:
+        print(f"sedsynth ablate: error: name a variant ({', '.join(ablations.VARIANTS)}), or pass --queue or --table", file=sys.stderr)
+        return 2
+    for variant in args.variant:
+        ablations.variant_params(params, variant)  # every name checked before the first training starts
+    for variant in args.variant:
+        ablations.run_variant(params, variant)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from benchmarks.run import main as bench_main
+
+    return bench_main(args, _trainer_params(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sedsynth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def stage(name: str, fn, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+        p.add_argument("--overrides", action="append", metavar="FILE", help="a YAML of params merged over --params, e.g. configs/train/finelap.yaml")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, e.g. clip.max_duration_s=5")
+        p.set_defaults(fn=fn)
+        return p
+
+    stage("corpus", _corpus, "generate the embedded FSD50K-layout corpus and ambience library")
+    stage("clip", _clip, "cut single-event clips from an FSD50K-layout corpus")
+    stage("ambience", _ambience, "cut background segments from an ambience library")
+    stage("mix", _mix, "mix event clips over backgrounds into soundscapes with relabeled boundaries")
+    stage("captions", _captions, "write label phrases and captions for the mixtures")
+    stage("clusters", _clusters, "assign every phrase to a cluster of the AudioSet-derived inventory")
+    stage("shards", _shards, "write Hugging Face Parquet shards, their index and the dataset card")
+    val = stage("validate", _validate, "check a shard folder against the shard schema and its index")
+    val.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
+    val.add_argument("--decode", action="store_true", help="also decode every audio cell")
+    pub = stage("publish", _publish, "upload a shard folder to the Hugging Face hub (resumable)")
+    pub.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
+    pub.add_argument("--repo-id", required=True, help="the hub dataset repo, e.g. you/sed-mixtures")
+    pub.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding a write token (default HF_TOKEN)")
+    pub.add_argument("--private", action="store_true", help="create the repo private")
+    pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
+    pub.add_argument("--batch-files", type=int, default=50, help="shards per commit (default 50)")
+    stage("train", _train, "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)")
+    stage("evaluate", _evaluate, "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)")
+    det = stage("detect", _detect, "print when each text query sounds in audio files (onset, offset, score)")
+    det.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
+    det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
+    det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
+    det.add_argument("--threshold", type=float, default=0.5, help="frame probability that starts an event (default 0.5)")
+    det.add_argument("--format", choices=["table", "tsv"], default="table",
+                     help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
+    det.add_argument("--scores", default=None, metavar="DIR",
+                     help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
+    det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
+    det.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+    abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants, or write the table")
+    abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce")
+    abl.add_argument("--queue", action="store_true",
+                     help="queue the variants (default: all) as DVC experiments of the pipeline, for `dvc queue start`")
+    abl.add_argument("--table", action="store_true",
+                     help="write <ablations.out_dir>/table.md from the variants' DVC experiments (else their folders)")
+    bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
+    bench.add_argument("what", choices=["clip", "mix", "shards", "train", "evaluate", "llm-cache"], help="which stage to measure")
+    bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
+    bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400; evaluate: test clips, default 10000)")
+    bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")
+    bench.add_argument("--mixtures", type=int, default=2000, help="mix: mixtures per timed run (default 2000)")
+    bench.add_argument("--workers", default="1,2", help="mix: comma-separated worker counts to time (default 1,2)")
+    bench.add_argument("--scaper-python", default=None, help="mix: python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present)")
+    bench.add_argument("--scaper-mixtures", type=int, default=200, help="mix: soundscapes Scaper makes (default 200)")
+    bench.add_argument("--rows", type=int, default=200, help="train: shard rows the loader makes (default 200)")
+    bench.add_argument("--steps", type=int, default=5, help="train: timed training steps (default 5)")
+    bench.add_argument("--preset", choices=["default", "gpu"], default="default",
+                       help="train: default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16)")
+    bench.add_argument("--peak-tflops", type=float, default=None, help="train: the device's dense bf16 peak for MFU (default: by GPU name)")
+    return parser
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's time limit), raised like Ctrl-C."""
+
+
+def _terminate(signum: int, frame) -> None:
+    # unwinding like Ctrl-C lets the stage remove its temporaries and staging folder
+    raise Terminated
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+    import threading
+
+    args = build_parser().parse_args(argv)
+    on_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
+    try:
+        return args.fn(args)
+    except (ParamsError, FileNotFoundError, FileExistsError, ValueError, CommandError) as e:
+        print(f"sedsynth {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"sedsynth {args.command}: interrupted; the previous output, if any, is unchanged", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+    finally:
+        if on_main_thread:  # None: a handler set outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

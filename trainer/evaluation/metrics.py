@@ -1,0 +1,198 @@
+"""Detection, alignment and classification metrics on scores computed once.
+
+Inputs: per-clip frame probabilities ``(L, C)`` with frame boundaries ``(L+1,)`` seconds,
+ground-truth events ``{clip: [(onset_s, offset_s, class)]}`` and clip durations; similarity
+matrices for classification. Outputs: plain dicts of floats and per-class tables. Retrieval
+recall@k and AUROC, which the training loop's held-out scores share, are in
+:mod:`trainer.evaluation.ranking`.
+
+Detection metrics are sed_scores_eval's (no re-implementation): PSDS1 (dtc = gtc = 0.7,
+alpha_ct 0, alpha_st 1, or 0 for AudioSet-Strong, max_efpr 100 per hour) and PSDS2 (dtc = gtc
+= 0.1, cttc 0.3, alpha_ct 0.5) after a median filter of 3 frames; segment AUROC and pAUROC
+(1 s segments, max_fpr 0.1, normalised by max_fpr as sed_scores_eval does) from one pass of
+segment statistics; collar F1 at threshold 0.5 (200 ms onset collar, offset collar the larger
+of 200 ms and 20% of the event). :class:`Timer` splits the wall time between sed_scores_eval's
+own calls and everything else.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.ndimage import median_filter
+from scipy.stats import rankdata
+
+from trainer.data.labels import frame_labels
+
+# sed_scores_eval imports dcase_util, which imports the deprecated pkg_resources
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+
+
+@dataclass(frozen=True)
+class PsdsSettings:
+    dtc: float
+    gtc: float
+    cttc: float | None
+    alpha_ct: float
+    alpha_st: float
+    max_efpr: float = 100.0
+
+
+PSDS1 = PsdsSettings(dtc=0.7, gtc=0.7, cttc=None, alpha_ct=0.0, alpha_st=1.0)
+PSDS2 = PsdsSettings(dtc=0.1, gtc=0.1, cttc=0.3, alpha_ct=0.5, alpha_st=1.0)
+
+
+@dataclass
+class Timer:
+    """Wall seconds per named step; ``library`` marks time spent inside sed_scores_eval."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    library_s: float = 0.0
+
+    @contextmanager
+    def __call__(self, name: str, library: bool = False):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            took = time.perf_counter() - start
+            self.seconds[name] += took
+            if library:
+                self.library_s += took
+
+    def summary(self, outside_metrics: tuple[str, ...] = ("model_scoring", "read_")) -> dict[str, float]:
+        """Seconds per step, the total, and the share of the metric work (steps not named in
+        ``outside_metrics``) spent outside sed_scores_eval's own calls."""
+        total = sum(self.seconds.values())
+        metric = sum(v for k, v in self.seconds.items() if not k.startswith(outside_metrics))
+        return {**{f"{k}_s": round(v, 4) for k, v in self.seconds.items()}, "total_s": round(total, 4),
+                "metrics_s": round(metric, 4), "sed_scores_eval_s": round(self.library_s, 4),
+                "outside_sed_scores_eval_share": round((metric - self.library_s) / metric, 4) if metric else 0.0}
+
+
+def smooth(probs: np.ndarray, frames: int) -> np.ndarray:
+    """Median filter of ``frames`` frames along time, each class on its own ``(L, C) -> (L, C)``."""
+    if frames <= 1:
+        return probs
+    return median_filter(probs, size=(frames, 1), mode="nearest")
+
+
+def score_dataframes(ids, timestamps_s, probs, classes) -> dict[str, pd.DataFrame]:
+    """Per-clip arrays -> sed_scores_eval score DataFrames (``onset``, ``offset``, one column per class)."""
+    from sed_scores_eval.base_modules.scores import create_score_dataframe
+
+    classes = list(classes)
+    return {i: create_score_dataframe(np.asarray(p, dtype=np.float64), np.asarray(t, dtype=np.float64), classes)
+            for i, t, p in zip(ids, timestamps_s, probs)}
+
+
+def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer,
+                alpha_st: float = 1.0, segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5) -> dict:
+    """All detection metrics for one score set.
+
+    Returns ``{"summary": {...}, "per_class": DataFrame, "psd_roc1": (etpr, efpr), "psd_roc2": ...,
+    "roc": (tpr, fpr) macro average over classes}``.
+    """
+    from sed_scores_eval import collar_based, intersection_based
+    from sed_scores_eval.base_modules.roc import (
+        auroc_from_intermediate_statistics,
+        roc_curve_from_intermediate_statistics,
+    )
+    from sed_scores_eval.segment_based.intermediate_statistics import (
+        accumulated_intermediate_statistics,
+    )
+
+    out: dict = {}
+    per_class = pd.DataFrame(index=pd.Index(list(classes), name="class"))
+    for name, s in (("psds1", PSDS1), ("psds2", PSDS2)):
+        with timer(name, library=True):
+            value, single, roc, class_rocs = intersection_based.psds(
+                scores, ground_truth, durations_s, dtc_threshold=s.dtc, gtc_threshold=s.gtc, cttc_threshold=s.cttc,
+                alpha_ct=s.alpha_ct, alpha_st=alpha_st if name == "psds1" else s.alpha_st, max_efpr=s.max_efpr)
+        out[name] = float(value)
+        per_class[name] = pd.Series({k: float(v) for k, v in single.items()})
+        out[f"psd_{name.removeprefix('psds')}_roc"] = roc
+        with timer("roc_average"):
+            out[f"psd_{name.removeprefix('psds')}_class_mean"] = mean_psd_roc(class_rocs, s.max_efpr)
+    with timer("segment_auroc", library=True):
+        stats, _ = accumulated_intermediate_statistics(scores, ground_truth, durations_s, segment_length=segment_s)
+        auc, _ = auroc_from_intermediate_statistics(stats)
+        pauc, _ = auroc_from_intermediate_statistics(stats, max_fpr=max_fpr)
+        curves = roc_curve_from_intermediate_statistics(stats)
+    out["auroc"], out["pauroc"] = float(auc["mean"]), float(pauc["mean"])
+    per_class["auroc"] = pd.Series({k: float(v) for k, v in auc.items() if k != "mean"})
+    per_class["pauroc"] = pd.Series({k: float(v) for k, v in pauc.items() if k != "mean"})
+    with timer("roc_average"):
+        out["roc"] = macro_roc(curves, classes)
+    with timer("collar_f1", library=True):
+        f, p, r, _ = collar_based.fscore(scores, ground_truth, threshold, onset_collar=0.2, offset_collar=0.2, offset_collar_rate=0.2)
+    out["f1"], out["precision"], out["recall"] = float(f["macro_average"]), float(p["macro_average"]), float(r["macro_average"])
+    out["f1_micro"] = float(f["micro_average"])
+    for key, d in (("f1", f), ("precision", p), ("recall", r)):
+        per_class[key] = pd.Series({k: float(v) for k, v in d.items() if not k.endswith("_average")})
+    events = defaultdict(int)
+    for evs in ground_truth.values():
+        for *_, c in evs:
+            events[c] += 1
+    per_class.insert(0, "events", pd.Series(events).reindex(per_class.index).fillna(0).astype(int))
+    out["per_class"] = per_class.reset_index()
+    return out
+
+
+def macro_roc(curves, classes, grid: int = 201) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class ROC curves (sed_scores_eval's ``{class: (tpr, fpr, ...)}``) -> mean TPR ``(grid,)``
+    on an FPR grid ``(grid,)``."""
+    fpr_grid = np.linspace(0.0, 1.0, grid)
+    mean = np.zeros(grid)
+    used = 0
+    for c in classes:
+        if c in curves and len(curves[c][1]):
+            tpr, fpr = curves[c][0], curves[c][1]
+            mean += np.interp(fpr_grid, fpr, tpr)
+            used += 1
+    return (mean / max(used, 1)), fpr_grid
+
+
+def mean_psd_roc(class_rocs: dict, max_efpr: float, grid: int = 201) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of the single-class PSD-ROCs (``{class: (tpr, efpr, ...)}``, step curves) ->
+    ``(etpr, efpr)`` on an eFPR grid: the PSD-ROC without the stability penalty (alpha_st 0)."""
+    efpr_grid = np.linspace(0.0, max_efpr, grid)
+    curves = []
+    for tpr, efpr, *_ in class_rocs.values():
+        tpr, efpr = np.asarray(tpr, dtype=float), np.asarray(efpr, dtype=float)
+        at = np.searchsorted(efpr, efpr_grid, side="right") - 1
+        curves.append(np.where(at >= 0, tpr[np.clip(at, 0, None)], 0.0))
+    return (np.mean(curves, axis=0) if curves else np.zeros(grid)), efpr_grid
+
+
+def alignment(probs_per_pair: list[np.ndarray], labels_per_pair: list[np.ndarray]) -> float:
+    """FLAM's alignment: mean Spearman correlation between an event's frame scores and its 0/1
+    frame labels, over the (clip, event) pairs whose labels are not constant."""
+    values = []
+    for p, y in zip(probs_per_pair, labels_per_pair):
+        if y.all() or not y.any():
+            continue
+        rp, ry = rankdata(p), rankdata(y)
+        sp = rp.std()
+        values.append(0.0 if sp == 0 else float(np.corrcoef(rp, ry)[0, 1]))
+    return float(np.mean(values)) if values else float("nan")
+
+
+def labels_on_grid(segments_s, timestamps_s: np.ndarray) -> np.ndarray:
+    """An event's segments -> active frames ``(L,)`` of a clip's frame grid (the trainer's overlap rule)."""
+    spans = np.stack([timestamps_s[:-1], timestamps_s[1:]], axis=1)
+    return frame_labels(list(segments_s), 0.0, spans)
+
+
+def classification(audio: np.ndarray, class_text: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Zero-shot accuracy: each clip ``(A, d)`` takes the class text ``(C, d)`` it is closest to."""
+    if not len(labels):
+        return {"accuracy": float("nan")}
+    predicted = (audio @ class_text.T).argmax(axis=1)
+    return {"accuracy": float((predicted == labels).mean())}

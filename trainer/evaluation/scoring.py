@@ -1,0 +1,148 @@
+"""One model's scores on an evaluation set, computed once, and the metrics read from them.
+
+Input: a :class:`~trainer.evaluation.detector.Detector` and audio as ``(id, path or encoded
+bytes)`` pairs with, per clip, the vocabularies to score it against. Output: :class:`Scored`
+(per clip: the clip embedding ``(d,)``, frame boundaries ``(L+1,)`` s and, per vocabulary, frame
+probabilities ``(L, C)``), and from it the detection (PSDS, segment AUROC, collar F1; the score
+files sed_scores_eval reads), grounding (alignment, frame AUROC), retrieval and zero-shot
+classification metrics. Audio that cannot be decoded becomes a :class:`~pipeline.schema.Skip`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.audio import AudioError, decode_mono
+from pipeline.schema import Skip
+from trainer.evaluation import metrics as M
+from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector, Vocabulary
+from trainer.evaluation.ranking import auroc, retrieval
+
+
+@dataclass
+class Scored:
+    """One model's scores on one set, in clip order (skipped clips left out)."""
+
+    ids: list[str] = field(default_factory=list)
+    clips: list[np.ndarray] = field(default_factory=list)
+    timestamps_s: list[np.ndarray] = field(default_factory=list)
+    probs: list[list[np.ndarray]] = field(default_factory=list)
+    waves: dict[str, np.ndarray] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def clip_matrix(self) -> np.ndarray:
+        return np.stack(self.clips) if self.clips else np.zeros((0, 0), np.float32)
+
+
+def subset(v: Vocabulary, rows: list[int]) -> Vocabulary:
+    """The entries ``rows`` of ``v``, in that order (a clip's own phrases out of every phrase of a set)."""
+    index = torch.tensor(rows, dtype=torch.long, device=v.embeddings.device)
+    return Vocabulary(tuple(v.texts[i] for i in rows), v.embeddings[index], v.scale[index], v.bias[index])
+
+
+def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: Callable[[str], list[Vocabulary]],
+              skips: list[Skip], keep_waves: int = 0, desc: str = "score", total: int | None = None) -> Scored:
+    """Decode and score each ``(id, path or bytes)``; unreadable audio becomes a :class:`Skip`."""
+    from tqdm.auto import tqdm
+
+    out = Scored()
+    order: list[str] = []
+
+    def waves() -> Iterator[np.ndarray]:
+        for i, src in audio:
+            try:
+                w = decode_mono(src, det.sample_rate_hz)
+            except AudioError as e:
+                skips.append(Skip(i, src if isinstance(src, str) else "", e.reason, e.detail))
+                continue
+            order.append(i)
+            if len(out.waves) < keep_waves:
+                out.waves[i] = w
+            yield w
+
+    def per_clip() -> Iterator[list[Vocabulary]]:
+        k = 0
+        while True:
+            yield vocabs(order[k])
+            k += 1
+
+    start = time.perf_counter()
+    for k, s in enumerate(tqdm(det.score(waves(), per_clip()), desc=desc, unit="clip", total=total, mininterval=5.0, leave=False)):
+        out.ids.append(order[k])
+        out.clips.append(s.clip)
+        out.timestamps_s.append(s.timestamps_s)
+        out.probs.append(s.probs)
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+@torch.no_grad()
+def text_matrix(det: Detector, texts: list[str], batch: int = 256) -> np.ndarray:
+    """Unit text embeddings ``(len(texts), d)``, ``batch`` texts per forward pass."""
+    rows = [det.vocabulary(texts[i:i + batch]).embeddings.cpu().numpy() for i in range(0, len(texts), batch)]
+    return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
+
+
+def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict, classes, e, timer: M.Timer,
+              folder: Path | None, model: str, alpha_st: float = 1.0) -> dict:
+    """SED metrics of vocabulary ``column`` of ``scored``; writes the score files and per-class CSV."""
+    from sed_scores_eval.base_modules.io import write_sed_scores
+
+    ids = scored.ids
+    with timer("median_filter"):
+        probs = [M.smooth(p[column], e.median_filter_frames) for p in scored.probs]
+    with timer("score_tables", library=True):
+        tables = M.score_dataframes(ids, scored.timestamps_s, probs, classes)
+    truth = {i: ground_truth[i] for i in ids}
+    durations = {i: min(durations_s[i], float(t[-1])) for i, t in zip(ids, scored.timestamps_s)}
+    result = M.sed_metrics(tables, truth, durations, classes, timer, alpha_st=alpha_st, segment_s=e.segment_s,
+                           max_fpr=e.max_fpr, threshold=e.f1_threshold)
+    if folder is not None:
+        with timer("write_scores", library=True):
+            write_sed_scores(tables, folder / "scores" / model)
+        with timer("write_tables"):
+            result["per_class"].to_csv(folder / f"per_class_{model}.csv", index=False, float_format="%.6g")
+    return result
+
+
+def grounding(scored: Scored, column: int, phrases: Callable[[str], list[tuple[str, list]]], timer: M.Timer) -> dict:
+    """Alignment (FLAM's Spearman) and frame AUROC of each clip's own phrases (FLAM: only the
+    events present in the clip)."""
+    with timer("alignment"):
+        ps, ys = [], []
+        for i, t, p in zip(scored.ids, scored.timestamps_s, scored.probs):
+            for q, (_, segments) in enumerate(phrases(i)):
+                ps.append(p[column][:, q])
+                ys.append(M.labels_on_grid(segments, t))
+        aligned = M.alignment(ps, ys)
+        frame_auc = auroc(np.concatenate(ps), np.concatenate(ys)) if ps else float("nan")
+    return {"alignment": aligned, "frame_auroc": frame_auc}
+
+
+def retrieval_metrics(det: Detector, scored: Scored, captions: dict[str, Iterable[str]], timer: M.Timer) -> dict:
+    """R@1/5/10 both ways between the scored clips and every caption of them (``captions``: clip -> its captions)."""
+    texts = sorted({c for i in scored.ids for c in captions[i]})
+    where = {t: k for k, t in enumerate(texts)}
+    pairs = [(a, where[c]) for a, i in enumerate(scored.ids) for c in captions[i]]
+    with timer("model_scoring_text"):  # a model forward pass, like the audio scoring
+        t = text_matrix(det, texts)
+    with timer("retrieval"):
+        return retrieval(scored.clip_matrix, t, pairs)
+
+
+def classification_metrics(det: Detector, scored: Scored, labels: dict[str, str], queries: dict[str, str], timer: M.Timer) -> dict:
+    """Zero-shot accuracy: each clip against "The sound of {query}" for every class of the scored clips
+    (``labels``: clip -> class; ``queries``: class -> its text, else the class name)."""
+    classes = sorted({labels[i] for i in scored.ids})
+    with timer("model_scoring_text"):  # a model forward pass, like the audio scoring
+        t = text_matrix(det, [ZERO_SHOT_TEMPLATE.format(queries.get(c, c.replace("_", " ").lower())) for c in classes])
+    with timer("classification"):
+        y = np.array([classes.index(labels[i]) for i in scored.ids])
+        return M.classification(scored.clip_matrix, t, y)

@@ -1,0 +1,1 @@
+"""The trainer's stages, one file per ``dvc.yaml`` stage, each with one ``run(params, ...)``."""
