@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from pipeline.outputs import write_json
 from trainer import checkpoint, distributed
-from trainer.config import current_train_section
+from trainer.config import TrainParams, current_train_section
 from trainer.data.stream import TrainStream, collate, make_stream
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, write_skips
@@ -41,8 +42,68 @@ NO_SCORES = {"valid_loss": float("inf")}  # the best held-out scores before any 
 def run(params, out_dir: Path | None = None) -> dict:
     """Train as ``params.train`` says, into ``out_dir`` (default ``train.out_dir``); returns the
     summary written to ``metrics.json`` (``{}`` on DDP ranks other than 0)."""
+    setup = set_up(params, Path(out_dir or params.train.out_dir))
+
+    # start, or resume where latest.pt stopped
+    # step: optimizer steps taken; micro_batches_done: in this epoch; best: the best held-out scores so far
+    step, epoch, micro_batches_done, best = start_or_resume(setup.latest, setup.train.resume, setup.config, setup.objective,
+                                                            setup.optimizer, setup.scheduler)
+    ddp = torch.nn.parallel.DistributedDataParallel(setup.objective) if setup.world.size > 1 else setup.objective
+    logs = start_logs(setup, step)
+
+    # the epoch loop: micro-batches of batch_size clips, an optimizer step every grad_accum of them, then
+    # held-out scores and checkpoints (max_steps can stop it mid-epoch)
+    while step < setup.total_steps:
+        step, micro_batches_done, data_ended = train_epoch(setup, ddp, logs, step, epoch, micro_batches_done, best)
+        best = end_epoch(setup, logs, step, epoch, micro_batches_done, data_ended, best)
+        epoch, micro_batches_done = epoch + 1, 0
+
+    # the end of the run: metrics.json and curves.png
+    logs.progress.close()
+    summary = {}
+    if setup.world.main:
+        valid_rows = logs.valid.rows
+        summary = {"steps": step, "epochs": epoch, "train_clips_per_s": logs.clips_per_s(setup.world.size),
+                   "final": valid_rows[-1] if valid_rows else {}, "untrained": valid_rows[0] if valid_rows else {},
+                   "best": best, "skipped": len(logs.skipped_items)}
+        write_json(setup.out / "metrics.json", summary)
+        plot_curves(logs.train.rows, valid_rows, setup.out / "curves.png")
+    distributed.teardown(setup.world)
+    return summary
+
+
+@dataclasses.dataclass
+class Setup:
+    """What a run trains with, built by :func:`set_up` on every rank."""
+
+    seed: int
+    train: TrainParams
+    world: distributed.World
+    objective: Objective  # the model and its losses, on ``world.device``
+    stream: TrainStream
+    loader: DataLoader  # micro-batches of ``train.data.batch_size`` clips from ``stream``
+    valid_loader: DataLoader | None  # the held-out split, on rank 0 only
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    steps_per_epoch: int  # optimizer steps every rank takes in one epoch
+    total_steps: int  # optimizer steps of the whole run
+    config: dict  # what checkpoints record, see :func:`config_of`
+    out: Path
+
+    @property
+    def latest(self) -> Path:
+        return self.out / "checkpoints" / "latest.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.out / "checkpoints" / "best.pt"
+
+
+def set_up(params, out: Path) -> Setup:
+    """Join the DDP world (if any) and build the model, objective, data, optimizer and schedule of
+    ``params.train``; the initial weights come from ``params.seed``, the same on every rank."""
     t = params.train
-    out = Path(out_dir or t.out_dir)
     world = distributed.setup(t.device)
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -56,91 +117,121 @@ def run(params, out_dir: Path | None = None) -> dict:
     loader = DataLoader(stream, batch_size=batch_size, num_workers=t.data.num_workers, collate_fn=collate, drop_last=True,
                         pin_memory=world.device.type == "cuda", persistent_workers=False)
     steps_per_epoch = optimizer_steps_per_epoch(stream, world.size, t.data.num_workers, batch_size, grad_accum)
-    total = t.optim.max_steps or steps_per_epoch * t.optim.epochs
+    total_steps = t.optim.max_steps or steps_per_epoch * t.optim.epochs
     optimizer = optimizer_for(objective, t.optim)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, total_steps))
     valid_loader = None
     if t.data.valid is not None and world.main:
         valid_loader = DataLoader(make_stream(params, model.encoder, [t.data.valid], shuffle=False), batch_size=batch_size,
                                   num_workers=0, collate_fn=collate)
-    config = config_of(params, data_fingerprint(stream))
-    latest, best_path = out / "checkpoints" / "latest.pt", out / "checkpoints" / "best.pt"
+    return Setup(params.seed, t, world, objective, stream, loader, valid_loader, optimizer, scheduler,
+                    autocast_for(t.precision, world.device), steps_per_epoch, total_steps,
+                    config_of(params, data_fingerprint(stream)), out)
 
-    # start, or resume where latest.pt stopped
-    step, epoch, micro_batches_done, best = start_or_resume(latest, t.resume, config, objective, optimizer, scheduler)
-    train_log, valid_log = open_logs(out, step)
-    ddp = torch.nn.parallel.DistributedDataParallel(objective) if world.size > 1 else objective
-    autocast = autocast_for(t.precision, world.device)
-    if world.main:
-        write_json(out / "config.json", config)
-        write_skips(out / "skipped.csv", stream.skips)
-        if step == 0 and valid_loader is not None:
-            valid_log.add({"epoch": 0, "step": 0, **score(objective, valid_loader, world.device, autocast)})
-    skipped_items = list(stream.skips)  # rows that could not be decoded, with their reasons
-    progress = _progress(world, total, step)
-    clips_seen, started = 0, time.perf_counter()  # by this rank in this process, for clips/s
 
-    # the epoch loop: micro-batches of batch_size clips, an optimizer step every grad_accum of them
-    while step < total:
-        stream.set_epoch(epoch, micro_batches_done, batch_size)  # a resume skips the micro-batches done
-        batches = iter(loader)
-        data_ended = False
-        while step < total:
-            b = next(batches, None)
-            if not distributed.all_have(b is not None, world):
-                data_ended = True
-                break
-            skipped_items += b.skips
-            b = b.to(world.device)
-            torch.manual_seed(params.seed + 1000 * world.rank + 7919 * step + micro_batches_done)  # dropout: fixed per rank and step
-            sync = (micro_batches_done + 1) % grad_accum == 0
-            with (contextlib.nullcontext() if sync or world.size == 1 else ddp.no_sync()), autocast():
-                terms = ddp(b)
-            (terms["loss"] / grad_accum).backward()
-            micro_batches_done, clips_seen = micro_batches_done + 1, clips_seen + len(b.ids)
-            if not sync:
-                continue
-            if t.optim.clip_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(objective.parameters(), t.optim.clip_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            progress.update(1)
-            progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")}, refresh=False)
-            if world.main and t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
-                checkpoint.save(latest, objective, optimizer, scheduler, step, epoch, micro_batches_done, config, {"best": best})
-                train_log.flush()
-            if world.main and (step % t.log_every_steps == 0 or step == total):
-                rate = clips_seen * world.size / (time.perf_counter() - started)
-                train_log.add({"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], "clips_per_s": rate,
-                               **{k: float(v.detach()) for k, v in terms.items()}})
+@dataclasses.dataclass
+class Logs:
+    """What a run records as it goes: the two CSV logs (written by rank 0), the progress bar, the
+    rows that could not be decoded (with their reasons) and this rank's clips since ``started``."""
 
-        # the end of an epoch (or of max_steps, which can stop mid-epoch: latest.pt then keeps this
-        # epoch and its micro-batches done, so a resume goes on from there)
-        epoch_finished = data_ended or micro_batches_done >= steps_per_epoch * grad_accum
-        resume_at = (epoch + 1, 0) if epoch_finished else (epoch, micro_batches_done)
-        epoch, micro_batches_done = epoch + 1, 0
-        if world.main:
-            scores = score(objective, valid_loader, world.device, autocast) if valid_loader is not None else {}
-            valid_log.add({"epoch": epoch, "step": step, **scores})
-            if scores.get("valid_loss", float("inf")) < best["valid_loss"]:
-                best = {"epoch": epoch, "step": step, **scores}
-                checkpoint.save(best_path, objective, None, None, step, epoch, 0, config, {"best": best})
-            checkpoint.save(latest, objective, optimizer, scheduler, step, *resume_at, config, {"best": best})
-            train_log.flush(), valid_log.flush()
-            write_skips(out / "skipped.csv", skipped_items)
-        distributed.barrier(world)
-    progress.close()
-    summary = {}
-    if world.main:
-        summary = {"steps": step, "epochs": epoch, "train_clips_per_s": clips_seen * world.size / max(1e-9, time.perf_counter() - started),
-                   "final": valid_log.rows[-1] if valid_log.rows else {}, "untrained": valid_log.rows[0] if valid_log.rows else {},
-                   "best": best, "skipped": len(skipped_items)}
-        write_json(out / "metrics.json", summary)
-        plot_curves(train_log.rows, valid_log.rows, out / "curves.png")
-    distributed.teardown(world)
-    return summary
+    train: CsvLog
+    valid: CsvLog
+    progress: object  # a tqdm bar, shown on rank 0
+    skipped_items: list
+    clips_seen: int = 0  # by this rank in this process
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def clips_per_s(self, world_size: int) -> float:
+        """Training clips per second over all ranks since ``started``."""
+        return self.clips_seen * world_size / max(1e-9, time.perf_counter() - self.started)
+
+
+def start_logs(setup: Setup, step: int) -> Logs:
+    """The logs from ``step`` on (:func:`open_logs`); rank 0 also writes ``config.json`` and
+    ``skipped.csv`` and, at step 0, adds the untrained model's held-out scores as epoch 0."""
+    train_log, valid_log = open_logs(setup.out, step)
+    if setup.world.main:
+        write_json(setup.out / "config.json", setup.config)
+        write_skips(setup.out / "skipped.csv", setup.stream.skips)
+        if step == 0 and setup.valid_loader is not None:
+            untrained = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
+            valid_log.add({"epoch": 0, "step": 0, **untrained})
+    return Logs(train_log, valid_log, _progress(setup.world, setup.total_steps, step), skipped_items=list(setup.stream.skips))
+
+
+def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batches_done: int,
+                best: dict) -> tuple[int, int, bool]:
+    """Train through ``epoch`` of ``setup.loader`` from its ``micro_batches_done`` on, until the data
+    runs out on some rank or ``setup.total_steps`` optimizer steps are taken.
+
+    ``ddp`` is ``setup.objective``, wrapped for DDP when there are several ranks. Every micro-batch adds
+    its gradient; every ``grad_accum``-th ends in an optimizer step. Rank 0 saves ``latest.pt``
+    (recording ``best``) every ``checkpoint_every_steps`` and adds a ``train_log`` row every
+    ``log_every_steps``. ``logs`` gains the clips seen and the skipped rows. Returns ``(step,
+    micro_batches_done, data_ended)``: optimizer steps taken in the run, micro-batches done in
+    this epoch, and whether the data ran out.
+    """
+    t, world, grad_accum = setup.train, setup.world, setup.train.optim.grad_accum
+    setup.stream.set_epoch(epoch, micro_batches_done, t.data.batch_size)  # a resume skips the micro-batches done
+    batches = iter(setup.loader)
+    while step < setup.total_steps:
+        batch = next(batches, None)
+        if not distributed.all_have(batch is not None, world):
+            return step, micro_batches_done, True
+        logs.skipped_items += batch.skips
+        batch = batch.to(world.device)
+        torch.manual_seed(setup.seed + 1000 * world.rank + 7919 * step + micro_batches_done)  # dropout: fixed per rank and step
+        sync = (micro_batches_done + 1) % grad_accum == 0  # the last micro-batch before an optimizer step
+        with (contextlib.nullcontext() if sync or world.size == 1 else ddp.no_sync()), setup.autocast():
+            terms = ddp(batch)
+        (terms["loss"] / grad_accum).backward()
+        micro_batches_done, logs.clips_seen = micro_batches_done + 1, logs.clips_seen + len(batch.ids)
+        if not sync:
+            continue
+        if t.optim.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(setup.objective.parameters(), t.optim.clip_grad_norm)
+        setup.optimizer.step()
+        setup.scheduler.step()
+        setup.optimizer.zero_grad(set_to_none=True)
+        step += 1
+        logs.progress.update(1)
+        logs.progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")},
+                                  refresh=False)
+        if world.main and t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
+            checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, epoch, micro_batches_done,
+                            setup.config, {"best": best})
+            logs.train.flush()
+        if world.main and (step % t.log_every_steps == 0 or step == setup.total_steps):
+            logs.train.add({"step": step, "epoch": epoch, "lr": setup.scheduler.get_last_lr()[0],
+                            "clips_per_s": logs.clips_per_s(world.size), **{k: float(v.detach()) for k, v in terms.items()}})
+    return step, micro_batches_done, False
+
+
+def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_done: int, data_ended: bool, best: dict) -> dict:
+    """Close ``epoch`` after :func:`train_epoch` returned ``(step, micro_batches_done, data_ended)``.
+
+    Rank 0 adds the held-out scores as epoch ``epoch + 1`` to ``valid_log``, saves ``best.pt`` when
+    they beat ``best``, and ``latest.pt`` with the resume point: the next epoch when this one
+    finished, else (``max_steps`` stopped it) this epoch and its micro-batches done. Then it
+    writes both logs and ``skipped.csv``; every rank waits for it. Returns the best scores so far.
+    """
+    epoch_finished = data_ended or micro_batches_done >= setup.steps_per_epoch * setup.train.optim.grad_accum
+    resume_at = (epoch + 1, 0) if epoch_finished else (epoch, micro_batches_done)
+    epochs_done = epoch + 1
+    if setup.world.main:
+        scores = {}
+        if setup.valid_loader is not None:
+            scores = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
+        logs.valid.add({"epoch": epochs_done, "step": step, **scores})
+        if scores.get("valid_loss", float("inf")) < best["valid_loss"]:
+            best = {"epoch": epochs_done, "step": step, **scores}
+            checkpoint.save(setup.best_path, setup.objective, None, None, step, epochs_done, 0, setup.config, {"best": best})
+        checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, *resume_at, setup.config,
+                        {"best": best})
+        logs.train.flush(), logs.valid.flush()
+        write_skips(setup.out / "skipped.csv", logs.skipped_items)
+    distributed.barrier(setup.world)
+    return best
 
 
 def start_or_resume(latest: Path, resume: bool, config: dict, objective, optimizer, scheduler) -> tuple[int, int, int, dict]:
