@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.test_dvc_trust import _import_nodes as _imports  # every import statement, TYPE_CHECKING blocks left out
 
 PACKAGES = ("pipeline", "trainer", "sedsynth", "benchmarks")
 MACHINERY = ("pipeline.corpus", "pipeline.mix", "pipeline.text", "pipeline.shards")
@@ -53,25 +54,6 @@ def _module_file(name: str, root: Path) -> Path | None:
         if path.is_file():
             return path
     return None
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    found, todo = [], [tree]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            todo.extend(node.orelse)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-        todo.extend(ast.iter_child_nodes(node))
-    return found
 
 
 def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, root: Path) -> set[str]:
