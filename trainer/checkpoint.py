@@ -5,7 +5,10 @@ left out; it is rebuilt from its name), the optimizer, the scheduler, the step, 
 the batches done in it, torch's RNG state, and the resolved ``train`` config. It is written to
 a temporary name and renamed, so a crash never leaves a half-written ``latest.pt``. Everything
 in it is a plain container (dict, list, tuple, str, number, None) or a tensor, so it reads back
-under ``weights_only=True``.
+under ``weights_only=True``. After training, :func:`store_entry` adds plain-data entries (the
+``calibration``: the detection threshold chosen on the held-out split) to a written checkpoint,
+again atomically; :func:`read_entry` reads one back without loading the weights. A checkpoint
+written before an entry existed reads as not having it.
 
 Every ``.pt`` this project opens (its own checkpoints, an EAT encoder checkpoint) goes through
 :func:`read_torch_file`: a weights-only unpickle, so a file whose pickle names a function or
@@ -57,12 +60,13 @@ def _why(error: Exception, path: Path) -> str:
     return f"{type(error).__name__}: {first[:200]}" if first else type(error).__name__
 
 
-def read_torch_file(path: str | Path, what: str, expected: str, allow: Iterable[Any] = ()) -> Any:
+def read_torch_file(path: str | Path, what: str, expected: str, allow: Iterable[Any] = (), mmap: bool = False) -> Any:
     """The object stored in ``torch.save`` file ``path``, unpickled weights-only onto the CPU.
 
     ``what`` names the caller in messages (``train``, ``detector``, ``encoder``), ``expected``
     says what the file should be, and ``allow`` lists the extra classes a foreign format may
-    hold (plain config objects); nothing else that a pickle can name is ever called.
+    hold (plain config objects); nothing else that a pickle can name is ever called. With
+    ``mmap`` the tensors are mapped from the file, not read, until they are used.
     Raises FileNotFoundError when there is no file and :class:`CheckpointError` otherwise.
     """
     path = Path(path)
@@ -70,7 +74,7 @@ def read_torch_file(path: str | Path, what: str, expected: str, allow: Iterable[
         raise FileNotFoundError(f"{what}: no checkpoint at {path}; expected {expected}")
     try:
         with torch.serialization.safe_globals(list(allow)):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except OSError as e:
         raise CheckpointError(f"{what}: cannot read {path} ({e.strerror or e}); expected {expected}") from None
     except Exception as e:  # noqa: BLE001  arbitrary bytes fail in many ways; each means "not a checkpoint"
@@ -103,7 +107,51 @@ def read(path: str | Path, what: str = "checkpoint") -> dict:
     for key in ("optimizer", "scheduler"):
         if state.get(key) is not None and not isinstance(state[key], Mapping):
             raise bad(f"'{key}' is not a state dict")
+    problem = calibration_problem(state.get("calibration"))
+    if problem:
+        raise bad(problem)
     return state
+
+
+def calibration_problem(entry: Any) -> str | None:
+    """What is wrong with a checkpoint's ``calibration`` entry (absent is fine), or None."""
+    if entry is None:
+        return None
+    if not isinstance(entry, Mapping):
+        return "'calibration' is not a dict"
+    t = entry.get("threshold")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t):
+        return f"'calibration' has no finite threshold (got {t!r})"
+    return None
+
+
+def read_entry(path: str | Path, key: str, what: str = "checkpoint") -> Any:
+    """Entry ``key`` of trainer checkpoint ``path`` (None when it has none), read weights-only without
+    loading the weights; a malformed ``calibration`` raises :class:`CheckpointError`."""
+    state = read_torch_file(path, what, TRAINER_CHECKPOINT, mmap=True)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{what}: {path} is not a sedsynth training checkpoint (it holds a {type(state).__name__}); "
+                              f"expected {TRAINER_CHECKPOINT}")
+    value = state.get(key)
+    problem = calibration_problem(value) if key == "calibration" else None
+    if problem:
+        raise CheckpointError(f"{what}: {path} is not a sedsynth training checkpoint ({problem}); expected {TRAINER_CHECKPOINT}")
+    return value
+
+
+def store_entry(path: str | Path, key: str, value: Any) -> None:
+    """Set entry ``key`` of the checkpoint at ``path`` to plain data ``value`` (:func:`plain`); the
+    file is rewritten under a temporary name and renamed, so it is never half-written."""
+    path = Path(path)
+    state = read(path, "checkpoint")
+    state[key] = plain(value)
+    _write(path, state)
+
+
+def _write(path: Path, state: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def plain(value: Any) -> Any:
@@ -151,9 +199,7 @@ def save(path: Path, model: nn.Module, optimizer, scheduler, step: int, epoch: i
         "config": plain(config),
         "metrics": plain(metrics or {}),
     }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    _write(path, state)
 
 
 def restore(state: dict, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True, path: str | Path = "checkpoint") -> dict:

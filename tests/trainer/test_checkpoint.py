@@ -69,3 +69,39 @@ def test_checkpoint_round_trip(smoke_run, tmp_path):
     third = Objective(build_model(replace(t.model, embed_dim=16)), t.loss)
     with pytest.raises((ValueError, RuntimeError)):
         checkpoint.restore(checkpoint.read(path), third, path=path)
+
+
+def test_entries_stored_after_training_read_back_weights_only(tmp_path):
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    path = tmp_path / "best.pt"
+    checkpoint.save(path, model, None, None, step=4, epoch=1, batches_in_epoch=0, config={"train": {"x": 1}})
+    assert checkpoint.read_entry(path, "calibration") is None  # a checkpoint from before calibration: no entry, still reads
+    before = checkpoint.read(path)
+    entry = {"threshold": np.float64(0.0123), "valid_f1": np.float32(0.5), "split": "valid", "classes": np.int64(7)}
+    checkpoint.store_entry(path, "calibration", entry)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]  # written under a temporary name, then renamed
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
+    state = checkpoint.read(path)  # weights only
+    assert state["calibration"] == {"threshold": 0.0123, "valid_f1": 0.5, "split": "valid", "classes": 7}
+    assert type(state["calibration"]["threshold"]) is float and type(state["calibration"]["classes"]) is int
+    assert checkpoint.read_entry(path, "calibration") == state["calibration"]
+    assert checkpoint.read_entry(path, "step") == 4
+    for key in ("step", "epoch", "config", "metrics"):
+        assert state[key] == before[key], key
+    for k, v in before["model"].items():
+        assert torch.equal(state["model"][k], v), k
+
+
+@pytest.mark.parametrize("bad", [0.5, {"threshold": "high"}, {"threshold": float("nan")}, {"valid_f1": 0.1}])
+def test_a_malformed_calibration_is_refused_naming_the_file(tmp_path, bad):
+    path = tmp_path / "ck.pt"
+    checkpoint.save(path, torch.nn.Linear(2, 2), None, None, 0, 0, 0, {"train": {}})
+    state = torch.load(path, weights_only=True)
+    torch.save(state | {"calibration": bad}, path)
+    for read in (lambda: checkpoint.read(path), lambda: checkpoint.read_entry(path, "calibration")):
+        with pytest.raises(checkpoint.CheckpointError, match="calibration") as caught:
+            read()
+        assert str(path) in str(caught.value)

@@ -9,9 +9,11 @@ optionally a sed_scores_eval score file per file (``--scores DIR``: ``DIR/<name>
 offset and one column per query) and a picture per file (spectrogram, each query's frame
 probabilities, detected events as bars).
 
-Events are runs of frames whose median-filtered probability reaches the threshold; an event's
-score is its highest frame probability; the score files hold the same median-filtered
-probabilities, so sed_scores_eval's PSDS and collar F1 score them as the evaluate stage does.
+Events are runs of frames whose median-filtered probability reaches the threshold (``--threshold``,
+else the one ``sedsynth train`` chose on the valid split and stored in the checkpoint, else 0.5;
+a line on stderr says which); an event's score is its highest frame probability; the score
+files hold the same median-filtered probabilities, so sed_scores_eval's PSDS and collar F1 score
+them as the evaluate stage does.
 
 Files are read, resampled and scored a block at a time, so memory stays bounded for audio of
 any length. A file that fails (cannot be decoded, too short to hold one sample at the model's
@@ -31,6 +33,7 @@ import numpy as np
 
 from pipeline.audio import AudioError, read_blocks
 from pipeline.outputs import write_atomic
+from trainer.evaluation.calibration import threshold_setting
 from trainer.evaluation.detector import Detector
 from trainer.evaluation.metrics import smooth
 from trainer.evaluation.plots import Spectrogram, detection_figure
@@ -138,17 +141,23 @@ def format_rows(rows: list[Detection], tsv: bool) -> str:
 
 
 def main(args, params) -> int:
-    """``sedsynth detect`` with its parsed ``args`` and ``params`` (only ``evaluate.*`` is read; the model comes from the checkpoint)."""
+    """``sedsynth detect`` with its parsed ``args`` and ``params`` (only ``evaluate.*`` is read; the model comes from the checkpoint).
+
+    ``args.threshold`` None (no ``--threshold``) means the checkpoint's stored threshold; stderr says which one is used.
+    """
     evaluate = params.evaluate
     checkpoint = args.checkpoint or evaluate.checkpoint
     queries = check_queries(args.query, score_columns=args.scores is not None)
     detector = Detector.from_checkpoint(checkpoint, device=args.device or evaluate.device,
                                         overlap=evaluate.window_overlap, batch_size=evaluate.batch_size)
+    threshold, source, _ = threshold_setting(args.threshold, checkpoint, "--threshold",
+                                             warn=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr))
+    print(f"sedsynth detect: threshold {threshold:.6g} ({source})", file=sys.stderr)
     missing = [f for f in args.audio if not Path(f).is_file()]
     for f in missing:
         print(f"sedsynth detect: error: {f} does not exist or is not a file", file=sys.stderr)
     tsv = args.format == "tsv"
-    rows, failed = detect(detector, [f for f in args.audio if f not in missing], queries, args.threshold,
+    rows, failed = detect(detector, [f for f in args.audio if f not in missing], queries, threshold,
                           evaluate.median_filter_frames, Path(args.pictures) if args.pictures else None,
                           Path(args.scores) if args.scores else None, unique_names=tsv)
     for f, why in failed.items():

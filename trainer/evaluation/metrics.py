@@ -1,4 +1,4 @@
-"""Detection, alignment and classification metrics on scores computed once.
+"""Detection, alignment and classification metrics on scores computed once, and the protocol they follow.
 
 Inputs: per-clip frame probabilities ``(L, C)`` with frame boundaries ``(L+1,)`` seconds,
 ground-truth events ``{clip: [(onset_s, offset_s, class)]}`` and clip durations; similarity
@@ -6,13 +6,16 @@ matrices for classification. Outputs: plain dicts of floats and per-class tables
 recall@k and AUROC, which the training loop's held-out scores share, are in
 :mod:`trainer.evaluation.ranking`.
 
-Detection metrics are sed_scores_eval's (no re-implementation): PSDS1 (dtc = gtc = 0.7,
-alpha_ct 0, alpha_st 1, or 0 for AudioSet-Strong, max_efpr 100 per hour) and PSDS2 (dtc = gtc
-= 0.1, cttc 0.3, alpha_ct 0.5) after a median filter of 3 frames; segment AUROC and pAUROC
-(1 s segments, max_fpr 0.1, normalised by max_fpr as sed_scores_eval does) from one pass of
-segment statistics; collar F1 at threshold 0.5 (200 ms onset collar, offset collar the larger
-of 200 ms and 20% of the event). :class:`Timer` splits the wall time between sed_scores_eval's
-own calls and everything else.
+Detection metrics are sed_scores_eval's (no re-implementation), after a median filter of 3
+frames: PSDS1 (dtc = gtc = 0.7, alpha_ct 0, max_efpr 100 per hour) twice, ``psds1`` with the
+stability penalty alpha_st 1 (DESED, DCASE) and ``psds1_astat0`` without it (alpha_st 0, as
+FineLAP reports AudioSet-Strong; read from the same per-class PSD-ROCs, no second pass), and
+PSDS2 (dtc = gtc = 0.1, cttc 0.3, alpha_ct 0.5, alpha_st 1); segment AUROC and pAUROC (1 s
+segments, max_fpr 0.1, normalised by max_fpr as sed_scores_eval does) from one pass of segment
+statistics; collar F1 at one global threshold (200 ms onset collar, offset collar the larger of
+200 ms and 20% of the event; the threshold is chosen on the valid split, see
+:mod:`trainer.evaluation.calibration`). :func:`protocol` writes all of that down beside the
+numbers. :class:`Timer` splits the wall time between sed_scores_eval's own calls and the rest.
 """
 
 from __future__ import annotations
@@ -45,7 +48,22 @@ class PsdsSettings:
 
 
 PSDS1 = PsdsSettings(dtc=0.7, gtc=0.7, cttc=None, alpha_ct=0.0, alpha_st=1.0)
+PSDS1_ASTAT0 = PsdsSettings(dtc=0.7, gtc=0.7, cttc=None, alpha_ct=0.0, alpha_st=0.0)  # FineLAP's AudioSet-Strong PSDS1
 PSDS2 = PsdsSettings(dtc=0.1, gtc=0.1, cttc=0.3, alpha_ct=0.5, alpha_st=1.0)
+PSDS = {"psds1": PSDS1, "psds1_astat0": PSDS1_ASTAT0, "psds2": PSDS2}  # metric key -> its settings
+PSDS_UNIT_OF_TIME = "hour"  # max_efpr is false positives per hour
+
+
+@dataclass(frozen=True)
+class CollarSettings:
+    """Collar F1: onset within ``onset_collar_s``; offset within max(``offset_collar_s``, rate x event length)."""
+
+    onset_collar_s: float
+    offset_collar_s: float
+    offset_collar_rate: float
+
+
+COLLAR = CollarSettings(onset_collar_s=0.2, offset_collar_s=0.2, offset_collar_rate=0.2)
 
 
 @dataclass
@@ -93,16 +111,21 @@ def score_dataframes(ids, timestamps_s, probs, classes) -> dict[str, pd.DataFram
 
 
 def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer,
-                alpha_st: float = 1.0, segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5) -> dict:
-    """All detection metrics for one score set.
+                segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5) -> dict:
+    """All detection metrics for one score set (collar F1 at ``threshold``).
 
-    Returns ``{"summary": {...}, "per_class": DataFrame, "psd_roc1": (etpr, efpr), "psd_roc2": ...,
-    "roc": (tpr, fpr) macro average over classes}``.
+    Returns ``{"psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall",
+    "f1_micro": float, "per_class": DataFrame, "psd_1_roc": (etpr, efpr), "psd_2_roc": ...,
+    "psd_1_class_mean", "psd_2_class_mean", "roc": (tpr, fpr) macro average over classes}``.
     """
     from sed_scores_eval import collar_based, intersection_based
     from sed_scores_eval.base_modules.roc import (
         auroc_from_intermediate_statistics,
         roc_curve_from_intermediate_statistics,
+    )
+    from sed_scores_eval.intersection_based.psds import (
+        multi_class_psd_roc_from_single_class_psd_rocs,
+        psds_from_psd_roc,
     )
     from sed_scores_eval.segment_based.intermediate_statistics import (
         accumulated_intermediate_statistics,
@@ -114,12 +137,17 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
         with timer(name, library=True):
             value, single, roc, class_rocs = intersection_based.psds(
                 scores, ground_truth, durations_s, dtc_threshold=s.dtc, gtc_threshold=s.gtc, cttc_threshold=s.cttc,
-                alpha_ct=s.alpha_ct, alpha_st=alpha_st if name == "psds1" else s.alpha_st, max_efpr=s.max_efpr)
+                alpha_ct=s.alpha_ct, alpha_st=s.alpha_st, unit_of_time=PSDS_UNIT_OF_TIME, max_efpr=s.max_efpr)
         out[name] = float(value)
         per_class[name] = pd.Series({k: float(v) for k, v in single.items()})
         out[f"psd_{name.removeprefix('psds')}_roc"] = roc
         with timer("roc_average"):
             out[f"psd_{name.removeprefix('psds')}_class_mean"] = mean_psd_roc(class_rocs, s.max_efpr)
+        if name == "psds1":  # alpha_st only weighs the per-class PSD-ROCs, which do not depend on it
+            with timer("psds1", library=True):
+                a = PSDS1_ASTAT0
+                etpr, efpr = multi_class_psd_roc_from_single_class_psd_rocs(class_rocs, alpha_st=a.alpha_st, max_efpr=a.max_efpr)
+                out["psds1_astat0"] = float(psds_from_psd_roc(etpr, efpr, a.max_efpr))
     with timer("segment_auroc", library=True):
         stats, _ = accumulated_intermediate_statistics(scores, ground_truth, durations_s, segment_length=segment_s)
         auc, _ = auroc_from_intermediate_statistics(stats)
@@ -131,18 +159,51 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
     with timer("roc_average"):
         out["roc"] = macro_roc(curves, classes)
     with timer("collar_f1", library=True):
-        f, p, r, _ = collar_based.fscore(scores, ground_truth, threshold, onset_collar=0.2, offset_collar=0.2, offset_collar_rate=0.2)
+        f, p, r, _ = collar_based.fscore(scores, ground_truth, threshold, onset_collar=COLLAR.onset_collar_s,
+                                         offset_collar=COLLAR.offset_collar_s, offset_collar_rate=COLLAR.offset_collar_rate)
     out["f1"], out["precision"], out["recall"] = float(f["macro_average"]), float(p["macro_average"]), float(r["macro_average"])
     out["f1_micro"] = float(f["micro_average"])
     for key, d in (("f1", f), ("precision", p), ("recall", r)):
         per_class[key] = pd.Series({k: float(v) for k, v in d.items() if not k.endswith("_average")})
-    events = defaultdict(int)
+    per_class.insert(0, "events", pd.Series(event_counts(ground_truth)).reindex(per_class.index).fillna(0).astype(int))
+    out["per_class"] = per_class.reset_index()
+    return out
+
+
+def event_counts(ground_truth: dict) -> dict[str, int]:
+    """Ground-truth events per class of ``{clip: [(onset_s, offset_s, class)]}``."""
+    events: dict[str, int] = defaultdict(int)
     for evs in ground_truth.values():
         for *_, c in evs:
             events[c] += 1
-    per_class.insert(0, "events", pd.Series(events).reindex(per_class.index).fillna(0).astype(int))
-    out["per_class"] = per_class.reset_index()
-    return out
+    return dict(events)
+
+
+def protocol(classes, clips: int, events: int, frame_hop_s: float, median_filter_frames: int, segment_s: float,
+             max_fpr: float, threshold: float, threshold_source: str) -> dict:
+    """How the detection numbers of one set were computed, as plain data for its metrics file:
+    the sed_scores_eval version, every PSDS setting, the median filter, the collar F1 settings and
+    threshold (and where it came from), the AUROC segments, the classes, the clips and events
+    scored and the frame hop of the scores."""
+    from importlib.metadata import version
+
+    classes = list(classes)
+    return {
+        "sed_scores_eval": version("sed_scores_eval"),
+        **{name: {"dtc": s.dtc, "gtc": s.gtc, "cttc": s.cttc, "alpha_ct": s.alpha_ct, "alpha_st": s.alpha_st,
+                  "max_efpr": s.max_efpr, "efpr_unit": f"per {PSDS_UNIT_OF_TIME}"} for name, s in PSDS.items()},
+        "median_filter_frames": int(median_filter_frames),
+        "collar_f1": {"onset_collar_s": COLLAR.onset_collar_s, "offset_collar_s": COLLAR.offset_collar_s,
+                      "offset_collar_rate": COLLAR.offset_collar_rate, "threshold": float(threshold),
+                      "threshold_source": threshold_source, "average": "macro over classes (f1_micro: micro)"},
+        "segment_auroc": {"segment_s": float(segment_s), "pauroc_max_fpr": float(max_fpr),
+                          "pauroc_normalisation": "area up to max_fpr divided by max_fpr (no McClish correction)"},
+        "classes": classes,
+        "num_classes": len(classes),
+        "clips": int(clips),
+        "events": int(events),
+        "frame_hop_s": float(frame_hop_s),
+    }
 
 
 def macro_roc(curves, classes, grid: int = 201) -> tuple[np.ndarray, np.ndarray]:

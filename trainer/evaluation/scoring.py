@@ -91,8 +91,10 @@ def text_matrix(det: Detector, texts: list[str], batch: int = 256) -> np.ndarray
 
 
 def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict, classes, e, timer: M.Timer,
-              folder: Path | None, model: str, alpha_st: float = 1.0) -> dict:
-    """SED metrics of vocabulary ``column`` of ``scored``; writes the score files and per-class CSV."""
+              folder: Path | None, model: str, threshold_source: str = "evaluate.f1_threshold") -> dict:
+    """SED metrics of vocabulary ``column`` of ``scored`` (:func:`metrics.sed_metrics`, collar F1 at
+    ``e.f1_threshold``, a number) and their ``protocol`` (:func:`metrics.protocol`); writes the score
+    files and per-class CSV under ``folder``."""
     from sed_scores_eval.base_modules.io import write_sed_scores
 
     ids = scored.ids
@@ -102,8 +104,11 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
         tables = M.score_dataframes(ids, scored.timestamps_s, probs, classes)
     truth = {i: ground_truth[i] for i in ids}
     durations = {i: min(durations_s[i], float(t[-1])) for i, t in zip(ids, scored.timestamps_s)}
-    result = M.sed_metrics(tables, truth, durations, classes, timer, alpha_st=alpha_st, segment_s=e.segment_s,
-                           max_fpr=e.max_fpr, threshold=e.f1_threshold)
+    result = M.sed_metrics(tables, truth, durations, classes, timer, segment_s=e.segment_s, max_fpr=e.max_fpr, threshold=e.f1_threshold)
+    # a clip's first frame is a whole hop unless the clip is shorter than one
+    hop_s = max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan"))
+    result["protocol"] = M.protocol(classes, len(ids), sum(len(v) for v in truth.values()), hop_s, e.median_filter_frames,
+                                    e.segment_s, e.max_fpr, e.f1_threshold, threshold_source)
     if folder is not None:
         with timer("write_scores", library=True):
             write_sed_scores(tables, folder / "scores" / model)

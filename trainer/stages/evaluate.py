@@ -4,9 +4,15 @@ held-out split of our shards, the held-out event clips and any public benchmark 
 Input: ``evaluate`` params (checkpoint, shard folder and split, clip folder, benchmarks).
 Output, under ``evaluate.out_dir``:
 
-- ``metrics.json``: per model (``trained``, ``untrained``) and the ``gain``: PSDS1, PSDS2,
-  segment AUROC/pAUROC, collar F1, alignment, retrieval R@1/5/10 both ways and zero-shot
-  accuracy; per benchmark the same keys or ``{"skipped": reason}``; the time split.
+- ``metrics.json``: per model (``trained``, ``untrained``) and the ``gain``: PSDS1 (``psds1``,
+  alpha_st 1, and ``psds1_astat0``, alpha_st 0), PSDS2, segment AUROC/pAUROC, collar F1,
+  alignment, retrieval R@1/5/10 both ways and zero-shot accuracy; per benchmark the same keys or
+  ``{"skipped": reason}``; a ``protocol`` block at the top (the test split) and in each
+  benchmark's entry that states how the numbers were computed (:func:`metrics.protocol`: library
+  version, PSDS settings, median filter, collar F1 threshold and its source, classes, clips,
+  events, frame hop). Nothing in it depends on timing: the same checkpoint and data give the
+  same bytes.
+- ``timing.json``: where the time went and the scoring throughput (clips/s) per model.
 - ``details/test/``: ``ground_truth.tsv`` and ``durations.tsv`` (DCASE layout),
   ``scores/<model>/<clip>.tsv`` (sed_scores_eval's layout; the median-filtered scores PSDS was
   computed on, so ``sed_scores_eval`` recomputes every number from these files), and
@@ -15,19 +21,23 @@ Output, under ``evaluate.out_dir``:
 - ``plots/``: ROC and PSD-ROC curves as CSVs for ``dvc plots`` and ``curves.png``.
 
 Every clip is scored once per model (one forward pass over its windows); every metric reads
-those scores.
+those scores. Collar F1 uses one threshold for both models (``evaluate.f1_threshold``: a number,
+or ``checkpoint`` for the one ``sedsynth train`` chose on the valid split and stored in the
+trained checkpoint), so trained and untrained are compared at one operating point.
 """
 
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline.outputs import staged_dir, write_json, write_skips
 from pipeline.schema import Skip
 from trainer.evaluation import metrics as M
 from trainer.evaluation import plots
-from trainer.evaluation.detector import Detector
+from trainer.evaluation.calibration import threshold_setting
+from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector
 from trainer.evaluation.scoring import (
     classification_metrics,
     detection,
@@ -38,7 +48,7 @@ from trainer.evaluation.scoring import (
 )
 from trainer.evaluation.testset import ShardSplit, event_clips, read_split
 
-HEADLINE = ("psds1", "psds2", "auroc", "pauroc", "f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
+HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
             "t2a_r1", "t2a_r5", "t2a_r10", "zero_shot_accuracy")
 
 
@@ -60,9 +70,11 @@ def write_truth(folder: Path, ground_truth: dict, durations_s: dict) -> None:
             w.writerow([f"{i}.wav", repr(float(durations_s[i]))])
 
 
-def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, model: str, timer: M.Timer, skips: list[Skip]) -> tuple[dict, dict]:
-    """One model on our held-out split (and the event clips, zero-shot) -> ``(metrics, curves)``;
-    writes its score files, per-class table and, for the trained model, the pictures under ``details``."""
+def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, model: str, timer: M.Timer, skips: list[Skip],
+                   threshold_source: str = "evaluate.f1_threshold") -> tuple[dict, dict]:
+    """One model on our held-out split (and the event clips, zero-shot) -> ``(metrics, extras)``, extras
+    being ``{"curves", "protocol", "clips_per_s"}``; writes its score files, per-class table and,
+    for the trained model, the pictures under ``details``."""
     classes, queries = split.classes, split.queries()
     class_vocab = det.vocabulary([queries[c] for c in classes])
     texts = sorted({p["phrase"] for ps in split.phrases.values() for p in ps})
@@ -73,9 +85,9 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
                        keep_waves=e.pictures if model == "trained" else 0, desc=f"evaluate {model}", total=len(split.ids))
     timer.seconds[f"model_scoring_{model}"] += scored.seconds
     folder = details / "test"
-    result = detection(scored, 0, split.ground_truth(), split.durations_s, classes, e, timer, folder, model)
+    result = detection(scored, 0, split.ground_truth(), split.durations_s, classes, e, timer, folder, model, threshold_source)
     segments = {i: [(p["phrase"], [(s["start_s"], s["end_s"]) for s in p["segments"]]) for p in split.phrases[i]] for i in split.ids}
-    out = {k: result[k] for k in ("psds1", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro")}
+    out = {k: result[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro")}
     out |= grounding(scored, 1, lambda i: segments[i], timer)
     out |= retrieval_metrics(det, scored, {i: [split.captions[i]] for i in split.ids}, timer)
     if clips is not None and clips.audio:
@@ -84,7 +96,6 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
         out["zero_shot_accuracy"] = classification_metrics(det, clip_scored, clips.labels, queries, timer)["accuracy"]
         out["zero_shot_clips"] = len(clip_scored.ids)
     out["clips"] = len(scored.ids)
-    out["clips_per_s"] = len(scored.ids) / max(scored.seconds, 1e-9)
     if model == "trained":
         for i, w in scored.waves.items():
             k = scored.ids.index(i)
@@ -92,11 +103,13 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
             plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k],
                                    scored.probs[k][1], list(own[i].texts), truth, title=f"{i}: {split.captions[i]}")
     curves = {k: result[k] for k in ("roc", "psd_1_roc", "psd_2_roc", "psd_1_class_mean", "psd_2_class_mean")}
-    return out, curves
+    return out, {"curves": curves, "protocol": result["protocol"], "clips_per_s": len(scored.ids) / max(scored.seconds, 1e-9)}
 
 
-def evaluate_benchmark(det: Detector, name: str, data, e, details: Path, model: str, timer: M.Timer, skips: list[Skip]) -> dict:
-    """One model on a public benchmark read by :mod:`trainer.evaluation.readers` -> the metrics its kind has."""
+def evaluate_benchmark(det: Detector, name: str, data, e, details: Path, model: str, timer: M.Timer, skips: list[Skip],
+                       threshold_source: str = "evaluate.f1_threshold") -> tuple[dict, dict]:
+    """One model on a public benchmark read by :mod:`trainer.evaluation.readers` -> ``(metrics, protocol)``:
+    the metrics its kind has and how they were computed (for SED sets :func:`metrics.protocol`)."""
     from trainer.evaluation.readers import (
         ClassificationSet,
         GroundingSet,
@@ -108,23 +121,30 @@ def evaluate_benchmark(det: Detector, name: str, data, e, details: Path, model: 
     if isinstance(data, SedSet):
         vocab = det.vocabulary([data.queries[c] for c in data.classes])
         scored = score_all(det, audio, lambda i: [vocab], skips, desc=f"{name} {model}", total=n)
-        r = detection(scored, 0, data.ground_truth, data.durations_s, data.classes, e, timer, details / "benchmarks" / name, model, data.alpha_st)
-        out = {k: r[k] for k in ("psds1", "psds2", "auroc", "pauroc", "f1")}
+        r = detection(scored, 0, data.ground_truth, data.durations_s, data.classes, e, timer, details / "benchmarks" / name, model,
+                      threshold_source)
+        out = {k: r[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1")}
+        # the PSDS1 a published number on this set compares with (FineLAP: alpha_st 0 on AudioSet-Strong)
+        protocol = r["protocol"] | {"published_psds1": "psds1" if data.alpha_st == 1.0 else "psds1_astat0"}
     elif isinstance(data, GroundingSet):
         texts = sorted({p for ps in data.phrases.values() for p, _ in ps})
         vocab, where = det.vocabulary(texts), {t: k for k, t in enumerate(texts)}
         scored = score_all(det, audio, lambda i: [subset(vocab, [where[p] for p, _ in data.phrases[i]])], skips, desc=f"{name} {model}", total=n)
         out = grounding(scored, 0, lambda i: data.phrases[i], timer)
+        protocol = {"phrases": sum(len(data.phrases[i]) for i in scored.ids),
+                    "frame_hop_s": max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan"))}
     elif isinstance(data, RetrievalSet):
         scored = score_all(det, audio, lambda i: [], skips, desc=f"{name} {model}", total=n)
         out = retrieval_metrics(det, scored, data.captions, timer)
+        protocol = {"captions": sum(len(tuple(data.captions[i])) for i in scored.ids)}
     elif isinstance(data, ClassificationSet):
         scored = score_all(det, audio, lambda i: [], skips, desc=f"{name} {model}", total=n)
         out = classification_metrics(det, scored, data.labels, data.queries, timer)
+        protocol = {"template": ZERO_SHOT_TEMPLATE, "num_classes": len({data.labels[i] for i in scored.ids})}
     else:
         raise TypeError(f"evaluate: benchmark {name} gave {type(data).__name__}")
     timer.seconds[f"model_scoring_{model}"] += scored.seconds
-    return out | {"clips": len(scored.ids)}
+    return out | {"clips": len(scored.ids)}, {"kind": type(data).__name__, "clips": len(scored.ids), **protocol}
 
 
 def detectors(e, seed_fallback: int) -> dict[str, Detector]:
@@ -138,7 +158,19 @@ def detectors(e, seed_fallback: int) -> dict[str, Detector]:
     return models
 
 
+def collar_threshold(e) -> tuple[float, str, dict | None]:
+    """``evaluate.f1_threshold`` resolved against the trained checkpoint (:func:`threshold_setting`):
+    ``(threshold, its source, the stored calibration or None)``; both models use it."""
+    threshold, source, stored = threshold_setting(e.f1_threshold, e.checkpoint)
+    if stored is not None and stored.get("median_filter_frames") != e.median_filter_frames:
+        print(f"warning: the stored threshold was chosen with a median filter of {stored.get('median_filter_frames')} frames; "
+              f"evaluate.median_filter_frames is {e.median_filter_frames}")
+    return threshold, f"{source}; every model at this threshold", stored
+
+
 def run(params) -> dict:
+    """Evaluate as ``params.evaluate`` says; writes ``metrics.json``, ``timing.json``, ``details/`` and
+    ``plots/`` under ``evaluate.out_dir`` and returns what ``metrics.json`` holds."""
     from trainer.evaluation.readers import BenchmarkMissing, read_benchmark
 
     e = params.evaluate
@@ -148,13 +180,16 @@ def run(params) -> dict:
         split = read_split(e.shards, e.split)
         clips = event_clips(e.event_clips, split) if e.event_clips else None
     models = detectors(e, params.seed)
+    threshold, source, stored = collar_threshold(e)
+    e = replace(e, f1_threshold=threshold)
     skips: list[Skip] = []
     summary: dict = {"test": {}, "benchmarks": {}}
-    curves: dict = {}
+    extras: dict = {}
     with staged_dir(out / "details") as details, staged_dir(out / "plots") as plot_dir:
         write_truth(details / "test", split.ground_truth(), split.durations_s)
         for name, det in models.items():
-            summary["test"][name], curves[name] = evaluate_split(det, split, clips, e, details, name, timer, skips)
+            summary["test"][name], extras[name] = evaluate_split(det, split, clips, e, details, name, timer, skips, source)
+        summary["protocol"] = extras["trained"]["protocol"]
         for name, cfg in sorted(e.benchmarks.items()):
             cfg = dict(cfg)
             kind = cfg.pop("kind")
@@ -165,27 +200,35 @@ def run(params) -> dict:
                 print(f"evaluate: skipping benchmark {name}: {x}")
                 summary["benchmarks"][name] = {"skipped": str(x)}
                 continue
-            summary["benchmarks"][name] = {m: evaluate_benchmark(det, name, data, e, details, m, timer, skips) for m, det in models.items()}
+            entry = {}
+            for m, det in models.items():
+                entry[m], entry["protocol"] = evaluate_benchmark(det, name, data, e, details, m, timer, skips, source)
+            summary["benchmarks"][name] = entry
         if "untrained" in summary["test"]:
             a, b = summary["test"]["trained"], summary["test"]["untrained"]
             summary["test"]["gain"] = {k: a[k] - b[k] for k in HEADLINE if k in a and k in b}
-        for name, c in curves.items():
+        for name, x in extras.items():
+            c = x["curves"]
             tpr, fpr = c["roc"]
             plots.write_curve(plot_dir / f"roc_{name}.csv", "fpr", "tpr", fpr, tpr)
             for key, file in (("psd_1_roc", "psds1_roc"), ("psd_2_roc", "psds2_roc")):
                 etpr, efpr = c[key]
                 plots.write_curve(plot_dir / f"{file}_{name}.csv", "efpr", "etpr", efpr, etpr)
-        plots.curves_figure(plot_dir / "curves.png", curves)
+        plots.curves_figure(plot_dir / "curves.png", {name: x["curves"] for name, x in extras.items()})
         write_skips(details / "skipped.csv", skips)
+    if stored is not None:
+        summary["protocol"]["collar_f1"]["calibration"] = stored
     summary["skipped"] = len(skips)
-    summary["time"] = timer.summary()
+    timing = {"time": timer.summary(), "clips_per_s": {name: x["clips_per_s"] for name, x in extras.items()}}
     write_json(out / "metrics.json", summary)
-    print(report(summary))
+    write_json(out / "timing.json", timing)
+    print(report(summary, timing))
     return summary
 
 
-def report(summary: dict) -> str:
-    """The printed summary: headline metrics per model and the gain, benchmarks, where the time went."""
+def report(summary: dict, timing: dict) -> str:
+    """The printed summary: headline metrics per model and the gain, the collar F1 threshold,
+    benchmarks, where the time went (``timing``)."""
     lines = ["evaluate: held-out split"]
     test = summary["test"]
     names = [n for n in ("trained", "untrained", "gain") if n in test]
@@ -193,12 +236,14 @@ def report(summary: dict) -> str:
     for k in HEADLINE:
         if any(k in test[n] for n in names):
             lines.append(f"  {k:<20}" + "".join(f"{test[n].get(k, float('nan')):>11.3f}" for n in names))
+    f1 = summary["protocol"]["collar_f1"]
+    lines.append(f"  collar F1 at threshold {f1['threshold']:.4g} ({f1['threshold_source']})")
     for name, b in summary["benchmarks"].items():
         lines.append(f"  benchmark {name}: " + (b["skipped"] if "skipped" in b else
                      ", ".join(f"{k} {v:.3f}" for k, v in b.get("trained", {}).items() if k != "clips")))
-    t = summary["time"]
+    t = timing["time"]
     scoring = {k: v for k, v in t.items() if k.startswith("model_scoring")}
-    rates = [f"{m} {test[m]['clips_per_s']:.1f} clips/s" for m in ("trained", "untrained") if m in test]
+    rates = [f"{m} {r:.1f} clips/s" for m, r in timing["clips_per_s"].items()]
     lines.append(f"  time: model scoring {sum(scoring.values()):.1f} s ({', '.join(rates)})")
     metric_keys = [k for k in t if k.endswith("_s") and not k.startswith(("model_scoring", "total", "metrics", "sed_scores_eval"))]
     lines.append("  steps: " + ", ".join(f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in metric_keys))

@@ -398,3 +398,37 @@ def test_read_audio_downmixes_and_resamples(setup):
             decode_mono(bad, SR)
         assert e.type.__name__ == "AudioError"
 
+
+
+def detect_main(setup, capsys, ckpt: Path, threshold: float | None) -> tuple[int, list[list[str]], str]:
+    """``sedsynth detect b.flac --format tsv`` through :func:`detect.main`, ``threshold`` None as without ``--threshold``."""
+    import argparse
+
+    from trainer.config import Params
+
+    args = argparse.Namespace(audio=[str(setup.files["b"])], query=[QUERIES[0]], checkpoint=str(ckpt), threshold=threshold,
+                              format="tsv", scores=None, pictures=None, device="cpu")
+    capsys.readouterr()
+    code = D.main(args, Params())
+    out, err = capsys.readouterr()
+    return code, list(csv.reader(out.strip().splitlines(), delimiter="\t")), err
+
+
+def test_without_threshold_detect_uses_the_checkpoint_threshold_and_says_so(setup, capsys, tmp_path):
+    calibrated = tmp_path / "calibrated.pt"
+    calibrated.write_bytes(setup.ckpt.read_bytes())
+    # probabilities sit near 1e-4 (frame bias -10): threshold 0 finds the whole file, 0.5 nothing
+    checkpoint.store_entry(calibrated, "calibration", {"threshold": 0.0, "valid_f1": 0.25, "split": "valid"})
+    code, rows, err = detect_main(setup, capsys, calibrated, None)
+    assert code == 0 and rows[0] == DCASE_HEADER
+    assert [(r[0], r[3]) for r in rows[1:]] == [(setup.files["b"].name, QUERIES[0])]
+    assert "threshold 0 (stored in the checkpoint: chosen on the valid split" in err
+    # --threshold still wins
+    code, rows, err = detect_main(setup, capsys, calibrated, 0.5)
+    assert code == 0 and rows == [DCASE_HEADER] and "threshold 0.5 (--threshold)" in err
+
+
+def test_without_threshold_or_calibration_detect_falls_back_to_one_half(setup, capsys):
+    code, rows, err = detect_main(setup, capsys, setup.ckpt, None)
+    assert code == 0 and rows == [DCASE_HEADER]
+    assert "holds no calibrated threshold" in err and "threshold 0.5 (fallback 0.5" in err

@@ -116,9 +116,40 @@ def test_an_event_detected_40_percent_late_fails_psds1_but_not_psds2():
 
 
 def test_psds1_without_the_std_penalty_is_the_mean_of_the_classes():
-    r = sed(perfect_probs(("c1", "dog", 2.0)), alpha_st=0.0)
-    assert r["psds1"] == pytest.approx((0.4 * 2 / 3 + 1 + 1) / 3, abs=1e-9)
-    assert r["psds2"] == pytest.approx(1.0)  # alpha_st only applies to PSDS1
+    r = sed(perfect_probs(("c1", "dog", 2.0)))
+    assert r["psds1_astat0"] == pytest.approx((0.4 * 2 / 3 + 1 + 1) / 3, abs=1e-9)
+    assert r["psds1"] < r["psds1_astat0"]  # the same curves with the stability penalty
+    assert r["psds2"] == pytest.approx(1.0)
+
+
+def test_psds1_astat0_equals_a_second_psds_call_with_alpha_st_0():
+    """Read from psds1's per-class PSD-ROCs, it is what sed_scores_eval's psds gives with alpha_st 0."""
+    from sed_scores_eval import intersection_based
+
+    rng = np.random.default_rng(3)
+    probs = [M.smooth(p * 0.4 + rng.random(p.shape) * 0.6, 3) for p in perfect_probs()]
+    tables = M.score_dataframes(IDS, [GRID] * len(IDS), probs, CLASSES)
+    ours = M.sed_metrics(tables, GROUND_TRUTH, DURATIONS, CLASSES, M.Timer())
+    s = M.PSDS1_ASTAT0
+    theirs, *_ = intersection_based.psds(tables, GROUND_TRUTH, DURATIONS, dtc_threshold=s.dtc, gtc_threshold=s.gtc,
+                                         cttc_threshold=s.cttc, alpha_ct=s.alpha_ct, alpha_st=0.0, max_efpr=s.max_efpr)
+    assert 0.05 < ours["psds1_astat0"] < 0.95 and ours["psds1"] < ours["psds1_astat0"]
+    assert ours["psds1_astat0"] == pytest.approx(float(theirs), abs=1e-12)
+
+
+def test_protocol_states_every_setting():
+    from importlib.metadata import version
+
+    p = M.protocol(CLASSES, 6, 8, 0.1, 3, 1.0, 0.1, 0.25, "evaluate.f1_threshold")
+    assert p["sed_scores_eval"] == version("sed_scores_eval")
+    assert p["psds1"] == {"dtc": 0.7, "gtc": 0.7, "cttc": None, "alpha_ct": 0.0, "alpha_st": 1.0, "max_efpr": 100.0, "efpr_unit": "per hour"}
+    assert p["psds1_astat0"]["alpha_st"] == 0.0 and p["psds1_astat0"]["dtc"] == 0.7
+    assert (p["psds2"]["dtc"], p["psds2"]["gtc"], p["psds2"]["cttc"], p["psds2"]["alpha_ct"]) == (0.1, 0.1, 0.3, 0.5)
+    f1 = p["collar_f1"]
+    assert (f1["onset_collar_s"], f1["offset_collar_s"], f1["offset_collar_rate"], f1["threshold"]) == (0.2, 0.2, 0.2, 0.25)
+    assert f1["threshold_source"] == "evaluate.f1_threshold"
+    assert p["segment_auroc"]["segment_s"] == 1.0 and p["segment_auroc"]["pauroc_max_fpr"] == 0.1
+    assert (p["classes"], p["num_classes"], p["clips"], p["events"], p["frame_hop_s"], p["median_filter_frames"]) == (CLASSES, 3, 6, 8, 0.1, 3)
 
 
 def test_an_event_detected_10_percent_late_still_passes_both_psds():

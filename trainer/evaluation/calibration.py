@@ -1,0 +1,149 @@
+"""One detection threshold for every class, chosen on a held-out split where it maximises macro collar F1.
+
+Input: sed_scores_eval score DataFrames (``{clip: DataFrame(onset, offset, <class>...)}``, the
+median-filtered probabilities the evaluate stage scores) and the split's ground truth
+(``{clip: [(onset_s, offset_s, class)]}``). Output: :class:`Calibration`, the threshold and the
+macro collar F1 at it (the collars of the reported F1, :data:`~trainer.evaluation.metrics.COLLAR`).
+
+Each class's collar statistics are piecewise constant in the threshold and change only at that
+class's change-point scores, so the macro F1 of a global threshold changes only at the union of
+those scores. The candidates are the midpoints between consecutive distinct values of that
+union (every one of them when there are at most ``max_candidates``, else that many evenly spaced
+in rank, i.e. quantiles, plus each class's own best threshold), so on a set of this project's
+size the search is exact. A midpoint lies strictly inside an interval where no class's statistics
+change, so ``score > t`` (sed_scores_eval) and ``score >= t`` (``sedsynth detect``) give the same
+collar F1 there. Statistics and F1 are sed_scores_eval's: the collar statistics are computed
+once, each class's F1 curve over its thresholds comes from
+``fscore_curve_from_intermediate_statistics``, and a candidate's macro F1 is the mean of the
+classes' curves read at it (the lookup ``collar_based.fscore`` does).
+
+:func:`calibrate_checkpoint` does it for a trainer checkpoint on a split of our shards (scored
+as ``sedsynth evaluate`` scores its test split) and stores the result in checkpoints;
+:func:`threshold_setting` turns ``evaluate.f1_threshold`` (a number or ``checkpoint``) into the
+number to use and a line saying where it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainer import checkpoint
+from trainer.evaluation import metrics as M
+
+FALLBACK_THRESHOLD = 0.5  # evaluate.f1_threshold: checkpoint, with a checkpoint that holds no calibration
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The chosen threshold, its macro collar F1, and every candidate tried with its F1 (ascending thresholds)."""
+
+    threshold: float
+    f1: float
+    candidates: np.ndarray
+    candidate_f1: np.ndarray
+
+
+def collar_statistics(scores: dict[str, pd.DataFrame], ground_truth: dict) -> dict:
+    """sed_scores_eval's accumulated collar statistics: ``{class: (change-point scores, {tps, fps, n_ref})}``."""
+    from sed_scores_eval import collar_based
+
+    stats, _ = collar_based.accumulated_intermediate_statistics(
+        scores, ground_truth, onset_collar=M.COLLAR.onset_collar_s, offset_collar=M.COLLAR.offset_collar_s,
+        offset_collar_rate=M.COLLAR.offset_collar_rate)
+    return stats
+
+
+def candidate_thresholds(stats: dict, max_candidates: int = 100_000) -> np.ndarray:
+    """Midpoints ``(K,)`` between consecutive distinct change-point scores of all classes (ascending),
+    one below the lowest and one above the highest; at most ``max_candidates`` of them evenly spaced
+    in rank, plus each class's own best threshold."""
+    from sed_scores_eval.base_modules.precision_recall import best_fscore_from_intermediate_statistics
+
+    points = np.unique(np.concatenate([np.asarray(s, dtype=np.float64) for s, _ in stats.values()] or [np.zeros(0)]))
+    points = points[np.isfinite(points)]
+    if not len(points):
+        return np.array([FALLBACK_THRESHOLD])
+    step = max(float(np.diff(points).min()) if len(points) > 1 else 0.0, 1e-6)
+    edges = np.concatenate([[points[0] - step], points, [points[-1] + step]])
+    mids = (edges[:-1] + edges[1:]) / 2
+    if len(mids) <= max_candidates:
+        return mids
+    ranked = mids[np.unique(np.round(np.linspace(0, len(mids) - 1, max_candidates)).astype(int))]
+    _, _, _, best, _ = best_fscore_from_intermediate_statistics(stats)
+    own = [float(t) for t in best.values() if np.isfinite(t)]
+    return np.unique(np.concatenate([ranked, own]))
+
+
+def choose_threshold(scores: dict[str, pd.DataFrame], ground_truth: dict, max_candidates: int = 100_000) -> Calibration:
+    """The global threshold with the highest macro collar F1 on ``scores`` (ties: the lowest such threshold).
+
+    ``ground_truth`` must name every clip of ``scores`` (an empty list for a clip without events).
+    """
+    from sed_scores_eval.base_modules.precision_recall import fscore_curve_from_intermediate_statistics
+
+    stats = collar_statistics(scores, ground_truth)
+    candidates = candidate_thresholds(stats, max_candidates)
+    total = np.zeros(len(candidates))
+    for f, _, _, thresholds, _ in fscore_curve_from_intermediate_statistics(stats).values():
+        # f[k]: the class's F1 when the threshold lies below thresholds[k] (ascending) and not below
+        # thresholds[k - 1]; the last threshold is inf, so every candidate finds its place
+        total += f[np.searchsorted(thresholds, candidates, side="right")]
+    f1 = total / max(len(stats), 1)
+    best = int(np.argmax(f1))
+    return Calibration(float(candidates[best]), float(f1[best]), candidates, f1)
+
+
+def calibrate_checkpoint(path: str | Path, shards: str, split: str, median_filter_frames: int, store_in: Iterable[str | Path] = (),
+                         device: str = "auto", overlap: float = 0.5, batch_size: int = 16) -> dict:
+    """Score ``split`` of the shards at ``shards`` with checkpoint ``path`` (every label a class queried by
+    its most used phrase, median filter of ``median_filter_frames``: the evaluate stage's test-split
+    scoring) and choose the threshold; the plain-data entry is stored as ``calibration`` in each
+    checkpoint of ``store_in`` (atomically) and returned: ``{threshold, valid_f1, shards, split,
+    median_filter_frames, classes, clips, events, step, collars}`` (``step``: the scored checkpoint's).
+    """
+    from trainer.evaluation.detector import Detector
+    from trainer.evaluation.scoring import score_all
+    from trainer.evaluation.testset import read_split
+
+    data = read_split(shards, split)
+    det = Detector.from_checkpoint(path, device=device, overlap=overlap, batch_size=batch_size)
+    vocab = det.vocabulary([data.queries()[c] for c in data.classes])
+    skips: list = []
+    scored = score_all(det, data.audio(), lambda i: [vocab], skips, desc=f"calibrate on {split}", total=len(data.ids))
+    probs = [M.smooth(p[0], median_filter_frames) for p in scored.probs]
+    truth = data.ground_truth()
+    chosen = choose_threshold(M.score_dataframes(scored.ids, scored.timestamps_s, probs, data.classes),
+                              {i: truth[i] for i in scored.ids})
+    entry = {"threshold": chosen.threshold, "valid_f1": chosen.f1, "shards": str(shards), "split": split,
+             "median_filter_frames": int(median_filter_frames), "classes": len(data.classes), "clips": len(scored.ids),
+             "events": sum(len(truth[i]) for i in scored.ids),
+             "step": int(checkpoint.read_entry(path, "step")), "collars": asdict(M.COLLAR)}
+    for target in store_in:
+        checkpoint.store_entry(target, "calibration", entry)
+    return entry
+
+
+def threshold_setting(setting: float | str | None, checkpoint_path: str | Path, named: str = "evaluate.f1_threshold",
+                      warn: Callable[[str], None] = print) -> tuple[float, str, dict | None]:
+    """``evaluate.f1_threshold`` (or ``sedsynth detect --threshold``, ``named`` in the source line) ->
+    ``(threshold, where it came from, the checkpoint's calibration or None)``.
+
+    A number is used as it is; ``checkpoint`` (or None) means the threshold stored in
+    ``checkpoint_path`` (:func:`calibrate_checkpoint`), else :data:`FALLBACK_THRESHOLD`, with a
+    line passed to ``warn``.
+    """
+    if setting is not None and not isinstance(setting, str):
+        return float(setting), named, None
+    stored = checkpoint.read_entry(checkpoint_path, "calibration")
+    if stored is None:
+        warn(f"warning: {checkpoint_path} holds no calibrated threshold (written before calibration, or trained without "
+             f"train.data.valid); using {FALLBACK_THRESHOLD}")
+        return FALLBACK_THRESHOLD, f"fallback {FALLBACK_THRESHOLD}: the checkpoint holds no calibrated threshold", None
+    f1 = float(stored.get("valid_f1", float("nan")))
+    source = f"stored in the checkpoint: chosen on the {stored.get('split', '?')} split, macro collar F1 {f1:.4f} there"
+    return float(stored["threshold"]), source, stored
