@@ -1,18 +1,22 @@
-"""FineLAP's Table 5 ablations on our data: train and evaluate each variant, then one table.
+"""FineLAP's Table 5 ablations on our data: train and evaluate each variant once per seed, then one table.
 
 Input: params (the ``train`` and ``evaluate`` sections are the base every variant starts
-from) and a variant name from :data:`VARIANTS`. A variant runs one of two ways:
+from; ``ablations.seeds`` the seeds each variant runs with, the top-level ``seed`` set to each)
+and a variant name from :data:`VARIANTS`. A (variant, seed) runs one of two ways:
 
 - as a DVC experiment of the default pipeline (:func:`queue_experiments`, ``sedsynth ablate
-  --queue``): ``dvc exp run --queue -n <variant> -S train...`` with the variant's params, run by
-  ``dvc queue start`` and listed by ``dvc exp show``;
-- directly (:func:`run_variant`, ``sedsynth ablate VARIANT``): the trainer's outputs and
-  ``evaluation/`` in ``<ablations.out_dir>/<variant>/``.
+  --queue``): ``dvc exp run --queue -n <variant>-s<seed> -S seed=<seed> -S train...`` with the
+  variant's params, run by ``dvc queue start`` and listed by ``dvc exp show``. The data stages
+  that read ``seed`` (mix, captions, shards) run again in such an experiment, so its spread
+  over seeds holds the data's as well as the training's;
+- directly (:func:`run_variant`, ``sedsynth ablate VARIANT [--seed S]``): trained on the data in
+  place, the trainer's outputs and ``evaluation/`` in ``<ablations.out_dir>/<variant>/seed<seed>/``.
 
-:func:`write_table` writes ``<ablations.out_dir>/table.md`` / ``table.csv``: our held-out
-numbers in the paper's row order (each variant from its experiment on the current commit,
-else from its folder), the paper's numbers beside them, and whether each change against the
-full model goes the paper's way.
+:func:`write_table` writes ``<ablations.out_dir>/table.md`` / ``table.csv``: per variant, in the
+paper's row order, each held-out metric's mean and range (min-max) over the seeds run so far
+(each seed from its experiment on the current commit, else from its folder; a variant folder
+from before seeds, ``<variant>/evaluation/metrics.json``, reads as one run), the paper's numbers
+beside them, and whether each change against the full model goes the paper's way.
 
 Every variant trains for the same number of steps and is evaluated at its last step
 (``latest.pt``), as the paper keeps the optimisation steps comparable.
@@ -24,13 +28,14 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 from pipeline.outputs import write_atomic
-from pipeline.config.params import build, merge
-from trainer.config import Params
+from pipeline.config.params import SEED, build, merge
+from trainer.config import AblationParams, Params
 
 VARIANTS: dict[str, tuple[str, dict]] = {
     "full": ("FineLAP (Ours)", {}),
@@ -50,19 +55,45 @@ PAPER: dict[str, tuple[float, ...]] = {
     "infonce": (46.0, 61.0, 0.342, 0.474, 0.445, 0.629, 31.5, 80.4),
 }
 
+# The evaluation's PSDS1 with alpha_st 0 (no penalty for instability across classes); ``psds1`` is alpha_st 1.
+PSDS1_ALPHA_ST0_KEY = "psds1_astat0"
+
 # Our held-out metric -> the paper column it stands in for (direction checks)
 OURS = (("t2a_r1", "T2A R@1", "AC-T2A", 100.0), ("a2t_r1", "A2T R@1", "AC-A2T", 100.0),
-        ("psds1", "PSDS1", "DESED", 1.0), ("psds2", "PSDS2", "TAG", 1.0), ("auroc", "AUROC", "UrbanSED", 1.0),
+        ("psds1", "PSDS1", "DESED", 1.0), (PSDS1_ALPHA_ST0_KEY, "PSDS1 (alpha_st 0)", "DESED", 1.0),
+        ("psds2", "PSDS2", "TAG", 1.0), ("auroc", "AUROC", "UrbanSED", 1.0),
         ("alignment", "Spearman", "TAG", 1.0), ("zero_shot_accuracy", "Zero-shot acc", "US8K", 100.0))
+OPTIONAL = {PSDS1_ALPHA_ST0_KEY}  # a column only when some run's metrics have the key
 TOLERANCE = {"AC-T2A": 1.0, "AC-A2T": 1.0, "US8K": 1.0}  # paper changes smaller than this count as "same"
+WITHIN_NOISE = "within noise"
+BEFORE_SEEDS = "before seeds"  # the seeds cell of a variant read from its folder or experiment of before seeds
 
 
-def variant_params(params: Params, variant: str) -> Params:
-    """``params`` with the variant's train changes, its own output folders and a last-step evaluation."""
+def experiment_name(variant: str, seed: int) -> str:
+    """The DVC experiment of ``variant`` trained with ``seed``: ``<variant>-s<seed>``."""
+    return f"{variant}-s{seed}"
+
+
+def run_dir(out_dir: Path | str, variant: str, seed: int) -> Path:
+    """The folder of a direct run of ``variant`` with ``seed``: ``<out_dir>/<variant>/seed<seed>``."""
+    return Path(out_dir) / variant / f"seed{seed}"
+
+
+def check_seeds(seeds: tuple[int, ...] | list[int]) -> None:
+    """Raise ValueError unless ``seeds`` are whole numbers every RNG accepts."""
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not SEED.accepts(seed):
+            raise ValueError(f"ablate: seed {seed!r} is not {SEED}")
+
+
+def variant_params(params: Params, variant: str, seed: int) -> Params:
+    """``params`` with the variant's train changes, ``seed`` as the top-level seed, the run's own output
+    folders (:func:`run_dir`) and a last-step evaluation."""
     _check(variant)
-    root = Path(params.ablations.out_dir) / variant
+    check_seeds([seed])
+    root = run_dir(params.ablations.out_dir, variant, seed)
     raw = dataclasses.asdict(params)
-    raw = merge(raw, {"train": merge(VARIANTS[variant][1], {"out_dir": str(root), "resume": False})})
+    raw = merge(raw, {"seed": seed, "train": merge(VARIANTS[variant][1], {"out_dir": str(root), "resume": False})})
     raw = merge(raw, {"evaluate": {"checkpoint": str(root / "checkpoints" / "latest.pt"), "untrained": False,
                                    "pictures": 0, "benchmarks": params.evaluate.benchmarks, "out_dir": str(root / "evaluation")}})
     return build(Params, raw)
@@ -80,14 +111,15 @@ def _flatten(prefix: str, tree: dict) -> dict[str, object]:
     return flat
 
 
-def experiment_settings(params: Params, variant: str) -> list[str]:
-    """``key=value`` params (for ``dvc exp run -S``) that make the default pipeline run ``variant``.
+def experiment_settings(params: Params, variant: str, seed: int) -> list[str]:
+    """``key=value`` params (for ``dvc exp run -S``) that make the default pipeline run ``variant`` with ``seed``.
 
     The same changes as :func:`variant_params`, except that the outputs stay the default
     pipeline's (DVC keeps each experiment's outputs apart).
     """
     _check(variant)
-    settings = _flatten("train", VARIANTS[variant][1]) | {
+    check_seeds([seed])
+    settings = {"seed": seed} | _flatten("train", VARIANTS[variant][1]) | {
         "evaluate.checkpoint": str(Path(params.train.out_dir) / "checkpoints" / "latest.pt"),
         "evaluate.untrained": False, "evaluate.pictures": 0}
     return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in settings.items()]
@@ -97,34 +129,39 @@ def _dvc(*args: str, cwd: Path | str = ".") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True)
 
 
-def queue_experiments(params: Params, variants: list[str], repo: Path | str = ".") -> dict[str, str]:
-    """Queue each variant as a DVC experiment named after it; returns variant -> what happened.
+def queue_experiments(params: Params, variants: list[str], repo: Path | str = ".",
+                      seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, str]:
+    """Queue each (variant, seed) as a DVC experiment :func:`experiment_name`; returns experiment name -> what happened.
 
-    ``queued``; ``exists`` for a variant that already has an experiment on the current commit
-    (left as it is: ``dvc exp remove <name>`` lets it run again); ``refused: <DVC's message>``
-    for one DVC would not queue. Each variant not queued is reported on stderr and the others
-    are still queued.
+    ``seeds`` defaults to ``params.ablations.seeds``. ``queued``; ``exists`` for an experiment of
+    that name on the current commit (left as it is: ``dvc exp remove <name>`` lets it run again);
+    ``refused: <DVC's message>`` for one DVC would not queue. Each one not queued is reported on
+    stderr and the others are still queued.
     """
+    seeds = tuple(params.ablations.seeds if seeds is None else seeds)
     for v in variants:
         _check(v)
+    check_seeds(seeds)
     done = experiment_metrics(params, repo)
     outcome = {}
     for v in variants:
-        if v in done:
-            outcome[v] = "exists"
-            print(f"ablate: {v}: an experiment of that name exists on this commit; `dvc exp remove {v}` to run it again",
-                  file=sys.stderr)
-            continue
-        args = ["exp", "run", "--queue", "-n", v]
-        for setting in experiment_settings(params, v):
-            args += ["-S", setting]
-        result = _dvc(*args, cwd=repo)
-        if result.returncode != 0:
-            lines = (result.stderr or result.stdout).strip().splitlines() or ["no message"]
-            outcome[v] = f"refused: {lines[-1]}"
-            print(f"ablate: {v}: not queued: {lines[-1]}", file=sys.stderr)
-            continue
-        outcome[v] = "queued"
+        for seed in seeds:
+            name = experiment_name(v, seed)
+            if name in done:
+                outcome[name] = "exists"
+                print(f"ablate: {name}: an experiment of that name exists on this commit; `dvc exp remove {name}` to run it again",
+                      file=sys.stderr)
+                continue
+            args = ["exp", "run", "--queue", "-n", name]
+            for setting in experiment_settings(params, v, seed):
+                args += ["-S", setting]
+            result = _dvc(*args, cwd=repo)
+            if result.returncode != 0:
+                lines = (result.stderr or result.stdout).strip().splitlines() or ["no message"]
+                outcome[name] = f"refused: {lines[-1]}"
+                print(f"ablate: {name}: not queued: {lines[-1]}", file=sys.stderr)
+                continue
+            outcome[name] = "queued"
     return outcome
 
 
@@ -132,7 +169,8 @@ def experiment_metrics(params: Params, repo: Path | str = ".") -> dict[str, dict
     """Experiment name -> its ``test.trained`` metrics, for the DVC experiments on the current commit.
 
     Read from ``dvc exp show --json``; queued, running and failed experiments, and a folder
-    that is not a DVC project in git, give nothing. The variants' experiments bear their names.
+    that is not a DVC project in git, give nothing. The variants' experiments bear the names
+    of :func:`experiment_name` (or the variant's own name, from before seeds).
     """
     result = _dvc("exp", "show", "--json", "--hide-queued", "--hide-failed", "--hide-workspace", cwd=repo)
     if result.returncode != 0:
@@ -151,83 +189,179 @@ def experiment_metrics(params: Params, repo: Path | str = ".") -> dict[str, dict
     return found
 
 
-def run_variant(params: Params, variant: str) -> dict:
+def run_variant(params: Params, variant: str, seed: int) -> dict:
+    """Train ``variant`` with ``seed`` into :func:`run_dir` and evaluate it; returns the evaluation's summary."""
     from trainer.stages.evaluate import run as evaluate
     from trainer.stages.train import run as train
 
-    p = variant_params(params, variant)
-    print(f"ablate: {variant} ({VARIANTS[variant][0]}): training into {p.train.out_dir}")
+    p = variant_params(params, variant, seed)
+    print(f"ablate: {variant} ({VARIANTS[variant][0]}), seed {seed}: training into {p.train.out_dir}")
     train(p)
     return evaluate(p)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One evaluated run of a variant: its seed (None: a run from before seeds), ``test.trained`` metrics and where they came from."""
+
+    seed: int | None
+    metrics: dict
+    source: str
+
+
+def _read_metrics(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))["test"]["trained"]
+
+
+def variant_runs(out_dir: Path | str, variant: str, seeds: tuple[int, ...] | list[int],
+                 experiments: dict[str, dict] | None = None) -> list[Run]:
+    """The evaluated runs of ``variant``, one per seed of ``seeds`` that has one, in ``seeds``' order.
+
+    Each seed from its experiment (:func:`experiment_name`) in ``experiments`` when there, else
+    from ``<run_dir>/evaluation/metrics.json``. A variant with no such run falls back to a run
+    from before seeds (an experiment named after the variant, else
+    ``<out_dir>/<variant>/evaluation/metrics.json``), read as one run of unknown seed.
+    """
+    experiments = experiments or {}
+    runs = []
+    for seed in seeds:
+        name, path = experiment_name(variant, seed), run_dir(out_dir, variant, seed) / "evaluation" / "metrics.json"
+        if name in experiments:
+            runs.append(Run(seed, experiments[name], f"dvc experiment {name}"))
+        elif path.exists():
+            runs.append(Run(seed, _read_metrics(path), str(path)))
+    if runs:
+        return runs
+    legacy = Path(out_dir) / variant / "evaluation" / "metrics.json"
+    if variant in experiments:
+        return [Run(None, experiments[variant], f"dvc experiment {variant}")]
+    if legacy.exists():
+        return [Run(None, _read_metrics(legacy), str(legacy))]
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """A metric over a variant's runs: mean, min, max of the ``n`` runs that have a finite value (NaN when n is 0)."""
+
+    mean: float
+    min: float
+    max: float
+    n: int
+
+
+def spread(values: list[float]) -> Spread:
+    """:class:`Spread` of ``values``, NaN and missing (None) values left out."""
+    kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not kept:
+        return Spread(math.nan, math.nan, math.nan, 0)
+    return Spread(sum(kept) / len(kept), min(kept), max(kept), len(kept))
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
 
 
 def _direction(delta: float, tolerance: float) -> str:
     return "=" if abs(delta) <= tolerance else ("up" if delta > 0 else "down")
 
 
-def table(out_dir: Path, experiments: dict[str, dict] | None = None) -> list[dict]:
-    """One row per variant with our metrics, the paper's and the directions against ``full``.
+def our_direction(variant: Spread, full: Spread, tolerance: float) -> str:
+    """The change from ``full`` to ``variant``, judged on the means.
 
-    Each variant's metrics come from ``experiments`` (:func:`experiment_metrics`) when it is
-    there, else from ``<out_dir>/<variant>/evaluation/metrics.json``; without all five there is
-    no table (an error names the missing ones and how to run them).
+    ``=`` when the means are ``tolerance`` or less apart; else ``within noise`` when either has
+    two runs or more and their ranges (min-max) overlap; else ``up`` or ``down``. ``no value``
+    when either has none.
     """
-    experiments = experiments or {}
-    ours, source, missing = {}, {}, []
-    for v in VARIANTS:
-        path = Path(out_dir) / v / "evaluation" / "metrics.json"
-        if v in experiments:
-            ours[v], source[v] = experiments[v], "dvc experiment"
-        elif path.exists():
-            ours[v], source[v] = json.loads(path.read_text(encoding="utf-8"))["test"]["trained"], str(path)
-        else:
-            missing.append(v)
+    if variant.n == 0 or full.n == 0:
+        return "no value"
+    direction = _direction(variant.mean - full.mean, tolerance)
+    if direction != "=" and max(variant.n, full.n) >= 2 and variant.min <= full.max and full.min <= variant.max:
+        return WITHIN_NOISE
+    return direction
+
+
+def table(out_dir: Path, experiments: dict[str, dict] | None = None,
+          seeds: tuple[int, ...] | list[int] = AblationParams().seeds) -> list[dict]:
+    """One row per variant: for each shown metric its mean, min, max and n over the variant's runs
+    (:func:`variant_runs`), the paper's numbers and the directions against ``full``.
+
+    Row keys: ``variant``, ``name``, ``n`` (runs read), ``n planned`` (``len(seeds)``), ``seeds``,
+    ``<label> mean|min|max|n`` per metric of :data:`OURS` (those of :data:`OPTIONAL` only when a run
+    has them), ``paper <column>``, ``direction vs full`` (empty for ``full``) and ``source``.
+    A variant with no run at all means no table (an error names the missing ones and how to run them).
+    """
+    runs = {v: variant_runs(out_dir, v, seeds, experiments) for v in VARIANTS}
+    missing = [v for v, found in runs.items() if not found]
     if missing:
         raise FileNotFoundError(
-            f"ablate: no evaluation for {', '.join(missing)} (no DVC experiment of that name on this commit, nothing in "
-            f"{out_dir}/<variant>/evaluation); run `sedsynth ablate --queue {' '.join(missing)}` and `dvc queue start`, "
+            f"ablate: no evaluation for {', '.join(missing)} (no DVC experiment <variant>-s<seed> on this commit, nothing in "
+            f"{out_dir}/<variant>/seed<seed>/evaluation for seeds {', '.join(map(str, seeds))}); "
+            f"run `sedsynth ablate --queue {' '.join(missing)}` and `dvc queue start`, "
             f"or {' and '.join(f'`sedsynth ablate {v}`' for v in missing)}")
+    shown = [m for m in OURS if m[0] not in OPTIONAL or any(m[0] in r.metrics for found in runs.values() for r in found)]
+    spreads = {v: {key: spread([_scaled(r.metrics.get(key), scale) for r in found]) for key, _, _, scale in shown}
+               for v, found in runs.items()}
     rows = []
     for v, (name, _) in VARIANTS.items():
-        row = {"variant": v, "name": name, "source": source[v]}
-        for key, label, paper_col, scale in OURS:
-            row[label] = ours[v].get(key, float("nan")) * scale
+        row = {"variant": v, "name": name, "n": len(runs[v]), "n planned": len(seeds),
+               "seeds": " ".join(BEFORE_SEEDS if r.seed is None else str(r.seed) for r in runs[v])}
+        for key, label, _, _ in shown:
+            s = spreads[v][key]
+            row |= {f"{label} mean": s.mean, f"{label} min": s.min, f"{label} max": s.max, f"{label} n": s.n}
         row |= {f"paper {c}": x for c, x in zip(PAPER_COLUMNS, PAPER[v])}
-        if v != "full":
-            checks = []
-            for key, label, paper_col, scale in OURS:
-                ours_delta = (ours[v].get(key, float("nan")) - ours["full"].get(key, float("nan"))) * scale
-                paper_delta = PAPER[v][PAPER_COLUMNS.index(paper_col)] - PAPER["full"][PAPER_COLUMNS.index(paper_col)]
-                tol = TOLERANCE.get(paper_col, 0.01)
-                a, b = _direction(ours_delta, tol), _direction(paper_delta, tol)
-                checks.append(f"{label} {a}{'' if a == b else f' (paper {b})'}")
-            row["direction vs full"] = "; ".join(checks)
+        checks = []
+        for key, label, paper_col, _ in shown if v != "full" else ():
+            tol = TOLERANCE.get(paper_col, 0.01)
+            a = our_direction(spreads[v][key], spreads["full"][key], tol)
+            paper_delta = PAPER[v][PAPER_COLUMNS.index(paper_col)] - PAPER["full"][PAPER_COLUMNS.index(paper_col)]
+            b = _direction(paper_delta, tol)
+            checks.append(f"{label} {a}{'' if a == b else f' (paper {b})'}")
+        row["direction vs full"] = "; ".join(checks)
+        row["source"] = "; ".join(r.source for r in runs[v])
         rows.append(row)
     return rows
 
 
-def write_table(out_dir: Path, experiments: dict[str, dict] | None = None) -> str:
+def _cell(row: dict, label: str) -> str:
+    """``mean (min-max)`` of one metric, ``mean`` alone for one run, ``n/a`` for none; `` n=k`` when fewer runs have it than the row."""
+    fmt = "{:.1f}" if "R@" in label or "acc" in label else "{:.3f}"
+    n = row[f"{label} n"]
+    if n == 0:
+        return "n/a"
+    text = fmt.format(row[f"{label} mean"])
+    if n >= 2:
+        text += f" ({fmt.format(row[f'{label} min'])}-{fmt.format(row[f'{label} max'])})"
+    return text + (f" n={n}" if n != row["n"] else "")
+
+
+def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
+                seeds: tuple[int, ...] | list[int] = AblationParams().seeds) -> str:
     """:func:`table` as ``<out_dir>/table.md`` (returned) and ``table.csv``, each written whole or not at all."""
-    rows = table(out_dir, experiments)
-    labels = [label for _, label, _, _ in OURS]
+    rows = table(out_dir, experiments, seeds)
+    labels = [label for _, label, _, _ in OURS if f"{label} mean" in rows[0]]
     head = ["Methods", *labels, *(f"paper {c}" for c in PAPER_COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["name"], *(f"{r[label]:.1f}" if "R@" in label or "acc" in label else f"{r[label]:.3f}" for label in labels),
+        method = r["name"] + (f" (n={r['n']}/{r['n planned']})" if r["n"] < r["n planned"] else "")
+        cells = [method, *(_cell(r, label) for label in labels),
                  *(f"{r[f'paper {c}']:.1f}" if c in ("AC-T2A", "AC-A2T", "VGGSound", "US8K") else f"{r[f'paper {c}']:.3f}" for c in PAPER_COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Ours: the held-out test split of the embedded data (R@1 and zero-shot accuracy in %, PSDS1/PSDS2 "
-                 "with sed_scores_eval, segment AUROC, FLAM's Spearman alignment). Paper: FineLAP Table 5.")
+    lines.append(f"Ours: the held-out test split of the embedded data, mean over the runs with seeds {', '.join(map(str, seeds))} "
+                 "(ablations.seeds) and their range min-max in brackets; (n=k/N) after a method run for k of its N seeds so far, "
+                 "n=k after a value that only k of the row's runs have. R@1 and zero-shot accuracy in %, PSDS1 (alpha_st 1), "
+                 + ("PSDS1 (alpha_st 0, no penalty for instability across classes), " if "PSDS1 (alpha_st 0)" in labels else "")
+                 + "PSDS2 with sed_scores_eval, segment AUROC, FLAM's Spearman alignment. Paper: FineLAP Table 5.")
     lines.append("")
-    lines.append("Direction of each change against the full model (ours; the paper's where it differs):")
-    lines += [f"- {r['name']}: {r['direction vs full']}" for r in rows if "direction vs full" in r]
+    lines.append("Direction of each change against the full model, judged on the means (ours; the paper's where it differs); "
+                 f"{WITHIN_NOISE}: the variant's range over its seeds overlaps the full model's:")
+    lines += [f"- {r['name']}: {r['direction vs full']}" for r in rows if r["variant"] != "full"]
     lines.append("")
     lines.append("Read from: " + "; ".join(f"{r['variant']} {r['source']}" for r in rows))
     text = "\n".join(lines) + "\n"
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]) + (["direction vs full"] if "direction vs full" not in rows[0] else []),
-                       lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     write_atomic(Path(out_dir) / "table.md", text.encode("utf-8"))
