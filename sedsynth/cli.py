@@ -172,12 +172,22 @@ def _ablate(args: argparse.Namespace) -> int:
 
     params = _trainer_params(args)
     if args.table:
-        print(ablations.write_table(Path(params.ablations.out_dir), ablations.experiment_metrics(params)))
+        if args.seed:
+            print("sedsynth ablate: error: --seed picks runs to train or queue; the table reads ablations.seeds "
+                  "(--set 'ablations.seeds=[...]')", file=sys.stderr)
+            return 2
+        print(ablations.write_table(Path(params.ablations.out_dir), ablations.experiment_metrics(params), params.ablations.seeds))
         return 0
+    seeds = tuple(args.seed) if args.seed else params.ablations.seeds
+    ablations.check_seeds(seeds)
+    left_out = [s for s in seeds if s not in params.ablations.seeds]
+    if left_out:
+        print(f"ablate: seed(s) {', '.join(map(str, left_out))} not in ablations.seeds "
+              f"({', '.join(map(str, params.ablations.seeds))}): the table leaves them out", file=sys.stderr)
     if args.queue:
         variants = args.variant or list(ablations.VARIANTS)
-        outcome = ablations.queue_experiments(params, variants)
-        queued = [v for v, what in outcome.items() if what == "queued"]
+        outcome = ablations.queue_experiments(params, variants, seeds=seeds)
+        queued = [name for name, what in outcome.items() if what == "queued"]
         print(f"ablate: queued {len(queued)} DVC experiment(s): {', '.join(queued) or 'none'}; run them with `dvc queue start`, "
               "follow them with `dvc queue status`, then `dvc exp show` and `sedsynth ablate --table`")
         return 1 if any(what.startswith("refused") for what in outcome.values()) else 0
@@ -185,9 +195,10 @@ def _ablate(args: argparse.Namespace) -> int:
         print(f"sedsynth ablate: error: name a variant ({', '.join(ablations.VARIANTS)}), or pass --queue or --table", file=sys.stderr)
         return 2
     for variant in args.variant:
-        ablations.variant_params(params, variant)  # every name checked before the first training starts
+        ablations.variant_params(params, variant, seeds[0])  # every name checked before the first training starts
     for variant in args.variant:
-        ablations.run_variant(params, variant)
+        for seed in seeds:
+            ablations.run_variant(params, variant, seed)
     return 0
 
 
@@ -232,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
     det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
     det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
-    det.add_argument("--threshold", type=float, default=0.5, help="frame probability that starts an event (default 0.5)")
+    det.add_argument("--threshold", type=float, default=None,
+                     help="frame probability that starts an event (default: the threshold stored in the checkpoint, else 0.5)")
     det.add_argument("--format", choices=["table", "tsv"], default="table",
                      help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
     det.add_argument("--scores", default=None, metavar="DIR",
@@ -244,7 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--queue", action="store_true",
                      help="queue the variants (default: all) as DVC experiments of the pipeline, for `dvc queue start`")
     abl.add_argument("--table", action="store_true",
-                     help="write <ablations.out_dir>/table.md from the variants' DVC experiments (else their folders)")
+                     help="write <ablations.out_dir>/table.md (mean and range over ablations.seeds) from the variants' "
+                          "DVC experiments (else their folders)")
+    abl.add_argument("--seed", type=int, action="append", metavar="S",
+                     help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
     bench.add_argument("what", choices=["clip", "mix", "shards", "train", "evaluate", "llm-cache"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")

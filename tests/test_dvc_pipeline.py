@@ -139,7 +139,7 @@ def _check_experiments(work: Path, baseline: dict) -> None:
     params_diff = _dvc(work, "params", "diff", "--json")
     changed = json.loads(params_diff.stdout)
     assert list(changed["params.yaml"]) == ["evaluate.f1_threshold"], changed
-    assert (changed["params.yaml"]["evaluate.f1_threshold"]["old"], changed["params.yaml"]["evaluate.f1_threshold"]["new"]) == (0.5, 0.3)
+    assert (changed["params.yaml"]["evaluate.f1_threshold"]["old"], changed["params.yaml"]["evaluate.f1_threshold"]["new"]) == ("checkpoint", 0.3)
     metrics_diff = json.loads(_dvc(work, "metrics", "diff", "--json", "--all").stdout)["models/finelap/evaluation/metrics.json"]
     f1 = {k: v for k, v in metrics_diff.items() if k.startswith("test.trained.") and "f1" in k}
     assert f1 and all(v["old"] is not None and v["new"] is not None for v in f1.values()), metrics_diff
@@ -149,11 +149,11 @@ def _check_experiments(work: Path, baseline: dict) -> None:
 
     params = load_params(work / "params.yaml")
     assert ablations.experiment_metrics(params, work)["f1-low"] == evaluated["test"]["trained"]
-    queued = subprocess.run([sys.executable, "-m", "sedsynth", "ablate", "--queue", "no_frame_loss"], cwd=work, env=_env(),
-                            capture_output=True, text=True, timeout=300)
+    queued = subprocess.run([sys.executable, "-m", "sedsynth", "ablate", "--queue", "no_frame_loss", "--seed", "1235"], cwd=work,
+                            env=_env(), capture_output=True, text=True, timeout=300)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     status = _dvc(work, "queue", "status")
-    assert re.search(r"no_frame_loss\s+.*Queued", status.stdout), status.stdout
+    assert re.search(r"no_frame_loss-s1235\s+.*Queued", status.stdout), status.stdout
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -202,17 +202,19 @@ def test_a_removed_dep_is_reported(stage):
 
 @pytest.mark.parametrize("variant", ["full", "no_frame_loss", "no_clip_loss", "shared_projector", "infonce"])
 def test_experiment_settings_make_the_pipeline_run_the_variant(variant):
-    """``dvc exp run -S`` with the settings gives the params the direct run uses, outputs aside."""
+    """``dvc exp run -S`` with the settings gives the params the direct run uses (its seed too), outputs aside."""
     from pipeline.config.params import merge, parse_override
     from trainer.config import load_params
     from sedsynth import ablate as ablations
 
     base = load_params(ROOT / "params.yaml")
     overrides: dict = {}
-    for setting in ablations.experiment_settings(base, variant):
+    seed = base.ablations.seeds[-1]
+    for setting in ablations.experiment_settings(base, variant, seed):
         overrides = merge(overrides, parse_override(setting))
     exp = load_params(ROOT / "params.yaml", overrides)
-    direct = ablations.variant_params(base, variant)
+    direct = ablations.variant_params(base, variant, seed)
+    assert exp.seed == direct.seed == seed != base.seed
     assert exp.train == replace_fields(direct.train, out_dir=base.train.out_dir, resume=base.train.resume)
     assert exp.evaluate == replace_fields(direct.evaluate, out_dir=base.evaluate.out_dir,
                                           checkpoint=f"{base.train.out_dir}/checkpoints/latest.pt")
@@ -243,9 +245,9 @@ def test_table_takes_experiments_first_then_folders_and_names_what_is_missing(tm
     experiments |= {"shared_projector": _metrics(), "infonce": _metrics()}
     text = ablations.write_table(tmp_path, experiments)
     rows = {r["variant"]: r for r in csv.DictReader((tmp_path / "table.csv").open())}
-    assert rows["full"]["source"] == "dvc experiment" and float(rows["full"]["PSDS1"]) == pytest.approx(0.25)
+    assert rows["full"]["source"] == "dvc experiment full" and float(rows["full"]["PSDS1 mean"]) == pytest.approx(0.25)
     assert rows["no_clip_loss"]["source"].endswith("no_clip_loss/evaluation/metrics.json")
-    assert "full dvc experiment" in text.splitlines()[-1]
+    assert "full dvc experiment full" in text.splitlines()[-1]
     assert oct((tmp_path / "table.md").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
 
 
@@ -268,7 +270,7 @@ def test_queueing_reports_each_variant_dvc_refuses_and_goes_on(tmp_path, capsys)
 
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
         ablations.queue_experiments(Params(), ["full", "nope"], tmp_path)  # names checked before anything is queued
-    outcome = ablations.queue_experiments(Params(), ["full", "infonce"], tmp_path)  # not a DVC project
-    assert list(outcome) == ["full", "infonce"] and all(v.startswith("refused: ") for v in outcome.values())
+    outcome = ablations.queue_experiments(Params(), ["full", "infonce"], tmp_path, seeds=[1234])  # not a DVC project
+    assert list(outcome) == ["full-s1234", "infonce-s1234"] and all(v.startswith("refused: ") for v in outcome.values())
     err = capsys.readouterr().err.splitlines()
-    assert [line.split(":")[1].strip() for line in err] == ["full", "infonce"] and all("not queued" in line for line in err)
+    assert [line.split(":")[1].strip() for line in err] == ["full-s1234", "infonce-s1234"] and all("not queued" in line for line in err)

@@ -108,6 +108,7 @@ class TrainParams:
     log_every_steps: int = 2  # not a paper setting (configs/train/finelap.yaml: 50)
     checkpoint_every_steps: int = 0  # >0: also save latest.pt mid-epoch (a resume skips the batches done)
     resume: bool = True  # continue from out_dir/checkpoints/latest.pt when it matches
+    best_by: Literal["frame_auroc", "valid_loss", "valid_frame", "a2t_r1", "t2a_r1"] = "frame_auroc"  # held-out score that picks best.pt
     out_dir: str = "models/finelap"
 
 
@@ -123,7 +124,7 @@ class EvaluateParams:
     median_filter_frames: int = 3  # FineLAP: median filter of 3 frames before PSDS
     segment_s: float = 1.0  # segment AUROC (TACOS: 1 s)
     max_fpr: float = 0.1  # pAUROC
-    f1_threshold: float = 0.5  # collar F1
+    f1_threshold: float | Literal["checkpoint"] = "checkpoint"  # collar F1; checkpoint: the one `sedsynth train` chose on the valid split (else 0.5)
     window_overlap: float = 0.5  # long audio: sliding windows overlapping by this share
     batch_size: int = 16  # windows per forward pass
     device: str = "auto"
@@ -134,9 +135,17 @@ class EvaluateParams:
 
 @dataclass(frozen=True)
 class AblationParams:
-    """FineLAP Table 5 variants (``sedsynth/ablate.py``), each trained with ``train`` and scored with ``evaluate``."""
+    """FineLAP Table 5 variants (``sedsynth/ablate.py``), each trained with ``train`` and scored with ``evaluate``
+    once per seed of ``seeds`` (the top-level ``seed`` set to it); the table gives each metric's mean and range."""
 
     out_dir: str = "models/ablations"
+    seeds: tuple[int, ...] = (1234, 1235, 1236)
+
+    def __post_init__(self) -> None:
+        need(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "ablations.seeds",
+             "needs at least one seed, each once")
+        for seed in self.seeds:
+            need(pipeline_params.SEED.accepts(seed), "ablations.seeds", f"has {seed!r}; use {pipeline_params.SEED}")
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,8 @@ def check(p: Params) -> None:
     v = p.evaluate
     need(v.median_filter_frames >= 1 and v.median_filter_frames % 2 == 1, "evaluate.median_filter_frames", "must be an odd number of frames (1: no filter)")
     need(v.segment_s > 0 and 0 < v.max_fpr <= 1, "evaluate.segment_s", "must be positive and max_fpr in (0, 1]")
+    need(v.f1_threshold == "checkpoint" or 0 <= v.f1_threshold <= 1, "evaluate.f1_threshold",
+         "must be a probability in [0, 1] or checkpoint (the threshold stored in evaluate.checkpoint)")
     need(0 <= v.window_overlap < 1, "evaluate.window_overlap", "must be in [0, 1)")
     need(v.batch_size >= 1 and v.pictures >= 0, "evaluate.batch_size", "must be at least 1 (pictures 0 or more)")
     for name, b in v.benchmarks.items():

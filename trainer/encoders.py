@@ -249,8 +249,8 @@ def fit_eat_weights(encoder: EATEncoder, state: dict[str, torch.Tensor], source:
 
 
 class ConvBlock(nn.Sequential):
-    def __init__(self, cin: int, cout: int, pool: tuple[int, int]):
-        super().__init__(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.GELU(),
+    def __init__(self, cin: int, cout: int, pool: tuple[int, int], stride: int = 1):
+        super().__init__(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout), nn.GELU(),
                          nn.AvgPool2d(pool) if pool != (1, 1) else nn.Identity())
 
 
@@ -266,8 +266,9 @@ class SmallEncoder(AudioEncoder):
         super().__init__(fbank)
         self.width, self.time_stride_frames = width, 8
         c = [1, width // 8, width // 4, width // 2, width]
-        pools = [(2, 2), (2, 2), (2, 2), (1, 1)]
-        self.blocks = nn.Sequential(*(ConvBlock(c[i], c[i + 1], pools[i]) for i in range(4)))
+        # the first block strides its convolution instead of pooling a full-resolution map: half the time
+        pools, strides = [(1, 1), (2, 2), (2, 2), (1, 1)], [2, 1, 1, 1]
+        self.blocks = nn.Sequential(*(ConvBlock(c[i], c[i + 1], pools[i], strides[i]) for i in range(4)))
 
     def forward(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.features(wave).unsqueeze(1)  # (B, 1, T, F)

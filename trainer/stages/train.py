@@ -1,11 +1,12 @@
 """The training loop: ``run(params)`` trains FineLAP on the ``train.data`` sources.
 
 Input: ``params.train`` (data, model, loss, optim) and the shard folders it names. Output, in
-``train.out_dir``: ``checkpoints/latest.pt`` and ``checkpoints/best.pt`` (lowest held-out loss),
+``train.out_dir``: ``checkpoints/latest.pt`` and ``checkpoints/best.pt`` (best held-out ``train.best_by`` score),
 ``train_log.csv`` (every ``log_every_steps``: loss terms, temperatures, biases, lr, clips/s),
 ``valid_log.csv`` (held-out scores after every epoch, epoch 0 being the untrained model),
-``metrics.json`` (final and best held-out scores), ``curves.png``, ``config.json`` and
-``skipped.csv``. Start it with ``sedsynth train`` or, on several GPUs, with
+``metrics.json`` (final and best held-out scores, and the ``calibration``: the collar-F1 threshold
+chosen on the held-out split with ``best.pt``, also stored in both checkpoints), ``curves.png``,
+``config.json`` and ``skipped.csv``. Start it with ``sedsynth train`` or, on several GPUs, with
 ``torchrun --nproc_per_node=8 -m sedsynth train``; a rerun resumes from ``latest.pt`` when its config
 matches.
 """
@@ -26,6 +27,7 @@ from pipeline.outputs import write_json
 from trainer import checkpoint, distributed
 from trainer.config import TrainParams, current_train_section
 from trainer.data.stream import TrainStream, collate, make_stream
+from trainer.evaluation.calibration import calibrate_checkpoint
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, write_skips
 from trainer.model import build_model
@@ -36,7 +38,17 @@ from trainer.precision import autocast_for
 # Settings that may change between a run and its resume without invalidating the checkpoint.
 RESUMABLE_CHANGES = ("resume", "out_dir", "log_every_steps", "checkpoint_every_steps", "optim.epochs", "optim.max_steps",
                      "data.num_workers", "threads", "device", "compile")
-NO_SCORES = {"valid_loss": float("inf")}  # the best held-out scores before any epoch
+NO_SCORES: dict = {}  # the best held-out scores before any epoch
+LOWER_IS_BETTER = frozenset({"valid_loss", "valid_clip", "valid_frame"})  # held-out losses; other scores: higher is better
+
+
+def improves(scores: dict, best: dict, key: str) -> bool:
+    """Whether held-out ``scores`` beat ``best`` on ``key`` (``train.best_by``); any score beats none."""
+    if key not in scores:
+        return False
+    if key not in best:
+        return True
+    return scores[key] < best[key] if key in LOWER_IS_BETTER else scores[key] > best[key]
 
 
 def run(params, out_dir: Path | None = None) -> dict:
@@ -65,7 +77,7 @@ def run(params, out_dir: Path | None = None) -> dict:
         valid_rows = logs.valid.rows
         summary = {"steps": step, "epochs": epoch, "train_clips_per_s": logs.clips_per_s(setup.world.size),
                    "final": valid_rows[-1] if valid_rows else {}, "untrained": valid_rows[0] if valid_rows else {},
-                   "best": best, "skipped": len(logs.skipped_items)}
+                   "best": best, "skipped": len(logs.skipped_items)} | calibrate(params, setup)
         write_json(setup.out / "metrics.json", summary)
         plot_curves(logs.train.rows, valid_rows, setup.out / "curves.png")
     distributed.teardown(setup.world)
@@ -211,7 +223,7 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
     """Close ``epoch`` after :func:`train_epoch` returned ``(step, micro_batches_done, data_ended)``.
 
     Rank 0 adds the held-out scores as epoch ``epoch + 1`` to ``valid_log``, saves ``best.pt`` when
-    they beat ``best``, and ``latest.pt`` with the resume point: the next epoch when this one
+    they beat ``best`` on ``train.best_by``, and ``latest.pt`` with the resume point: the next epoch when this one
     finished, else (``max_steps`` stopped it) this epoch and its micro-batches done. Then it
     writes both logs and ``skipped.csv``; every rank waits for it. Returns the best scores so far.
     """
@@ -223,7 +235,7 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
         if setup.valid_loader is not None:
             scores = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
         logs.valid.add({"epoch": epochs_done, "step": step, **scores})
-        if scores.get("valid_loss", float("inf")) < best["valid_loss"]:
+        if improves(scores, best, setup.train.best_by):
             best = {"epoch": epochs_done, "step": step, **scores}
             checkpoint.save(setup.best_path, setup.objective, None, None, step, epochs_done, 0, setup.config, {"best": best})
         checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, *resume_at, setup.config,
@@ -232,6 +244,20 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
         write_skips(setup.out / "skipped.csv", logs.skipped_items)
     distributed.barrier(setup.world)
     return best
+
+
+def calibrate(params, setup: Setup) -> dict:
+    """``{"calibration": entry}``: the collar-F1 threshold chosen on the ``train.data.valid`` shards with
+    ``best.pt``, scored as ``evaluate`` scores (its median filter, overlap and batch size), and stored in
+    ``best.pt`` and ``latest.pt`` (:func:`calibrate_checkpoint`); ``{}`` without a valid split of shards."""
+    valid, e = setup.train.data.valid, params.evaluate
+    if valid is None or valid.kind != "shards" or not setup.best_path.exists():
+        return {}
+    entry = calibrate_checkpoint(setup.best_path, valid.path, valid.split, e.median_filter_frames, store_in=(setup.best_path, setup.latest),
+                                 device=str(setup.world.device), overlap=e.window_overlap, batch_size=e.batch_size)
+    print(f"train: collar F1 threshold {entry['threshold']:.4g} chosen on the {valid.split} split (macro F1 {entry['valid_f1']:.3f}), "
+          "stored in best.pt and latest.pt")
+    return {"calibration": entry}
 
 
 def start_or_resume(latest: Path, resume: bool, config: dict, objective, optimizer, scheduler) -> tuple[int, int, int, dict]:

@@ -18,7 +18,7 @@ from trainer.encoders import build_encoder
 from trainer.model import build_model
 from trainer.objective import Objective
 from trainer.optim import lr_lambda, optimizer_for
-from trainer.stages.train import compatible, config_of, run, start_or_resume
+from trainer.stages.train import LOWER_IS_BETTER, compatible, config_of, improves, run, start_or_resume
 
 
 def read_csv(path) -> list[dict]:
@@ -46,11 +46,47 @@ def test_train_smoke_run_writes_outputs(smoke_run):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == summary["steps"] == 3
     assert metrics["untrained"]["epoch"] == 0
-    assert metrics["best"]["valid_loss"] == pytest.approx(min(float(r["valid_loss"]) for r in valid_rows[1:]), rel=1e-5)
+    key = p.train.best_by  # best.pt: the epoch with the best held-out score of this kind
+    best_score = (min if key in LOWER_IS_BETTER else max)(float(r[key]) for r in valid_rows[1:])
+    assert metrics["best"][key] == pytest.approx(best_score, rel=1e-5)
     latest = torch.load(out / "checkpoints" / "latest.pt", weights_only=True)
     assert latest["step"] == 3 and latest["config"] == config_of(p, latest["config"]["data_fingerprint"])
     assert len(latest["config"]["data_fingerprint"]) == 16
     assert not any(k.startswith("model.text.model.") for k in latest["model"])  # the frozen text tower is not saved
+
+
+def test_the_end_of_a_run_stores_the_threshold_chosen_on_the_valid_split(smoke_run):
+    from trainer import checkpoint
+    from trainer.evaluation.calibration import calibrate_checkpoint
+    from trainer.evaluation.testset import read_split
+
+    p, out, summary = smoke_run
+    entry = summary["calibration"]
+    assert json.loads((out / "metrics.json").read_text())["calibration"] == entry
+    for name in ("best.pt", "latest.pt"):
+        path = out / "checkpoints" / name
+        assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
+        assert checkpoint.read(path)["calibration"] == entry  # weights-only, beside everything a resume needs
+    valid = read_split(p.train.data.valid.path, p.train.data.valid.split)
+    assert (entry["split"], entry["classes"], entry["clips"]) == ("valid", len(valid.classes), len(valid.ids))
+    assert entry["events"] == sum(len(v) for v in valid.ground_truth().values())
+    assert entry["median_filter_frames"] == p.evaluate.median_filter_frames and entry["step"] == summary["best"]["step"]
+    assert 0.0 <= entry["valid_f1"] <= 1.0 and math.isfinite(entry["threshold"])
+    # chosen with best.pt: scoring it again gives the same entry
+    again = calibrate_checkpoint(out / "checkpoints" / "best.pt", p.train.data.valid.path, "valid", p.evaluate.median_filter_frames, device="cpu")
+    assert again == entry
+
+
+def test_no_calibration_without_a_valid_split_of_shards(smoke_run):
+    from types import SimpleNamespace
+
+    from trainer.config import SourceParams
+    from trainer.stages.train import calibrate
+
+    p, out, _ = smoke_run
+    for valid in (None, SourceParams(kind="captions", path="x.csv", split="valid")):
+        setup = SimpleNamespace(train=replace(p.train, data=replace(p.train.data, valid=valid)), best_path=out / "checkpoints" / "best.pt")
+        assert calibrate(p, setup) == {}
 
 
 def _train_rows(out) -> dict[int, dict]:
@@ -137,3 +173,12 @@ def test_a_checkpoint_written_before_a_key_was_renamed_still_resumes(smoke_run, 
                                                             objective, optimizer, scheduler)
     assert "resuming from" in capsys.readouterr().out
     assert (step, epoch, micro_batches_done, best) == (3, saved["epoch"], saved["batches_in_epoch"], saved["metrics"]["best"])
+
+
+def test_best_checkpoint_follows_the_direction_of_its_score():
+    assert improves({"frame_auroc": 0.8}, {}, "frame_auroc")  # any score beats none
+    assert improves({"frame_auroc": 0.8}, {"frame_auroc": 0.7}, "frame_auroc")
+    assert not improves({"frame_auroc": 0.6}, {"frame_auroc": 0.7}, "frame_auroc")
+    assert improves({"valid_loss": 1.0}, {"valid_loss": 2.0}, "valid_loss")
+    assert not improves({"valid_loss": 3.0}, {"valid_loss": 2.0}, "valid_loss")
+    assert not improves({}, {}, "valid_loss")  # no held-out split: no best.pt from scores
