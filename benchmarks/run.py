@@ -140,6 +140,11 @@ def main(args: argparse.Namespace, params: Params) -> int:
         from benchmarks.evaluate import run as bench_evaluate
 
         print_evaluate(bench_evaluate(args.clips if args.clips != 400 else 10000))
+    elif args.what == "detection":
+        from benchmarks.detection import print_figures as print_detection
+        from benchmarks.detection import run as bench_detection
+
+        print_detection(bench_detection(params, Path(args.out), args.epochs))
     elif args.what == "llm-cache":
         from benchmarks.llm_cache import bench_llm_cache
         from benchmarks.llm_cache import print_figures as print_llm_cache

@@ -96,7 +96,7 @@ class ComputeParams:
 class CorpusParams:
     """The embedded source corpora, generated when no real data is configured."""
 
-    fsd50k_clips: int = 240
+    fsd50k_clips: int = 960
     ambience_recordings: int = 12
     seed: int = 7
     fsd50k_dir: str = "data/sources/fsd50k"
@@ -163,9 +163,9 @@ class AmbienceParams(ExcerptParams):
 class MixtureCounts:
     """Mixtures to make per split."""
 
-    train: int = 400
-    valid: int = 50
-    test: int = 50
+    train: int = 1600
+    valid: int = 100
+    test: int = 250
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ Output, under ``evaluate.out_dir``:
   ``scores/<model>/<clip>.tsv`` (sed_scores_eval's layout; the median-filtered scores PSDS was
   computed on, so ``sed_scores_eval`` recomputes every number from these files), and
   ``per_class_<model>.csv``; ``details/benchmarks/<name>/`` the same per benchmark;
-  ``details/pictures/<clip>.png``; ``details/skipped.csv``.
+  ``details/pictures/<clip>.png`` (each phrase's median-filtered probabilities, its ground truth
+  shaded, the events found at the F1 threshold as bars); ``details/skipped.csv``.
 - ``plots/``: ROC and PSD-ROC curves as CSVs for ``dvc plots`` and ``curves.png``.
 
 Every clip is scored once per model (one forward pass over its windows); every metric reads
@@ -37,6 +38,7 @@ from pipeline.schema import Skip
 from trainer.evaluation import metrics as M
 from trainer.evaluation import plots
 from trainer.evaluation.calibration import threshold_setting
+from trainer.evaluation.detect import events
 from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector
 from trainer.evaluation.scoring import (
     classification_metrics,
@@ -100,8 +102,10 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
         for i, w in scored.waves.items():
             k = scored.ids.index(i)
             truth = {phrase: segs for phrase, segs in segments[i]}
-            plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k],
-                                   scored.probs[k][1], list(own[i].texts), truth, title=f"{i}: {split.captions[i]}")
+            probs, texts = M.smooth(scored.probs[k][1], e.median_filter_frames), list(own[i].texts)  # as F1 sees them
+            found = {t: events(scored.timestamps_s[k], probs[:, q], e.f1_threshold) for q, t in enumerate(texts)}
+            plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k], probs, texts,
+                                   truth, events=found, title=f"{i}: {split.captions[i]}", threshold=e.f1_threshold)
     curves = {k: result[k] for k in ("roc", "psd_1_roc", "psd_2_roc", "psd_1_class_mean", "psd_2_class_mean")}
     return out, {"curves": curves, "protocol": result["protocol"], "clips_per_s": len(scored.ids) / max(scored.seconds, 1e-9)}
 

@@ -3,7 +3,9 @@
 Input: ``params.train`` (data, model, loss, optim) and the shard folders it names. Output, in
 ``train.out_dir``: ``checkpoints/latest.pt`` and ``checkpoints/best.pt`` (best held-out ``train.best_by`` score),
 ``train_log.csv`` (every ``log_every_steps``: loss terms, temperatures, biases, lr, clips/s),
-``valid_log.csv`` (held-out scores after every epoch, epoch 0 being the untrained model),
+``valid_log.csv`` (held-out scores after every epoch, epoch 0 being the untrained model, and the
+seconds since this process started), ``checkpoints/epochNNN.pt`` after every epoch with
+``train.keep_epoch_checkpoints``,
 ``metrics.json`` (final and best held-out scores, and the ``calibration``: the collar-F1 threshold
 chosen on the held-out split with ``best.pt``, also stored in both checkpoints), ``curves.png``,
 ``config.json`` and ``skipped.csv``. Start it with ``sedsynth train`` or, on several GPUs, with
@@ -167,7 +169,7 @@ def start_logs(setup: Setup, step: int) -> Logs:
         write_skips(setup.out / "skipped.csv", setup.stream.skips)
         if step == 0 and setup.valid_loader is not None:
             untrained = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
-            valid_log.add({"epoch": 0, "step": 0, **untrained})
+            valid_log.add({"epoch": 0, "step": 0, **untrained, "wall_s": 0.0})
     return Logs(train_log, valid_log, _progress(setup.world, setup.total_steps, step), skipped_items=list(setup.stream.skips))
 
 
@@ -223,7 +225,7 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
     """Close ``epoch`` after :func:`train_epoch` returned ``(step, micro_batches_done, data_ended)``.
 
     Rank 0 adds the held-out scores as epoch ``epoch + 1`` to ``valid_log``, saves ``best.pt`` when
-    they beat ``best`` on ``train.best_by``, and ``latest.pt`` with the resume point: the next epoch when this one
+    they beat ``best`` on ``train.best_by`` (and ``epochNNN.pt`` with ``keep_epoch_checkpoints``), and ``latest.pt`` with the resume point: the next epoch when this one
     finished, else (``max_steps`` stopped it) this epoch and its micro-batches done. Then it
     writes both logs and ``skipped.csv``; every rank waits for it. Returns the best scores so far.
     """
@@ -234,10 +236,13 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
         scores = {}
         if setup.valid_loader is not None:
             scores = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
-        logs.valid.add({"epoch": epochs_done, "step": step, **scores})
+        logs.valid.add({"epoch": epochs_done, "step": step, **scores, "wall_s": round(time.perf_counter() - logs.started, 1)})
         if improves(scores, best, setup.train.best_by):
             best = {"epoch": epochs_done, "step": step, **scores}
             checkpoint.save(setup.best_path, setup.objective, None, None, step, epochs_done, 0, setup.config, {"best": best})
+        if setup.train.keep_epoch_checkpoints and epoch_finished:
+            checkpoint.save(setup.out / "checkpoints" / f"epoch{epochs_done:03d}.pt", setup.objective, None, None, step,
+                            epochs_done, 0, setup.config, {"scores": scores})
         checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, *resume_at, setup.config,
                         {"best": best})
         logs.train.flush(), logs.valid.flush()

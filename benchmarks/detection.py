@@ -1,0 +1,77 @@
+"""``sedsynth bench detection``: PSDS1 against training minutes, on the params' own shards.
+
+Trains ``params.train`` for ``--epochs`` epochs into ``--out`` (``<out>/finelap``) keeping one
+checkpoint per epoch (``train.keep_epoch_checkpoints``), then scores every epoch's checkpoint on
+``evaluate.split`` as ``sedsynth evaluate`` does (its protocol, without pictures, zero-shot or
+the untrained model). Prints one row per epoch: steps, wall-clock minutes since training started
+(held-out scoring after each epoch included), PSDS1 with alpha_st 1 and 0, PSDS2, segment AUROC
+and collar F1 at 0.5, and writes ``<out>/psds_curve.csv`` and ``<out>/psds_curve.png``.
+
+The learning-rate schedule spans all ``--epochs``, so an early row is a checkpoint in the middle
+of a longer schedule, not a shorter run of its own: it answers "how far does more training
+take this model", not "what is the best model for N minutes".
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+from pipeline.figures import pyplot, save_png
+
+COLUMNS = ("epoch", "step", "train_min", "psds1", "psds1_astat0", "psds2", "auroc", "f1")
+
+
+def run(params, out: Path, epochs: int) -> list[dict]:
+    """Train for ``epochs`` into ``out/finelap`` and score each epoch's checkpoint; returns the rows
+    of :data:`COLUMNS` (``epoch`` 0 is the untrained model)."""
+    from trainer.stages import evaluate, train
+
+    out = Path(out)
+    t = params.train
+    run_dir = out / "finelap"
+    params = replace(params, train=replace(t, optim=replace(t.optim, epochs=epochs, max_steps=0), out_dir=str(run_dir),
+                                           keep_epoch_checkpoints=True, resume=False))
+    train.run(params)
+    with (run_dir / "valid_log.csv").open() as f:
+        log = {int(r["epoch"]): r for r in csv.DictReader(f)}
+    scores: dict[int, dict] = {}
+    for epoch in range(1, epochs + 1):
+        e = replace(params.evaluate, checkpoint=str(run_dir / "checkpoints" / f"epoch{epoch:03d}.pt"), untrained=epoch == 1,
+                    pictures=0, event_clips=None, benchmarks={}, f1_threshold=0.5, out_dir=str(out / "evaluation" / f"epoch{epoch:03d}"))
+        test = evaluate.run(replace(params, evaluate=e))["test"]
+        scores[epoch] = test["trained"]
+        if epoch == 1:
+            scores[0] = test["untrained"]
+    rows = [{"epoch": epoch, "step": int(log[epoch]["step"]), "train_min": float(log[epoch]["wall_s"] or 0.0) / 60.0,
+             **{k: s.get(k, float("nan")) for k in COLUMNS[3:]}} for epoch, s in sorted(scores.items())]
+    write_curve(rows, out)
+    return rows
+
+
+def write_curve(rows: list[dict], out: Path) -> None:
+    """``out/psds_curve.csv`` (the rows) and ``out/psds_curve.png`` (PSDS1 and PSDS2 over minutes)."""
+    with (out / "psds_curve.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    minutes = [r["train_min"] for r in rows]
+    for key, label in (("psds1", "PSDS1 (alpha_st 1)"), ("psds1_astat0", "PSDS1 (alpha_st 0)"), ("psds2", "PSDS2")):
+        ax.plot(minutes, [r[key] for r in rows], marker="o", label=label)
+    ax.set_xlabel("training minutes (held-out scoring after each epoch included)")
+    ax.set_ylabel("score on the test split")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_png(fig, out / "psds_curve.png", dpi=120)
+
+
+def print_figures(rows: list[dict]) -> None:
+    print("bench detection: each epoch's checkpoint on the test split (epoch 0: untrained)")
+    print("  epoch  step  minutes  PSDS1  PSDS1(a_st=0)  PSDS2  AUROC  F1@0.5")
+    for r in rows:
+        print(f"  {r['epoch']:5d} {r['step']:5d} {r['train_min']:8.1f}  {r['psds1']:.3f}  {r['psds1_astat0']:13.3f}  "
+              f"{r['psds2']:.3f}  {r['auroc']:.3f}  {r['f1']:.3f}")

@@ -1,0 +1,32 @@
+"""``sedsynth bench detection``: one scored checkpoint per epoch, the untrained model first."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.detection import COLUMNS, run
+from tests.conftest import tiny_train_params
+
+
+def test_every_epoch_is_scored_on_the_test_split(shard_folder, tmp_path):
+    params, folder = shard_folder
+    p = tiny_train_params(params, folder, tmp_path / "unused")
+    p = replace(p, evaluate=replace(p.evaluate, shards=str(folder), device="cpu"))
+    rows = run(p, tmp_path / "bench", epochs=2)
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert rows[0]["step"] == 0 and rows[0]["train_min"] == 0.0
+    assert 0 < rows[1]["step"] < rows[2]["step"] and 0 < rows[1]["train_min"] < rows[2]["train_min"]
+    for r in rows:
+        for key in ("psds1", "psds1_astat0", "psds2", "auroc"):
+            assert 0.0 <= r[key] <= 1.0, (r["epoch"], key)
+        assert r["psds1"] <= r["psds1_astat0"]
+    checkpoints = sorted(p.name for p in (tmp_path / "bench" / "finelap" / "checkpoints").glob("epoch*.pt"))
+    assert checkpoints == ["epoch001.pt", "epoch002.pt"]
+    with (tmp_path / "bench" / "psds_curve.csv").open() as f:
+        written = list(csv.DictReader(f))
+    assert list(written[0]) == list(COLUMNS) and len(written) == 3
+    assert float(written[2]["psds2"]) == pytest.approx(rows[2]["psds2"], abs=1e-4)
+    assert (tmp_path / "bench" / "psds_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
