@@ -282,16 +282,21 @@ def our_direction(variant: Spread, full: Spread, tolerance: float) -> str:
 
 
 def table(out_dir: Path, experiments: dict[str, dict] | None = None,
-          seeds: tuple[int, ...] | list[int] = AblationParams().seeds) -> list[dict]:
+          seeds: tuple[int, ...] | list[int] = AblationParams().seeds, variants: list[str] | None = None) -> list[dict]:
     """One row per variant: for each shown metric its mean, min, max and n over the variant's runs
     (:func:`variant_runs`), the paper's numbers and the directions against ``full``.
 
     Row keys: ``variant``, ``name``, ``n`` (runs read), ``n planned`` (``len(seeds)``), ``seeds``,
     ``<label> mean|min|max|n`` per metric of :data:`OURS` (those of :data:`OPTIONAL` only when a run
     has them), ``paper <column>``, ``direction vs full`` (empty for ``full``) and ``source``.
-    A variant with no run at all means no table (an error names the missing ones and how to run them).
+    ``variants`` (default: all of :data:`VARIANTS`; ``full`` is always in) are the rows. A variant with
+    no run at all means no table (an error names the missing ones and how to run them).
     """
-    runs = {v: variant_runs(out_dir, v, seeds, experiments) for v in VARIANTS}
+    chosen = ["full", *(v for v in (variants or VARIANTS) if v != "full")]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"ablate: unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+    runs = {v: variant_runs(out_dir, v, seeds, experiments) for v in VARIANTS if v in chosen}
     missing = [v for v, found in runs.items() if not found]
     if missing:
         raise FileNotFoundError(
@@ -304,6 +309,8 @@ def table(out_dir: Path, experiments: dict[str, dict] | None = None,
                for v, found in runs.items()}
     rows = []
     for v, (name, _) in VARIANTS.items():
+        if v not in runs:
+            continue
         row = {"variant": v, "name": name, "n": len(runs[v]), "n planned": len(seeds),
                "seeds": " ".join(BEFORE_SEEDS if r.seed is None else str(r.seed) for r in runs[v])}
         for key, label, _, _ in shown:
@@ -336,9 +343,10 @@ def _cell(row: dict, label: str) -> str:
 
 
 def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
-                seeds: tuple[int, ...] | list[int] = AblationParams().seeds) -> str:
-    """:func:`table` as ``<out_dir>/table.md`` (returned) and ``table.csv``, each written whole or not at all."""
-    rows = table(out_dir, experiments, seeds)
+                seeds: tuple[int, ...] | list[int] = AblationParams().seeds, variants: list[str] | None = None) -> str:
+    """:func:`table` as ``<out_dir>/table.md`` (returned) and ``table.csv``, each written whole or not at all;
+    a table of some ``variants`` only says which rows it leaves out."""
+    rows = table(out_dir, experiments, seeds, variants)
     labels = [label for _, label, _, _ in OURS if f"{label} mean" in rows[0]]
     head = ["Methods", *labels, *(f"paper {c}" for c in PAPER_COLUMNS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -358,6 +366,10 @@ def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
                  f"{WITHIN_NOISE}: the variant's range over its seeds overlaps the full model's:")
     lines += [f"- {r['name']}: {r['direction vs full']}" for r in rows if r["variant"] != "full"]
     lines.append("")
+    left_out = [VARIANTS[v][0] for v in VARIANTS if v not in {r["variant"] for r in rows}]
+    if left_out:
+        lines.append(f"Not in this table (not asked for): {', '.join(left_out)}.")
+        lines.append("")
     lines.append("Read from: " + "; ".join(f"{r['variant']} {r['source']}" for r in rows))
     text = "\n".join(lines) + "\n"
     buf = io.StringIO()

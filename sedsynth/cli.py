@@ -177,7 +177,8 @@ def _ablate(args: argparse.Namespace) -> int:
             print("sedsynth ablate: error: --seed picks runs to train or queue; the table reads ablations.seeds "
                   "(--set 'ablations.seeds=[...]')", file=sys.stderr)
             return 2
-        print(ablations.write_table(Path(params.ablations.out_dir), ablations.experiment_metrics(params), params.ablations.seeds))
+        print(ablations.write_table(Path(params.ablations.out_dir), ablations.experiment_metrics(params), params.ablations.seeds,
+                                    args.variant or None))
         return 0
     seeds = tuple(args.seed) if args.seed else params.ablations.seeds
     ablations.check_seeds(seeds)
@@ -258,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="queue the variants (default: all) as DVC experiments of the pipeline, for `dvc queue start`")
     abl.add_argument("--table", action="store_true",
                      help="write <ablations.out_dir>/table.md (mean and range over ablations.seeds) from the variants' "
-                          "DVC experiments (else their folders)")
+                          "DVC experiments (else their folders): every variant, or full and the ones named")
     abl.add_argument("--seed", type=int, action="append", metavar="S",
                      help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")

@@ -233,3 +233,16 @@ def test_direction_is_judged_on_means_and_noise_needs_overlapping_ranges_of_seve
     assert ablations.our_direction(S(0.305, 0.2, 0.4, 3), full, 0.01) == "="  # means within the tolerance
     assert ablations.our_direction(S(0.25, 0.25, 0.25, 1), S(0.30, 0.30, 0.30, 1), 0.01) == "down"  # one seed each: no range
     assert ablations.our_direction(S(float("nan"), float("nan"), float("nan"), 0), full, 0.01) == "no value"
+
+
+def test_a_table_of_named_variants_keeps_full_and_says_what_it_leaves_out(tmp_path):
+    for v in ("full", "no_frame_loss"):
+        for seed in SEEDS:
+            _write_seed(tmp_path, v, seed, psds1=0.0 if v == "no_frame_loss" else 0.2)
+    with pytest.raises(FileNotFoundError):
+        ablations.write_table(tmp_path)  # every variant asked for, three never run
+    text = ablations.write_table(tmp_path, variants=["no_frame_loss"])
+    assert set(_rows(tmp_path)) == {"full", "no_frame_loss"}
+    assert "Not in this table (not asked for): w/o Clip-level Loss" in text
+    with pytest.raises(ValueError, match="unknown variant 'nope'"):
+        ablations.write_table(tmp_path, variants=["nope"])
