@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from pipeline.mix.layout import ATTRIBUTION, LICENSES, MIXTURES
-from pipeline.outputs import file_sha256, staged_dir, write_json
+from pipeline.outputs import staged_dir
 from pipeline.schema import (
     SPLITS,
     AudioFile,
@@ -39,12 +37,11 @@ from pipeline.schema import (
     ShardPhrase,
     ShardRow,
     from_table,
-    to_table,
 )
 from pipeline.shards import card
-from pipeline.shards.layout import DATA, INDEX, INDEX_VERSION, shard_name, shard_schema
+from pipeline.shards.writer import MB, plan_chunks, write_shards
 
-MB = 1_000_000
+__all__ = ["ShardError", "build_rows", "plan_chunks", "run", "shard_phrase"]
 
 
 class ShardError(ValueError):
@@ -55,28 +52,6 @@ def _need(path: Path, stage: str) -> Path:
     if not path.exists():
         raise ShardError(f"{path} not found: run `sedsynth {stage}` (or `dvc repro {stage}`) first")
     return path
-
-
-def plan_chunks(sizes: list[int], limit_bytes: float) -> list[tuple[int, int]]:
-    """Consecutive ``[start, stop)`` ranges whose sizes reach ``limit_bytes`` (the last may be smaller)."""
-    out, start, total = [], 0, 0
-    for i, size in enumerate(sizes):
-        total += size
-        if total >= limit_bytes:
-            out.append((start, i + 1))
-            start, total = i + 1, 0
-    if start < len(sizes) or not out:
-        out.append((start, len(sizes)))
-    return out
-
-
-def column_compression(schema, codec: str) -> dict[str, str]:
-    """Per-column codecs: ``codec`` for every column but the FLAC bytes, which do not compress."""
-    buf = io.BytesIO()
-    pq.write_table(schema.empty_table(), buf)
-    meta = pq.read_metadata(io.BytesIO(buf.getvalue())).schema
-    paths = [meta.column(i).path for i in range(len(meta))]
-    return {path: ("none" if path == "audio.bytes" else codec) for path in paths}
 
 
 def shard_phrase(ph: LabelPhrase, cluster_id: int) -> ShardPhrase:
@@ -127,39 +102,15 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
     if len(rates) != 1:
         raise ShardError(f"mixtures have sample rates {sorted(rates)}; one dataset needs one rate (the Audio feature has one)")
     rate = rates.pop()
-    schema = shard_schema(rate)
     row_of = build_rows(mix_dir, params.seed, captions, phrases, cluster_of)
 
     by_split: dict[str, list[MixtureRecipe]] = defaultdict(list)
     for r in sorted(recipes, key=lambda r: (SPLITS.index(r.split), r.index)):
         by_split[r.split].append(r)
-    files = []
-    compression = column_compression(schema, p.compression)
-    with staged_dir(out_dir) as staging, tqdm(total=len(recipes), desc="shards", unit="mix", disable=None) as bar:
-        (staging / DATA).mkdir()
-        for split, items in by_split.items():
-            sizes = [(mix_dir / r.audio_path).stat().st_size for r in items]
-            shards = plan_chunks(sizes, p.shard_size_mb * MB)
-            for i, (a, b) in enumerate(shards):
-                name = shard_name(split, i, len(shards))
-                groups = [(a + x, a + y) for x, y in plan_chunks(sizes[a:b], p.row_group_size_mb * MB)]
-                with pq.ParquetWriter(staging / name, schema, compression=compression) as writer:
-                    for x, y in groups:
-                        rows = [row_of(r) for r in items[x:y]]
-                        # records are non-nullable; the cast gives the nullable fields datasets writes
-                        writer.write_table(to_table(rows, ShardRow).cast(schema), row_group_size=len(rows))
-                        bar.update(len(rows))
-                files.append({"path": name, "split": split, "num_rows": b - a, "num_row_groups": len(groups),
-                              "num_bytes": (staging / name).stat().st_size, "sha256": file_sha256(staging / name)})
-        index = {
-            "version": INDEX_VERSION,
-            "sample_rate_hz": rate,
-            "schema": [f.name for f in schema],
-            "splits": {s: {"num_rows": sum(f["num_rows"] for f in files if f["split"] == s),
-                           "num_bytes": sum(f["num_bytes"] for f in files if f["split"] == s)} for s in by_split},
-            "files": files,
-        }
-        write_json(staging / INDEX, index)
+    with staged_dir(out_dir) as staging:
+        index = write_shards(staging, rate, by_split, lambda r: (mix_dir / r.audio_path).stat().st_size, row_of,
+                             p.shard_size_mb, p.row_group_size_mb, p.compression, desc="shards")
+        files = index["files"]
         (staging / "clusters").mkdir()
         for name in ("clusters.parquet", "phrases.parquet", "labels.csv"):
             shutil.copyfile(_need(clusters_dir / name, "clusters"), staging / "clusters" / name)

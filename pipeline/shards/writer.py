@@ -1,0 +1,89 @@
+"""Writing shard files: rows of :class:`~pipeline.schema.ShardRow` -> ``data/*.parquet`` and ``index.json``.
+
+Input: per split, the items in row order, each item's audio size in bytes and a function that
+makes its row. Output, in a (staging) dataset folder: Parquet shards in the schema ``datasets``
+writes (:func:`~pipeline.shards.layout.shard_schema`), a new shard when the audio in one
+reaches ``shard_size_mb`` and a new row group at ``row_group_size_mb``, every column
+compressed with ``compression`` but the audio bytes (stored as they are: they do not
+compress), and ``index.json`` (per shard: split, rows, row groups, bytes, sha256). The
+synthetic pipeline's shards stage and the corpus importers both write through here, so one
+loader reads everything.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from pipeline.outputs import file_sha256, write_json
+from pipeline.schema import ShardRow, to_table
+from pipeline.shards.layout import DATA, INDEX, INDEX_VERSION, shard_name, shard_schema
+
+MB = 1_000_000
+
+
+def plan_chunks(sizes: list[int], limit_bytes: float) -> list[tuple[int, int]]:
+    """Consecutive ``[start, stop)`` ranges whose sizes reach ``limit_bytes`` (the last may be smaller)."""
+    out, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        total += size
+        if total >= limit_bytes:
+            out.append((start, i + 1))
+            start, total = i + 1, 0
+    if start < len(sizes) or not out:
+        out.append((start, len(sizes)))
+    return out
+
+
+def column_compression(schema, codec: str) -> dict[str, str]:
+    """Per-column codecs: ``codec`` for every column but the FLAC bytes, which do not compress."""
+    buf = io.BytesIO()
+    pq.write_table(schema.empty_table(), buf)
+    meta = pq.read_metadata(io.BytesIO(buf.getvalue())).schema
+    paths = [meta.column(i).path for i in range(len(meta))]
+    return {path: ("none" if path == "audio.bytes" else codec) for path in paths}
+
+
+def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, Sequence], size_of: Callable[[object], int],
+                 row_of: Callable[[object], ShardRow], shard_size_mb: float, row_group_size_mb: float, compression: str,
+                 desc: str = "shards") -> dict:
+    """Write every split's rows into ``staging/data/`` and ``staging/index.json``; returns the index.
+
+    ``items_by_split`` keeps the output order (splits in dict order, items in list order);
+    ``size_of(item)`` is the item's audio size in bytes (it cuts shards and row groups before
+    any row is built); ``row_of(item)`` builds the row, reading the audio.
+    """
+    schema = shard_schema(sample_rate_hz)
+    codecs = column_compression(schema, compression)
+    files = []
+    (staging / DATA).mkdir(exist_ok=True)
+    total = sum(len(items) for items in items_by_split.values())
+    with tqdm(total=total, desc=desc, unit="row", disable=None) as bar:
+        for split, items in items_by_split.items():
+            sizes = [size_of(item) for item in items]
+            shards = plan_chunks(sizes, shard_size_mb * MB)
+            for i, (a, b) in enumerate(shards):
+                name = shard_name(split, i, len(shards))
+                groups = [(a + x, a + y) for x, y in plan_chunks(sizes[a:b], row_group_size_mb * MB)]
+                with pq.ParquetWriter(staging / name, schema, compression=codecs) as writer:
+                    for x, y in groups:
+                        rows = [row_of(item) for item in items[x:y]]
+                        # records are non-nullable; the cast gives the nullable fields datasets writes
+                        writer.write_table(to_table(rows, ShardRow).cast(schema), row_group_size=len(rows))
+                        bar.update(len(rows))
+                files.append({"path": name, "split": split, "num_rows": b - a, "num_row_groups": len(groups),
+                              "num_bytes": (staging / name).stat().st_size, "sha256": file_sha256(staging / name)})
+    index = {
+        "version": INDEX_VERSION,
+        "sample_rate_hz": sample_rate_hz,
+        "schema": [f.name for f in schema],
+        "splits": {s: {"num_rows": sum(f["num_rows"] for f in files if f["split"] == s),
+                       "num_bytes": sum(f["num_bytes"] for f in files if f["split"] == s)} for s in items_by_split},
+        "files": files,
+    }
+    write_json(staging / INDEX, index)
+    return index
