@@ -38,6 +38,9 @@ SkipReason = typing.Literal[
     "not-in-metadata",    # an audio file the metadata CSV does not list
     "salient-event",      # a background segment with a transient above the salience limit
     "license-not-allowed",  # the source's licence is not in mix.allowed_licenses
+    "unknown-label",      # an imported region whose label or MID the corpus's class list does not know
+    "bad-region",         # an imported region with onset >= offset, a negative time, or entirely past the clip's end
+    "empty-caption",      # an imported caption or region text that is empty
     "unexpected-error",   # anything else; the detail holds the exception
 ]
 
@@ -320,6 +323,42 @@ class ShardPhrase:
     segments: tuple[TimeSpan, ...]
     source_clip_ids: tuple[str, ...]
     snr_db: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ImportedRegion:
+    """One annotated time region of a real clip, as a corpus reader parses it.
+
+    ``label`` and ``mid`` name the class (``mid`` empty where the corpus has none); ``text``
+    is the region's free-text caption for strong-caption corpora (TACOS) and empty for
+    label-only corpora, whose phrase then comes from the label. ``[onset_s, offset_s)`` is in
+    seconds from the clip's start.
+    """
+
+    label: str
+    mid: str
+    text: str
+    onset_s: float
+    offset_s: float
+
+
+@dataclass(frozen=True)
+class ImportedClip:
+    """One clip of a real strong-label corpus, as a corpus reader parses it (before any audio is read).
+
+    ``audio_path`` is relative to the corpus root given to the reader; ``split`` is one of
+    :data:`SPLITS`; ``captions`` are the clip's own (weak, clip-level) captions, empty for a
+    label-only corpus (its caption then comes from the templates); ``license`` and
+    ``attribution`` as the corpus states them (empty if it does not).
+    """
+
+    clip_id: str
+    audio_path: str
+    split: str
+    captions: tuple[str, ...]
+    regions: tuple[ImportedRegion, ...]
+    license: str
+    attribution: str
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from tests.conftest import ROOT
 from tests.test_dvc_trust import _import_nodes as _imports  # every import statement, TYPE_CHECKING blocks left out
 
 PACKAGES = ("pipeline", "trainer", "sedsynth", "benchmarks")
-MACHINERY = ("pipeline.corpus", "pipeline.mix", "pipeline.text", "pipeline.shards")
+MACHINERY = ("pipeline.corpus", "pipeline.imports", "pipeline.mix", "pipeline.text", "pipeline.shards")
 STAGES = ("pipeline.stages", "trainer.stages")
 
 
