@@ -32,7 +32,8 @@ class SourceParams:
     kind: Literal["shards", "captions"] = "shards"
     path: str = "data/dataset"  # shards: folder or fsspec URL (hf://datasets/you/name); captions: a CSV or Parquet
     split: str = "train"  # shards: file prefix (train-*.parquet); captions: value of split_column if set
-    weight: float = 1.0  # share of an epoch, relative to the first source
+    weight: float = 1.0  # share of the batches, relative to the first source (a smaller source repeats its rows)
+    level: Literal["frame", "clip"] = "frame"  # clip: the rows' phrases are not used (FineLAP: caption corpora at clip level)
     audio_dir: str | None = None  # captions CSV: the folder its files live in
     path_format: str = "{file_name}"  # captions CSV: a file name from the row's columns, e.g. {youtube_id}.wav
     caption_columns: tuple[str, ...] = ("caption",)  # one is drawn per row and epoch
@@ -78,6 +79,7 @@ class TrainLossParams:
     clip_weight: float = 1.0  # 0 drops the clip loss (ablation)
     frame_weight: float = 10.0  # 0 drops the frame loss (ablation); FLAM uses 200
     prior_weight: float = 1.0  # FLAM prior loss (with per_text_logits)
+    region_weight: float = 0.0  # >0 adds TACOS's region-wise contrastive frame loss (each region's text against its frames)
     init_scale: float = 10.0  # t = t' at start; paper: 10
     init_bias: float = -10.0  # b = b' at start; paper: -10
     frame_chunk_clips: int = 0  # >0: frame loss this many clips at a time, recomputed in backward
@@ -170,8 +172,9 @@ def check(p: Params) -> None:
     need(0 < t.data.min_label_overlap <= 1, "train.data.min_label_overlap", "must be in (0, 1]")
     need(t.model.embed_dim >= 1 and t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
          "must be a positive multiple of adapter_heads")
-    need(t.loss.clip_weight >= 0 and t.loss.frame_weight >= 0 and t.loss.clip_weight + t.loss.frame_weight > 0,
-         "train.loss.clip_weight", "and frame_weight must be 0 or more, not both 0")
+    need(min(t.loss.clip_weight, t.loss.frame_weight, t.loss.region_weight) >= 0
+         and t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight > 0,
+         "train.loss.clip_weight", "frame_weight and region_weight must be 0 or more, not all 0")
     need(t.loss.init_scale > 0, "train.loss.init_scale", "must be positive")
     need(t.optim.lr > 0 and t.optim.epochs >= 1 and t.optim.grad_accum >= 1, "train.optim.lr", "must be positive (epochs, grad_accum at least 1)")
     need(len(t.optim.betas) == 2 and all(0 <= b < 1 for b in t.optim.betas), "train.optim.betas", "must be two numbers in [0, 1)")
@@ -189,13 +192,19 @@ def check(p: Params) -> None:
 
 def current_train_section(train: dict) -> dict:
     """A stored ``train`` section (a checkpoint's config) with every key of :data:`RENAMED_TRAIN_KEYS`
-    under its present name; a section written after the renames comes back unchanged."""
+    under its present name and every key added since at its default (a setting that did not exist
+    then had its default's effect); a section that does not build comes back with the renames only."""
+    import dataclasses
+
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in train.items()}
     for old, new in RENAMED_TRAIN_KEYS.items():
         (group, old_key), (_, new_key) = old.split("."), new.split(".")
         if isinstance(out.get(group), dict) and old_key in out[group]:
             out[group][new_key] = out[group].pop(old_key)
-    return out
+    try:
+        return dataclasses.asdict(build(TrainParams, out))
+    except (TypeError, ValueError, KeyError, pipeline_params.ParamsError):
+        return out
 
 
 def load_params(path: Path | str = "params.yaml", overrides: dict | None = None) -> Params:

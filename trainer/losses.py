@@ -12,6 +12,10 @@
   logits in the backward pass, so memory does not grow with B x N x L; it equals the
   reference computation. With per-text scale and bias (FLAM) those replace ``t'`` and ``b'``;
   the bias reaches the loss detached, so only :class:`PriorLoss` trains it.
+- :class:`RegionContrastiveLoss` (TACOS eq. 6, Primus et al. 2025): each labelled phrase
+  (region text) against the frames it covers, a softmax over that text and the texts of the
+  batch's other clips, the log-likelihood summed over the phrase's frames and divided by
+  their number, then averaged over phrases.
 - :class:`PriorLoss` (FLAM eq. 10): BCE between each distinct phrase's bias and its share of
   positive frames in the batch.
 
@@ -136,6 +140,39 @@ class FrameSigmoidLoss(nn.Module):
         if scale.dim() == 0:
             out |= {"frame_t": scale.detach(), "frame_b": bias.detach()}
         return out
+
+
+class RegionContrastiveLoss(nn.Module):
+    """frames ``(B, L, d)``, phrases ``(B, N, d)``, labels ``(B, N, L)`` bool, mask ``(B, N)`` bool
+    -> ``{"region": loss, "region_t": t}``.
+
+    A region is a real phrase with at least one labelled frame (a phrase's segments together:
+    regions of one text in one clip are one region). For frame ``l`` of region ``k`` of clip
+    ``i`` the positive is the region's text and the negatives are every region text of the
+    other clips in the batch (TACOS's D-minus; cluster negatives and the clip's own other
+    regions are not negatives), logit ``t * cos`` with learnable ``t`` (init ``init_scale``).
+    A batch with no region gives 0. Texts are those of this rank (no gather under DDP).
+    """
+
+    def __init__(self, init_scale: float = 10.0):
+        super().__init__()
+        self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
+
+    def forward(self, frames, phrases, labels, mask) -> dict[str, torch.Tensor]:
+        scale = self.log_scale.exp()
+        region = mask & labels.any(-1)  # (B, N)
+        clip_of, slot = region.nonzero(as_tuple=True)  # (K,) each region's clip and phrase slot
+        if clip_of.numel() == 0:
+            return {"region": frames.sum() * 0, "region_t": scale.detach()}
+        texts = phrases[clip_of, slot]  # (K, d)
+        logits = scale * torch.einsum("bld,kd->blk", frames, texts)  # (B, L, K)
+        other = clip_of.unsqueeze(0) != torch.arange(frames.shape[0], device=frames.device).unsqueeze(1)  # (B, K)
+        negatives = torch.logsumexp(logits.masked_fill(~other.unsqueeze(1), float("-inf")), dim=-1)  # (B, L); -inf without negatives
+        positive = logits[clip_of, :, torch.arange(len(clip_of), device=frames.device)]  # (K, L)
+        log_p = positive - torch.logaddexp(positive, negatives[clip_of])  # (K, L)
+        frames_in = labels[clip_of, slot].to(frames.dtype)  # (K, L)
+        per_region = -(log_p * frames_in).sum(-1) / frames_in.sum(-1)
+        return {"region": per_region.mean(), "region_t": scale.detach()}
 
 
 class PriorLoss(nn.Module):

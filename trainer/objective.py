@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from trainer.data.stream import Batch
-from trainer.losses import FrameSigmoidLoss, PriorLoss, build_clip_loss
+from trainer.losses import FrameSigmoidLoss, PriorLoss, RegionContrastiveLoss, build_clip_loss
 from trainer.model import Embeddings, FineLAP
 
 
@@ -28,6 +28,7 @@ class Objective(nn.Module):
         self.clip_loss = build_clip_loss(p.clip, p.init_scale, p.init_bias) if p.clip_weight > 0 else None
         self.frame_loss = FrameSigmoidLoss(p.init_scale, p.init_bias, p.frame_chunk_clips) if p.frame_weight > 0 else None
         self.prior_loss = PriorLoss() if model.per_text is not None and p.frame_weight > 0 else None
+        self.region_loss = RegionContrastiveLoss(p.init_scale) if p.region_weight > 0 else None
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         return self.terms(self.model(batch.wave, batch.captions, batch.phrases), batch)
@@ -51,6 +52,9 @@ class Objective(nn.Module):
         if self.frame_loss is not None:
             terms |= self.frame_loss(e.frames, e.phrases, batch.labels, batch.mask, e.phrase_scale, e.phrase_bias)
             total = total + self.p.frame_weight * terms["frame"]
+        if self.region_loss is not None:
+            terms |= self.region_loss(e.frames, e.phrases, batch.labels, batch.mask)
+            total = total + self.p.region_weight * terms["region"]
         if self.prior_loss is not None:
             terms |= self.prior_loss(batch.phrases, batch.labels, batch.mask, e.phrase_bias, batch.has_frames)
             total = total + self.p.prior_weight * terms["prior"]

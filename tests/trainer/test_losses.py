@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from trainer.losses import FrameSigmoidLoss, InfoNCEClipLoss, PriorLoss, SigmoidClipLoss
+from trainer.losses import FrameSigmoidLoss, InfoNCEClipLoss, PriorLoss, RegionContrastiveLoss, SigmoidClipLoss
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:
@@ -178,3 +178,47 @@ def test_prior_loss_targets_are_positive_frame_shares():
 
     empty = PriorLoss()(phrases, labels, torch.zeros_like(mask), bias, has_frames)
     assert empty["prior"].item() == 0.0
+
+
+def _unit(*shape: int, seed: int) -> torch.Tensor:
+    return F.normalize(torch.randn(*shape, generator=torch.Generator().manual_seed(seed)), dim=-1)
+
+
+def test_region_loss_matches_a_loop_over_regions_and_frames():
+    """TACOS eq. 6: per region, -mean over its frames of log softmax(region text vs other clips' region texts)."""
+    B, N, L, d = 3, 4, 6, 8
+    frames, phrases = _unit(B, L, d, seed=1), _unit(B, N, d, seed=2)
+    labels = torch.zeros(B, N, L, dtype=torch.bool)
+    labels[0, 0, 1:4] = True
+    labels[0, 1, 3:6] = True   # a second region of clip 0: not a negative for the first
+    labels[1, 0, 0:2] = True
+    labels[2, 2, 5] = True
+    labels[2, 3, 0:3] = True   # masked out below: neither a region nor a negative
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[2, 3] = False
+    loss = RegionContrastiveLoss(init_scale=5.0)
+    out = loss(frames, phrases, labels, mask)
+
+    regions = [(i, k) for i in range(B) for k in range(N) if mask[i, k] and labels[i, k].any()]
+    expected = []
+    for i, k in regions:
+        negatives = [phrases[j, m] for j, m in regions if j != i]
+        per_frame = []
+        for t in torch.nonzero(labels[i, k]).flatten().tolist():
+            logits = 5.0 * torch.stack([frames[i, t] @ phrases[i, k]] + [frames[i, t] @ n for n in negatives])
+            per_frame.append(-(logits[0] - torch.logsumexp(logits, 0)))
+        expected.append(torch.stack(per_frame).mean())
+    assert torch.allclose(out["region"], torch.stack(expected).mean(), atol=1e-5)
+    assert torch.isclose(out["region_t"], torch.tensor(5.0))
+
+
+def test_region_loss_is_zero_without_regions_and_trains_the_frames():
+    frames = _unit(2, 5, 8, seed=3).requires_grad_()
+    phrases = _unit(2, 3, 8, seed=4)
+    none = RegionContrastiveLoss()(frames, phrases, torch.zeros(2, 3, 5, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool))
+    assert none["region"].item() == 0.0
+    labels = torch.zeros(2, 3, 5, dtype=torch.bool)
+    labels[0, 0, :2] = labels[1, 1, 2:] = True
+    out = RegionContrastiveLoss()(frames, phrases, labels, torch.ones(2, 3, dtype=torch.bool))
+    out["region"].backward()
+    assert frames.grad[0, :2].abs().sum() > 0 and frames.grad[0, 2:].abs().sum() == 0  # only a region's frames get a gradient

@@ -57,6 +57,7 @@ class Item:
     labels: np.ndarray  # (N, L) bool
     mask: np.ndarray  # (N,) bool: a real phrase of a frame-labelled clip
     has_frames: bool
+    source: int = 0  # index in train.data.sources
     skips: list[Skip] = field(default_factory=list)
 
 
@@ -76,14 +77,16 @@ class ItemBuilder:
             return x[start:start + n], start / self.p.sample_rate_hz
         return np.pad(x, (0, n - len(x))), 0.0
 
-    def __call__(self, row: dict, source: int, epoch: int) -> Item:
-        rng = np.random.default_rng([self.seed, epoch, source, stable_hash(str(row["id"]))])
+    def __call__(self, row: dict, source: int, epoch: int, frame_level: bool = True) -> Item:
+        """``frame_level`` False: the row's phrases are not used (a clip-level item, as a caption corpus gives)."""
+        key = [self.seed, epoch, source, stable_hash(str(row["id"]))] + ([row["_pass"]] if row.get("_pass") else [])
+        rng = np.random.default_rng(key)
         wave, offset_s = self.crop(self.decode(row["audio"]), rng)
         end_s = offset_s + self.p.input_samples / self.p.sample_rate_hz  # frames past this see only padding
         n, L = self.p.num_phrases, len(self.spans)
         phrases, labels, mask = [""] * n, np.zeros((n, L), bool), np.zeros(n, bool)
-        positives = row.get("phrases") or []
-        has_frames = "phrases" in row and self.sampler is not None
+        positives = (row.get("phrases") or []) if frame_level else []
+        has_frames = frame_level and "phrases" in row and self.sampler is not None
         if has_frames:
             if len(positives) > n:
                 positives = [positives[i] for i in sorted(rng.choice(len(positives), n, replace=False))]
@@ -98,7 +101,7 @@ class ItemBuilder:
         caption = captions[int(rng.integers(len(captions)))]
         if positives and rng.random() < self.p.tag_replacement_p:
             caption = positives[int(rng.integers(len(positives)))]["phrase"]
-        return Item(str(row["id"]), wave.astype(np.float32, copy=False), caption, phrases, labels, mask, has_frames)
+        return Item(str(row["id"]), wave.astype(np.float32, copy=False), caption, phrases, labels, mask, has_frames, source)
 
 
 def world() -> tuple[int, int]:
@@ -137,7 +140,13 @@ class TrainStream(IterableDataset):
         return rank * nw + wid, size * nw
 
     def plan(self, num_workers: int) -> list:
-        """Per source: its epoch deal and the rows each worker yields from it."""
+        """Per source: its epoch deal and the rows each worker yields from it.
+
+        The first source sets the epoch's length: each worker yields all of its share. Every
+        other source yields ``weight / first weight`` times as many rows, so each source's share
+        of the batches is its share of the weights: a source with more rows than that leaves
+        the rest for later epochs (the deal differs), one with fewer repeats its rows.
+        """
         deals = []
         for i, src in enumerate(self.sources):
             total = sum(r for _, _, r in src.row_groups())
@@ -145,21 +154,26 @@ class TrainStream(IterableDataset):
             deals.append(plan_epoch(pieces, num_workers, self.seed + i, self.epoch if self.shuffle else 0))
         primary = deals[0].quota
         for i, d in enumerate(deals[1:], start=1):
-            wanted = round(primary * self.params[i].weight / max(self.params[0].weight, 1e-9))
-            d.quota = min(d.quota, wanted)
+            d.quota = round(primary * self.params[i].weight / max(self.params[0].weight, 1e-9)) if d.quota else 0
         return deals
 
     def rows_per_worker(self, num_workers: int) -> int:
         return sum(d.quota for d in self.plan(num_workers))
 
     def _rows(self, source, pieces, quota):
-        left = quota
-        for piece in pieces:
-            for row in source.read(piece):
-                if left == 0:
-                    return
-                left -= 1
-                yield row
+        """``quota`` rows from ``pieces``, going round them again as often as needed.
+
+        A repeated row carries ``_pass`` (1, 2, ...), which gives it its own crop and negatives.
+        """
+        left, repeat = quota, 0
+        while left > 0 and pieces:
+            for piece in pieces:
+                for row in source.read(piece):
+                    if left == 0:
+                        return
+                    left -= 1
+                    yield {**row, "_pass": repeat} if repeat else row
+            repeat += 1
 
     def _already_done(self) -> int:
         """Items this worker made before a resume point (the DataLoader takes batches from its
@@ -188,7 +202,7 @@ class TrainStream(IterableDataset):
                 done -= 1
                 return None
             try:
-                item = self.builder(row, source, self.epoch)
+                item = self.builder(row, source, self.epoch, self.params[source].level == "frame")
             except AudioError as e:
                 audio = row.get("audio") or {}
                 skips.append(Skip(str(row.get("id")), str(audio.get("path") or ""), e.reason, e.detail))
@@ -251,6 +265,7 @@ class Batch:
     mask: torch.Tensor  # (B, N) bool
     has_frames: torch.Tensor  # (B,) bool
     skips: list[Skip]
+    sources: list[int] = field(default_factory=list)  # each clip's index in train.data.sources
 
     def to(self, device) -> Batch:
         self.wave, self.labels, self.mask, self.has_frames = (t.to(device, non_blocking=True) for t in (self.wave, self.labels, self.mask, self.has_frames))
@@ -267,4 +282,5 @@ def collate(items: list[Item]) -> Batch:
         mask=torch.from_numpy(np.stack([i.mask for i in items])),
         has_frames=torch.tensor([i.has_frames for i in items]),
         skips=[s for i in items for s in i.skips],
+        sources=[i.source for i in items],
     )

@@ -15,6 +15,7 @@ matches.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -79,11 +80,20 @@ def run(params, out_dir: Path | None = None) -> dict:
         valid_rows = logs.valid.rows
         summary = {"steps": step, "epochs": epoch, "train_clips_per_s": logs.clips_per_s(setup.world.size),
                    "final": valid_rows[-1] if valid_rows else {}, "untrained": valid_rows[0] if valid_rows else {},
-                   "best": best, "skipped": len(logs.skipped_items)} | calibrate(params, setup)
+                   "best": best, "skipped": len(logs.skipped_items),
+                   "source_shares": source_shares(setup.train.data.sources, logs.clips_by_source)} | calibrate(params, setup)
         write_json(setup.out / "metrics.json", summary)
         plot_curves(logs.train.rows, valid_rows, setup.out / "curves.png")
     distributed.teardown(setup.world)
     return summary
+
+
+def source_shares(sources, clips_by_source: collections.Counter) -> dict[str, dict]:
+    """``source<i>`` per ``train.data.sources`` entry (config.json names it): its share of the weights
+    and of the clips this rank trained on in this process (they match up to rounding)."""
+    total, weights = max(1, sum(clips_by_source.values())), sum(s.weight for s in sources)
+    return {f"source{i}": {"weight_share": round(s.weight / weights, 4), "clip_share": round(clips_by_source[i] / total, 4)}
+            for i, s in enumerate(sources)}
 
 
 @dataclasses.dataclass
@@ -153,6 +163,7 @@ class Logs:
     progress: object  # a tqdm bar, shown on rank 0
     skipped_items: list
     clips_seen: int = 0  # by this rank in this process
+    clips_by_source: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # train.data.sources index -> clips
     started: float = dataclasses.field(default_factory=time.perf_counter)
 
     def clips_per_s(self, world_size: int) -> float:
@@ -200,6 +211,7 @@ def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batc
             terms = ddp(batch)
         (terms["loss"] / grad_accum).backward()
         micro_batches_done, logs.clips_seen = micro_batches_done + 1, logs.clips_seen + len(batch.ids)
+        logs.clips_by_source.update(batch.sources)
         if not sync:
             continue
         if t.optim.clip_grad_norm > 0:

@@ -621,6 +621,29 @@ def test_two_sources_mix_by_weight(shards, caption_corpus, builder, rows):
     assert sum(not i.has_frames for i in items[:third]) >= 1 and sum(i.has_frames for i in items[-third:]) >= 1
 
 
+def test_a_small_source_repeats_its_rows_to_keep_its_weight(shards, caption_corpus, builder, rows):
+    c = caption_corpus
+    csv_path = write_csv(c.dir / "captions.csv", [[f"short{i:02d}.wav", f"tone {i}", "a tone"] for i in range(6)])
+    sources = [SourceParams(path=str(shards), split="train", weight=1.0), replace(caption_source(csv_path, c.audio), weight=2.0)]
+    stream = TrainStream(sources, builder, seed=6, shuffle_buffer=4, piece_rows=1)
+    batches = run(stream, epoch=0, num_workers=2, batch_size=4)
+    shares = np.bincount([s for b in batches for s in b.sources], minlength=2)
+    assert shares[0] == len(rows) and abs(shares[1] - 2 * len(rows)) <= 2  # 6 caption rows, each used about 2 * rows / 6 times
+    caption_items = [i for i in items_of(batches) if i.id.startswith("short")]
+    assert {i.id for i in caption_items} == {f"short{i:02d}.wav" for i in range(6)}
+    # A repeated row is its own draw (caption, crop): the repeats of one file are not all identical.
+    captions = {}
+    for i in caption_items:
+        captions.setdefault(i.id, set()).add(i.caption)
+    assert any(len(v) == 2 for v in captions.values())
+
+
+def test_a_clip_level_source_uses_no_frame_labels(shards, builder, rows):
+    stream = TrainStream([SourceParams(path=str(shards), split="train", level="clip")], builder, seed=6, shuffle_buffer=4, piece_rows=2)
+    items = items_of(run(stream, epoch=0))
+    assert len(items) == len(rows) and not any(i.has_frames or i.mask.any() or i.labels.any() for i in items)
+
+
 # --------------------------------------------------------------------------- 7. errors
 
 

@@ -182,3 +182,34 @@ def test_best_checkpoint_follows_the_direction_of_its_score():
     assert improves({"valid_loss": 1.0}, {"valid_loss": 2.0}, "valid_loss")
     assert not improves({"valid_loss": 3.0}, {"valid_loss": 2.0}, "valid_loss")
     assert not improves({}, {}, "valid_loss")  # no held-out split: no best.pt from scores
+
+
+def test_a_checkpoint_from_before_a_setting_existed_still_resumes(smoke_run, tmp_path, capsys):
+    p, out, _ = smoke_run
+    saved = torch.load(out / "checkpoints" / "latest.pt", weights_only=True)
+    del saved["config"]["train"]["loss"]["region_weight"]  # as checkpoints stored it before the region loss
+    for source in saved["config"]["train"]["data"]["sources"]:
+        del source["level"]
+    old = tmp_path / "latest.pt"
+    torch.save(saved, old)
+    t = p.train
+    objective = Objective(build_model(t.model), t.loss)
+    optimizer = optimizer_for(objective, t.optim)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, 3))
+    capsys.readouterr()
+    start_or_resume(old, True, config_of(p, saved["config"]["data_fingerprint"]), objective, optimizer, scheduler)
+    assert "resuming from" in capsys.readouterr().out
+
+
+def test_the_region_loss_trains_alone_or_beside_the_frame_loss(shard_folder, tmp_path):
+    params, folder = shard_folder
+    base = tiny_train_params(params, folder, tmp_path / "region")
+    t = base.train
+    for frame_weight in (0.0, 1.0):
+        p = replace(base, train=replace(t, data=replace(t.data, valid=None), optim=replace(t.optim, max_steps=2),
+                                        loss=replace(t.loss, region_weight=1.0, frame_weight=frame_weight),
+                                        out_dir=str(tmp_path / f"region{frame_weight}")))
+        run(p)
+        rows = list(csv.DictReader(open(tmp_path / f"region{frame_weight}" / "train_log.csv")))
+        assert rows and all(float(r["region"]) > 0 and math.isfinite(float(r["region"])) for r in rows)
+        assert ("frame" in rows[0]) == (frame_weight > 0)
