@@ -34,3 +34,13 @@ def test_a_stored_train_section_gets_the_renamed_keys():
 def test_a_params_file_with_the_old_key_is_told_the_new_name():
     with pytest.raises(ParamsError, match="train.data.negatives.*negative_sampling"):
         load_params(ROOT / "params.yaml", {"train": {"data": {"negatives": "phrase"}}})
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs" / "train").glob("*.yaml")))
+def test_every_shipped_override_file_loads_over_params_yaml(name):
+    from pipeline.config.params import read_yaml_mapping
+
+    p = load_params(ROOT / "params.yaml", read_yaml_mapping(ROOT / "configs" / "train" / name, "overrides file"))
+    if name == "finelap_data.yaml":  # FineLAP's recipe: frame-level shard corpora, clip-level caption corpora
+        levels = {(s.kind, s.level) for s in p.train.data.sources}
+        assert levels == {("shards", "frame"), ("captions", "clip")} and p.train.data.sources[0].path == "data/dataset"
