@@ -28,6 +28,7 @@ from pipeline.schema import Skip
 from trainer.data.labels import frame_labels
 from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
 from trainer.data.sources import (
+    SourceError,
     open_source,
     piece_rows_for,
     pieces_of,
@@ -237,6 +238,32 @@ class TrainStream(IterableDataset):
             yield item
 
 
+def check_inventories(tables: ClusterTables, folder: str, sources: list[SourceParams]) -> None:
+    """Raise ``SourceError`` when a frame-level shard source carries a cluster inventory other than ``tables``'.
+
+    Every row's phrases carry cluster ids, and negatives come from one folder's clusters: a source
+    whose ids mean other clusters would get negatives that contradict its positives.
+    """
+    import fsspec
+    import pyarrow.parquet as pq
+
+    ours = {int(c["cluster_id"]): c["mid"] for c in tables.clusters}
+    for s in sources:
+        if s.kind != "shards" or s.level != "frame":
+            continue
+        other = default_clusters_folder(s.path)
+        fs, root = fsspec.core.url_to_fs(other)
+        path = f"{root.rstrip('/')}/clusters.parquet"
+        if other == folder or not fs.exists(path):
+            continue
+        with fs.open(path, "rb") as f:
+            theirs = {int(i): m for i, m in zip(*pq.read_table(f, columns=["cluster_id", "mid"]).to_pydict().values())}
+        if theirs != ours:
+            raise SourceError(f"train: {s.path} was labelled with another cluster inventory than {folder} ({len(theirs)} against "
+                              f"{len(ours)} clusters, or other MIDs); write every source with the same clusters.inventory "
+                              "(re-import it with --set clusters.inventory=...), or set that source's level: clip")
+
+
 def make_stream(params, encoder, sources: list[SourceParams], shuffle: bool, rank: int = 0, world_size: int = 1) -> TrainStream:
     """The stream ``params.train.data`` describes over ``sources``, shaped for ``encoder``.
 
@@ -247,7 +274,9 @@ def make_stream(params, encoder, sources: list[SourceParams], shuffle: bool, ran
     """
     d = params.train.data
     folder = d.clusters or default_clusters_folder(d.sources[0].path)
-    sampler = NegativeSampler(ClusterTables.read(folder), d.negative_sampling)
+    tables = ClusterTables.read(folder)
+    check_inventories(tables, folder, sources)
+    sampler = NegativeSampler(tables, d.negative_sampling)
     items = ItemParams(encoder.sample_rate_hz, encoder.input_samples(d.crop_s), d.num_phrases, random_crop=shuffle,
                        tag_replacement_p=d.tag_replacement_p if shuffle else 0.0, min_label_overlap=d.min_label_overlap)
     builder = ItemBuilder(items, encoder.frame_spans_s(), sampler, params.seed)

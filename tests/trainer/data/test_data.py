@@ -712,3 +712,23 @@ def test_missing_clusters_fail_clearly(tmp_path, shard_folder):
     p = replace(p, train=replace(p.train, data=replace(p.train.data, clusters=str(tmp_path / "no-clusters"))))
     with pytest.raises(NegativeError):
         make_stream(p, small_encoder(), p.train.data.sources, shuffle=True)
+
+
+def test_a_shard_source_with_another_cluster_inventory_is_refused(shard_folder, tmp_path):
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from trainer.data.stream import check_inventories
+
+    params, folder = shard_folder
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    tables = ClusterTables.read(str(folder / "clusters"))
+    sources = [SourceParams(path=str(folder)), SourceParams(path=str(other))]
+    check_inventories(tables, str(folder / "clusters"), sources)  # the same inventory: accepted
+    table = pq.read_table(other / "clusters" / "clusters.parquet")
+    pq.write_table(table.slice(0, table.num_rows - 1), other / "clusters" / "clusters.parquet")
+    with pytest.raises(SourceError, match="another cluster inventory"):
+        check_inventories(tables, str(folder / "clusters"), sources)
+    check_inventories(tables, str(folder / "clusters"), [sources[0], replace(sources[1], level="clip")])  # clip level: no phrases used
