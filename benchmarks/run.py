@@ -1,7 +1,7 @@
 """Benchmarks that print figures next to a peer measured in the same run.
 
 ``sedsynth bench mix``: see :mod:`benchmarks.mix`; ``sedsynth bench shards``: see
-:mod:`benchmarks.shards`; ``sedsynth bench llm-cache``: see :mod:`benchmarks.llm_cache`.
+:mod:`benchmarks.shards`; ``sedsynth bench import``: see :mod:`benchmarks.imports`; ``sedsynth bench llm-cache``: see :mod:`benchmarks.llm_cache`.
 
 ``sedsynth bench clip``: clipping throughput against decoding the same files, all on one
 core in this process, in seconds of source audio per second. Passes over every
@@ -130,6 +130,11 @@ def main(args: argparse.Namespace, params: Params) -> int:
         from benchmarks.shards import print_figures as print_shards
 
         print_shards(bench_shards(params, args.repeat))
+    elif args.what == "import":
+        from benchmarks.imports import bench_import
+        from benchmarks.imports import print_figures as print_import
+
+        print_import(bench_import(params, args.clips if args.clips != 400 else 10000))
     elif args.what == "train":
         from benchmarks.train import print_figures as print_train
         from benchmarks.train import run as bench_train

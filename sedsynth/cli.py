@@ -11,6 +11,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth captions                    # mixtures -> label phrases and captions (offline by default)
     sedsynth clusters                    # phrases -> clusters of the AudioSet-derived inventory
     sedsynth shards                      # -> Hugging Face Parquet shards, index and dataset card
+    sedsynth import audioset-strong /data/audioset_strong --option audio_dir=audio/eval   # a real corpus -> shards
     sedsynth validate data/dataset       # check a shard folder against the schema and index
     sedsynth publish data/dataset --repo-id you/name --dry-run
     sedsynth clip --set sources.fsd50k_dir=/data/FSD50K --set compute.workers=8
@@ -22,6 +23,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth detect a.wav --query "dog barking" --query "car horn"
     sedsynth bench evaluate              # metric time split on a 10,000-clip score set
     sedsynth bench detection             # PSDS1 against training minutes on the params' shards
+    sedsynth bench import                # importing 10,000 AudioSet-Strong-style clips vs datasets.to_parquet
     sedsynth bench llm-cache             # storing one LLM completion at 5,000 and 100,000 entries vs rewriting the file
     sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant, trained and evaluated in models/ablations/
     sedsynth ablate --queue              # all five as DVC experiments (then dvc queue start; sedsynth ablate --table)
@@ -112,6 +114,29 @@ def _shards(args: argparse.Namespace) -> int:
     from pipeline.stages.shards import run
 
     run(_params(args))
+    return 0
+
+
+def _import_options(pairs: list[str] | None) -> dict:
+    """``["k=v", ...]`` -> ``{k: v}`` with each value read as YAML (numbers, lists, null)."""
+    import yaml
+
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ParamsError(f"import: --option {pair!r} is not KEY=VALUE, e.g. --option audio_dir=audio/eval")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def _import(args: argparse.Namespace) -> int:
+    from pipeline.stages.imports import run
+
+    run(_params(args), args.kind, args.root, args.out, _import_options(args.option))
     return 0
 
 
@@ -229,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     stage("captions", _captions, "write label phrases and captions for the mixtures")
     stage("clusters", _clusters, "assign every phrase to a cluster of the AudioSet-derived inventory")
     stage("shards", _shards, "write Hugging Face Parquet shards, their index and the dataset card")
+    imp = stage("import", _import, "import a real strong-label corpus (AudioSet-Strong, TACOS, DESED, DCASE TSV, URBAN-SED) as shards")
+    imp.add_argument("kind", help="corpus kind: audioset-strong, tacos, desed, dcase-tsv or urban-sed")
+    imp.add_argument("root", help="the corpus folder, in its published layout")
+    imp.add_argument("--out", default=None, help="output folder (default: imports.out_dir, data/imports/<kind>)")
+    imp.add_argument("--option", action="append", metavar="KEY=VALUE",
+                     help="a reader option over imports.options.<kind>, e.g. --option audio_dir=audio/eval (repeatable)")
     val = stage("validate", _validate, "check a shard folder against the shard schema and its index")
     val.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
     val.add_argument("--decode", action="store_true", help="also decode every audio cell")
@@ -263,9 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--seed", type=int, action="append", metavar="S",
                      help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
-    bench.add_argument("what", choices=["clip", "mix", "shards", "train", "evaluate", "detection", "llm-cache"], help="which stage to measure")
+    bench.add_argument("what", choices=["clip", "mix", "shards", "import", "train", "evaluate", "detection", "llm-cache"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
-    bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400; evaluate: test clips, default 10000)")
+    bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400; evaluate: test clips, default 10000; import: clips, default 10000)")
     bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")
     bench.add_argument("--mixtures", type=int, default=2000, help="mix: mixtures per timed run (default 2000)")
     bench.add_argument("--workers", default="1,2", help="mix: comma-separated worker counts to time (default 1,2)")

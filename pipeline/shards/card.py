@@ -6,6 +6,11 @@ stage's folder (licences, timelines picture). Output: ``README.md`` whose front 
 licence; its body holds how to load the data, the fields, statistics (events per mixture,
 phrases, clusters, durations, SNRs), the licence summary and attribution; and
 ``images/statistics.png`` and ``images/timelines.png``.
+
+:func:`write_imported` writes the card of an imported real corpus (``sedsynth import``) from the
+folder alone (its own ``licenses.json``, ``attribution.csv`` and ``summary.json`` figures): the
+same front matter, loading, statistics and files sections, with the corpus's own
+introduction, fields, licence and citation, and no timelines picture.
 """
 
 from __future__ import annotations
@@ -49,14 +54,14 @@ def statistics(folder: Path, index: dict) -> dict:
     return out
 
 
-def plot(stats: dict, cluster_names: dict[int, str], path: Path) -> None:
-    """``images/statistics.png``: phrases per mixture, segment durations and SNRs per split, and the top clusters."""
+def plot(stats: dict, cluster_names: dict[int, str], path: Path, unit: str = "mixture") -> None:
+    """``images/statistics.png``: phrases per ``unit`` (row), segment durations and SNRs per split, and the top clusters."""
     fig, axes = pyplot().subplots(2, 2, figsize=(11, 7))
     ax = axes[0, 0]
     top = max((max(s["labels_per_mixture"], default=0) for s in stats.values()), default=0)
     for split, s in stats.items():
         ax.hist(s["labels_per_mixture"], bins=np.arange(-0.5, top + 1.5), alpha=0.6, label=split)
-    ax.set(title="labelled phrases per mixture", xlabel="phrases", ylabel="mixtures")
+    ax.set(title=f"labelled phrases per {unit}", xlabel="phrases", ylabel=f"{unit}s")
     ax.legend()
     ax = axes[0, 1]
     for split, s in stats.items():
@@ -74,7 +79,9 @@ def plot(stats: dict, cluster_names: dict[int, str], path: Path) -> None:
     save_png(fig, path, dpi=80)
 
 
-def front_matter(params, index: dict, licenses: dict) -> dict:
+def front_matter(params, index: dict, licenses: dict, title: str | None = None,
+                 tags: tuple[str, ...] = ("sound-event-detection", "text-to-audio-grounding", "synthetic", "audio")) -> dict:
+    """The card's YAML: title (default ``shards.card_title``), licence, tags, ``configs`` and ``dataset_info``."""
     info = {
         "features": features(index["sample_rate_hz"])._to_yaml_list(),
         "splits": [{"name": s, "num_bytes": v["num_bytes"], "num_examples": v["num_rows"]} for s, v in index["splits"].items()],
@@ -84,10 +91,10 @@ def front_matter(params, index: dict, licenses: dict) -> dict:
     n = sum(v["num_rows"] for v in index["splits"].values())
     size = next(c for limit, c in ((1e3, "n<1K"), (1e4, "1K<n<10K"), (1e5, "10K<n<100K"), (1e6, "100K<n<1M"), (float("inf"), "n>1M")) if n < limit)
     return {
-        "pretty_name": params.shards.card_title,
+        "pretty_name": title or params.shards.card_title,
         "license": HF_LICENSES.get(licenses.get("dataset_license", ""), "other"),
         "task_categories": ["audio-classification", "audio-text-to-text"],
-        "tags": ["sound-event-detection", "text-to-audio-grounding", "synthetic", "audio"],
+        "tags": list(tags),
         "size_categories": [size],
         "configs": [{"config_name": "default", "data_files": [{"split": s, "path": f"{DATA}/{s}-*"} for s in index["splits"]]}],
         "dataset_info": info,
@@ -165,10 +172,12 @@ def _statistics_row(split: str, s: dict) -> list:
     ]
 
 
-def _statistics_section(splits: list[str], stats: dict, cluster_names: dict[int, str]) -> str:
-    header = ["split", "mixtures", "hours", "labels per mixture", "distinct phrases", "clusters", "median segment s", "SNR dB"]
+def _statistics_section(splits: list[str], stats: dict, cluster_names: dict[int, str], unit: str = "mixture",
+                        pictures: tuple[str, ...] = ("statistics", "timelines")) -> str:
+    header = ["split", f"{unit}s", "hours", f"labels per {unit}", "distinct phrases", "clusters", "median segment s", "SNR dB"]
     clusters = sum((s["clusters"] for s in stats.values()), Counter()).most_common(10)
     phrases = sum((s["phrases"] for s in stats.values()), Counter()).most_common(10)
+    images = "\n\n".join(f"![{name}](images/{name}.png)" for name in pictures)
     return f"""## Statistics
 
 {_table(header, [_statistics_row(split, stats[split]) for split in splits])}
@@ -177,9 +186,7 @@ Most frequent clusters: {", ".join(f"{cluster_names.get(c, c)} ({n})" for c, n i
 
 Most frequent phrases: {", ".join(f"{p} ({n})" for p, n in phrases)}.
 
-![statistics](images/statistics.png)
-
-![timelines](images/timelines.png)"""
+{images}"""
 
 
 def _licence_section(licenses: dict, attribution: list[list[str]]) -> str:
@@ -242,3 +249,94 @@ def write(folder: Path, params, mix_dir: Path, index: dict) -> None:
     if (mix_dir / "timelines.png").exists():
         shutil.copyfile(mix_dir / "timelines.png", folder / "images" / "timelines.png")
     write_atomic(folder / CARD, card_text(params, index, stats, licenses, attribution, names).encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- imported corpora
+
+IMPORTED_FIELDS_SECTION = """## Fields
+
+| field | type | meaning |
+|---|---|---|
+| `id` | string | the corpus's own clip id |
+| `audio` | Audio | FLAC bytes (mono, resampled to the dataset rate) and file name |
+| `audio_sha256` | string | sha256 (hex) of the FLAC bytes, taken when the row was written |
+| `sample_rate_hz`, `duration_s` | int, float | |
+| `caption` | string | the clip's own caption, else a template filled with its phrases in temporal order |
+| `phrases` | list | one per labelled phrase: `phrase`, `label` (the corpus's label), `mid` (AudioSet, empty if none), `cluster_id`, `segments` (`start_s`, `end_s`, the annotated regions merged); `source_clip_ids` and `snr_db` are empty |
+| `background_id` | string | empty (a real recording) |
+| `split` | string | |
+| `license`, `licenses`, `attribution` | | the clip's licence as the corpus states it (`unknown` if it does not), credit line |
+| `seed` | int | the seed that drew the caption templates |"""
+
+IMPORTED_SOURCES = {
+    "audioset-strong": "AudioSet-Strong: Hershey et al., \"The benefit of temporally-strong labels in audio event classification\", "
+                       "ICASSP 2021; labels CC BY 4.0 (Google), audio from YouTube (licence unknown). AudioSet ontology: "
+                       "Gemmeke et al., 2017.",
+    "tacos": "TACOS: Primus et al., \"TACOS: Temporally-aligned audio captions for language-queried sound event detection\", 2025; "
+             "audio from Freesound (the clips' own licences).",
+    "desed": "DESED: Turpault et al., \"Sound event detection in domestic environments with weakly labeled data and soundscape "
+             "synthesis\", DCASE 2019 workshop; real recordings from AudioSet (YouTube).",
+    "dcase-tsv": "A DCASE-format strong-label corpus (filename, onset, offset, event_label).",
+    "urban-sed": "URBAN-SED: Salamon et al., \"Scaper: A library for soundscape synthesis and augmentation\", WASPAA 2017; "
+                 "sources from UrbanSound8K (Freesound).",
+}
+
+
+def _imported_introduction(title: str, kind: str, summary: dict, sample_rate_hz: int) -> str:
+    missing = summary.get("missing_audio", 0)
+    return f"""# {title}
+
+Real recordings of the `{kind}` corpus with its strong (time-stamped) labels, in the same
+Parquet layout as the synthetic mixtures, so one loader reads both. Each row is one clip,
+mono at {sample_rate_hz / 1000:g} kHz, with its annotated regions as labelled phrases and their
+segments. {summary["outputs"]} of {summary["inputs"]} listed clips are here; {missing} had no audio
+({100 * summary.get("missing_audio_share", 0.0):.1f}%) and the others left out are listed with
+their reasons in `skipped.csv`."""
+
+
+def _imported_licence_section(licenses: dict, attribution: list[list[str]]) -> str:
+    by_license = licenses.get("clips_by_license", {})
+    shown = attribution[:ATTRIBUTION_LINES_SHOWN]
+    return f"""## Licence
+
+Each clip carries its source's licence as the corpus states it (`unknown` where it states
+none); the dataset as a whole is **{licenses.get("dataset_license", "unknown")}**. Clips by licence:
+{", ".join(f"{k} {v}" for k, v in sorted(by_license.items()))}. Every clip is credited in
+`attribution.csv` ({len(attribution)} clips); the first {len(shown)}:
+
+{_table(["id", "credit", "licence"], [[a[1], a[4], a[6]] for a in shown])}"""
+
+
+def imported_card_text(params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]],
+                       cluster_names: dict[int, str], kind: str, summary: dict) -> str:
+    """``README.md`` of an imported corpus: front matter, then its sections."""
+    title = params.imports.card_title.format(kind=kind)
+    tags = ("sound-event-detection", "text-to-audio-grounding", "audio", kind)
+    meta = yaml.safe_dump(front_matter(params, index, licenses, title, tags), sort_keys=False, allow_unicode=True)
+    splits = list(index["splits"])
+    sections = [
+        _imported_introduction(title, kind, summary, index["sample_rate_hz"]),
+        _load_section(splits),
+        IMPORTED_FIELDS_SECTION,
+        _statistics_section(splits, stats, cluster_names, unit="clip", pictures=("statistics",)),
+        _imported_licence_section(licenses, attribution),
+        _files_section(index["files"]),
+        "## Sources and citation\n\n" + IMPORTED_SOURCES.get(kind, f"The `{kind}` corpus."),
+    ]
+    return f"---\n{meta}---\n" + "\n" + "\n\n".join(sections) + "\n"
+
+
+def write_imported(folder: Path, params, index: dict, kind: str, summary: dict) -> None:
+    """Write ``README.md`` and ``images/statistics.png`` of an imported corpus's folder being built.
+
+    The folder already holds its shards, ``clusters/``, ``licenses.json`` and ``attribution.csv``.
+    """
+    licenses = json.loads((folder / "licenses.json").read_text(encoding="utf-8"))
+    with open(folder / "attribution.csv", newline="", encoding="utf-8") as f:
+        attribution = list(csv.reader(f))[1:]
+    clusters = pq.read_table(folder / "clusters" / "clusters.parquet", columns=["cluster_id", "name"]).to_pylist()
+    names = {c["cluster_id"]: c["name"] for c in clusters}
+    stats = statistics(folder, index)
+    (folder / "images").mkdir(exist_ok=True)
+    plot(stats, names, folder / "images" / "statistics.png", unit="clip")
+    write_atomic(folder / CARD, imported_card_text(params, index, stats, licenses, attribution, names, kind, summary).encode("utf-8"))

@@ -1,0 +1,146 @@
+"""Reader of URBAN-SED 2.0 (Salamon et al., WASPAA 2017; Zenodo record 1324404).
+
+Input: the ``URBAN-SED_v2.0.0`` folder, laid out as its README states::
+
+    annotations/{train,validate,test}/soundscape_<split>_<distribution><n>.txt   (and .jams beside them)
+    audio/{train,validate,test}/soundscape_<split>_<distribution><n>.wav
+
+The ``.txt`` files (read by default) hold one foreground event per line, ``onset<TAB>offset<TAB>label``
+with no header; background sounds are not listed. With ``options["format"] = "jams"`` the JAMS
+files are read instead (plain JSON, no ``jams`` package needed): the annotation in the
+``scaper`` namespace (``sound_event`` in URBAN-SED 1.0) lists every event as an observation
+whose ``time`` and ``duration`` place it in the soundscape and whose ``value.role`` is
+``foreground`` or ``background``; only foreground events become regions.
+
+Output: one :class:`~pipeline.schema.ImportedClip` per annotation file (clip id
+``urbansed-<stem>``, split ``validate`` -> ``valid``), regions labelled with the ten
+UrbanSound8K classes and their AudioSet MIDs from ``pipeline/data/urbansound_classes.csv``,
+licence CC BY 4.0. Skips: ``malformed-row`` (a line or observation that does not parse, a JAMS
+that is not JSON or has no scaper annotation), ``bad-region``, ``unknown-label``,
+``missing-file`` (no audio beside the annotation: the clip is left out) and ``no-label`` (a
+file whose every event was skipped). Regions past the soundscape's end are kept for the writer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.imports.dcase import DATA_DIR, load_class_map, parse_seconds, region_problem, sort_regions
+from pipeline.schema import ImportedClip, ImportedRegion, Skip
+
+URBANSOUND_CLASSES = DATA_DIR / "urbansound_classes.csv"
+SPLIT_DIRS = {"train": "train", "validate": "valid", "test": "test"}  # folder -> dataset split
+SCAPER_NAMESPACES = ("scaper", "sound_event")
+LICENSE = "CC BY 4.0"
+ATTRIBUTION = ("URBAN-SED (Salamon, MacConnell, Cartwright, Li and Bello, WASPAA 2017), CC BY 4.0; "
+               "events from UrbanSound8K clips of freesound.org (see its FREESOUNDCREDITS.txt)")
+
+
+def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
+    """URBAN-SED clips under ``root`` from its txt annotations, or its JAMS with ``format=jams``.
+
+    FileNotFoundError naming the expected folders when no split has an annotation folder.
+    """
+    root = Path(root)
+    fmt = str(options.get("format", "txt")).lower()
+    if fmt not in ("txt", "jams"):
+        raise ValueError(f"urban-sed: option format={fmt!r}; one of txt, jams")
+    classes = load_class_map(URBANSOUND_CLASSES)
+    clips: list[ImportedClip] = []
+    skips: list[Skip] = []
+    found = 0
+    for folder, split in SPLIT_DIRS.items():
+        ann_dir = root / "annotations" / folder
+        if not ann_dir.is_dir():
+            skips.append(Skip(f"annotations/{folder}", f"annotations/{folder}", "missing-file",
+                              f"annotations/{folder}/ not found; the {split} split is left out"))
+            continue
+        found += 1
+        for path in sorted(ann_dir.glob(f"*.{fmt}")):
+            clip, clip_skips = _read_clip(root, path, folder, split, fmt, classes)
+            clips.extend([clip] if clip else [])
+            skips.extend(clip_skips)
+    if not found:
+        raise FileNotFoundError(f"no URBAN-SED annotations under {root}: expected annotations/{{train,validate,test}}/ "
+                                "(point the root at the URBAN-SED_v2.0.0 folder)")
+    clips.sort(key=lambda c: c.clip_id)
+    return clips, skips
+
+
+def _read_clip(root: Path, path: Path, folder: str, split: str, fmt: str,
+               classes: dict[str, str]) -> tuple[ImportedClip | None, list[Skip]]:
+    rel = f"annotations/{folder}/{path.name}"
+    clip_id = f"urbansed-{path.stem}"
+    events, skips = _jams_events(path, rel, clip_id) if fmt == "jams" else _txt_events(path, rel, clip_id)
+    regions: list[ImportedRegion] = []
+    for item, onset_s, offset_s, label in events:
+        problem = region_problem(onset_s, offset_s)
+        if problem:
+            skips.append(Skip(item, rel, "bad-region", f"{label}: {problem}"))
+        elif label not in classes:
+            skips.append(Skip(item, rel, "unknown-label", f"label {label!r} is not one of the ten UrbanSound8K classes"))
+        else:
+            regions.append(ImportedRegion(label, classes[label], "", onset_s, offset_s))
+    audio_path = f"audio/{folder}/{path.stem}.wav"
+    if not regions and skips:
+        whole_file = any(s.item_id == clip_id for s in skips)  # already one Skip for the clip
+        return None, skips + ([] if whole_file else [Skip(clip_id, rel, "no-label", f"every event of {rel} was skipped; "
+                                                                                    "left out rather than kept as a clip without events")])
+    if not (root / audio_path).is_file():
+        return None, skips + [Skip(clip_id, audio_path, "missing-file", f"{audio_path} not found ({rel} annotates it)")]
+    return ImportedClip(clip_id, audio_path, split, (), sort_regions(regions), LICENSE, ATTRIBUTION), skips
+
+
+Event = tuple[str, float, float, str]  # (skip item id, onset_s, offset_s, label)
+
+
+def _txt_events(path: Path, rel: str, clip_id: str) -> tuple[list[Event], list[Skip]]:
+    events: list[Event] = []
+    skips: list[Skip] = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        item = f"{clip_id}#line{line_no}"
+        fields = line.split("\t") if "\t" in line else line.split()
+        fields = [x.strip() for x in fields]
+        onset_s = parse_seconds(fields[0]) if len(fields) == 3 else None
+        offset_s = parse_seconds(fields[1]) if len(fields) == 3 else None
+        if len(fields) != 3:
+            skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: {len(fields)} fields, expected onset, offset, label"))
+        elif onset_s is None or offset_s is None or not fields[2]:
+            skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: {line.strip()!r} is not onset, offset (numbers) and a label"))
+        else:
+            events.append((item, onset_s, offset_s, fields[2]))
+    return events, skips
+
+
+def _jams_events(path: Path, rel: str, clip_id: str) -> tuple[list[Event], list[Skip]]:
+    try:
+        jam = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as e:
+        return [], [Skip(clip_id, rel, "malformed-row", f"not valid JSON ({e})")]
+    annotations = jam.get("annotations") if isinstance(jam, dict) else None
+    scaper = [a for a in annotations or [] if isinstance(a, dict) and a.get("namespace") in SCAPER_NAMESPACES]
+    if not scaper or not isinstance(scaper[0].get("data"), list):
+        return [], [Skip(clip_id, rel, "malformed-row", "no annotation in the scaper namespace with a list of observations")]
+    events: list[Event] = []
+    skips: list[Skip] = []
+    for n, obs in enumerate(scaper[0]["data"]):
+        item = f"{clip_id}#event{n}"
+        value = obs.get("value") if isinstance(obs, dict) else None
+        if not isinstance(value, dict):
+            skips.append(Skip(item, rel, "malformed-row", f"observation {n} has no value object"))
+            continue
+        if value.get("role") == "background":
+            continue
+        onset_s = parse_seconds(str(obs.get("time")))
+        duration_s = parse_seconds(str(obs.get("duration")))
+        label = str(value.get("label") or "").strip()
+        if value.get("role") != "foreground" or onset_s is None or duration_s is None or not label:
+            skips.append(Skip(item, rel, "malformed-row", f"observation {n}: role {value.get('role')!r}, time {obs.get('time')!r}, "
+                                                          f"duration {obs.get('duration')!r}, label {label!r}; expected a foreground "
+                                                          "event with numeric time and duration"))
+            continue
+        events.append((item, onset_s, onset_s + duration_s, label))
+    return events, skips
