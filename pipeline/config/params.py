@@ -185,6 +185,24 @@ class MixExportParams:
 
 
 @dataclass(frozen=True)
+class SoundLibraryParams:
+    """How ``mix`` reads a Scaper-layout library (``<folder>/<label>/*.wav``) named by ``mix.events`` / ``mix.backgrounds``.
+
+    Event files are used whole unless ``trim_events`` cuts each to its first high-energy
+    segment (``clip.segmentation``); kept events last ``min_event_s``..``max_event_s``
+    (None: no upper limit). Files are checked with the clip stage's (events) and the ambience
+    stage's (backgrounds) silence and clipping levels. ``license`` is the licence stated for
+    every file of the library (empty: ``unknown``, which ``mix.allowed_licenses`` must then list).
+    """
+
+    extensions: tuple[str, ...] = ("wav", "flac", "ogg", "aif", "aiff", "mp3")
+    trim_events: bool = False
+    min_event_s: float = 0.05
+    max_event_s: float | None = None
+    license: str = ""
+
+
+@dataclass(frozen=True)
 class MixParams:
     preset: str = "finelap"
     spec: dict = field(default_factory=dict)
@@ -195,6 +213,9 @@ class MixParams:
     relabel: RelabelParams = field(default_factory=RelabelParams)
     partition_size: int = 100
     export: MixExportParams = field(default_factory=MixExportParams)
+    events: str | None = None  # a clip-stage folder or a Scaper-layout library; None: clip.out_dir
+    backgrounds: str | None = None  # an ambience-stage folder or a Scaper-layout library; None: ambience.out_dir
+    library: SoundLibraryParams = field(default_factory=SoundLibraryParams)
     out_dir: str = "data/mixtures"
 
 
@@ -231,6 +252,17 @@ class ShardParams:
 
 
 @dataclass(frozen=True)
+class ImportParams:
+    """``sedsynth import KIND ROOT``: a real strong-label corpus -> shards (:mod:`pipeline.imports`)."""
+
+    out_dir: str = "data/imports/{kind}"  # {kind} becomes the corpus kind
+    silence_dbfs: float = -80.0  # a clip whose RMS is below this is skipped as silent
+    keep_flac: bool = True  # a source that already is mono 16-bit FLAC at sample_rate_hz keeps its own bytes
+    card_title: str = "{kind} strong labels (imported)"
+    options: dict = field(default_factory=dict)  # per kind, the reader's options: {audioset-strong: {audio_dir: audio}}
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int = 1234
     sample_rate_hz: int = 16000
@@ -243,6 +275,7 @@ class Params:
     captions: CaptionParams = field(default_factory=CaptionParams)
     clusters: ClusterParams = field(default_factory=ClusterParams)
     shards: ShardParams = field(default_factory=ShardParams)
+    imports: ImportParams = field(default_factory=ImportParams)
 
 
 @dataclass(frozen=True)
@@ -369,6 +402,12 @@ def check(p: Params) -> None:
     need(license_problem is None, "mix.allowed_licenses", license_problem or "")
     need(m.export.timelines >= 0, "mix.export.timelines", "must be 0 or more")
     need(m.relabel.fill_gaps_below_s >= 0 and m.relabel.drop_runs_below_s >= 0, "mix.relabel", "durations must be 0 or more")
+    lib = m.library
+    need(lib.min_event_s >= 0, "mix.library.min_event_s", f"is {lib.min_event_s!r}; use a duration in seconds >= 0")
+    need(lib.max_event_s is None or lib.max_event_s > lib.min_event_s, "mix.library.max_event_s",
+         f"is {lib.max_event_s!r}; use a duration above mix.library.min_event_s ({lib.min_event_s!r}), or null for no limit")
+    need(bool(lib.extensions) and all(e.strip(". ") for e in lib.extensions), "mix.library.extensions",
+         f"is {list(lib.extensions)}; use a list of file extensions such as [wav, flac]")
     c = p.captions
     need(c.llm_templates >= 1 and c.llm_phrase_variants >= 1, "captions.llm_templates", "and llm_phrase_variants must be at least 1")
     need(c.llm.timeout_s > 0, "captions.llm.timeout_s", "must be positive")
@@ -380,6 +419,9 @@ def check(p: Params) -> None:
     need(-1.0 <= p.clusters.near_synonym_similarity <= 1.0, "clusters.near_synonym_similarity", "must be a cosine similarity in [-1, 1]")
     need(p.clusters.batch_size >= 1, "clusters.batch_size", "must be at least 1")
     need(p.shards.shard_size_mb > 0 and p.shards.row_group_size_mb > 0, "shards.shard_size_mb", "and row_group_size_mb must be positive")
+    need(math.isfinite(p.imports.silence_dbfs) and p.imports.silence_dbfs <= 0, "imports.silence_dbfs", "must be a level in dBFS (<= 0)")
+    need(all(isinstance(v, dict) for v in p.imports.options.values()), "imports.options",
+         "must map each corpus kind to a mapping of its reader's options, e.g. {audioset-strong: {audio_dir: audio}}")
     from pipeline.config.mix_spec import resolve_spec
 
     try:

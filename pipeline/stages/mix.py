@@ -1,15 +1,20 @@
 """The mix stage: event clips + background segments -> soundscapes with relabeled boundaries.
 
-Input: ``clip.out_dir`` and ``ambience.out_dir`` (manifests and FLAC files), ``params.mix``
-and the top-level ``sample_rate_hz`` (the mixtures' rate). Output (``mix.out_dir``, file names
-in :mod:`pipeline.mix.layout`):
+Input: ``mix.events`` and ``mix.backgrounds`` (null: ``clip.out_dir`` and ``ambience.out_dir``),
+each a stage output (manifest and FLAC files) or a Scaper-layout library (label sub-folders of
+audio files, read by :mod:`pipeline.mix.library`), ``params.mix`` and the top-level
+``sample_rate_hz`` (the mixtures' rate). Output (``mix.out_dir``, file names in
+:mod:`pipeline.mix.layout`):
 
 - ``audio/<split>/<mixture_id>.flac`` (16-bit) and, if enabled, ``.txt`` / ``.jams`` beside it;
 - ``mixtures.parquet`` (one recipe per mixture), ``occurrences.parquet`` (one row per placed
   event occurrence), ``segments.parquet`` (relabeled label segments, derived);
 - ``metadata/<split>/events.tsv`` and ``durations.tsv`` (DESED / DCASE format);
 - ``licenses.json`` and ``attribution.csv``; ``timelines.png``; ``spec.json`` (the effective
-  spec); ``skipped.csv`` (sources left out and why); ``summary.json``.
+  spec); ``skipped.csv`` (sources left out and why); ``summary.json``;
+- for a library input, ``sources/events`` and/or ``sources/backgrounds``: its files as analysed
+  for this run, in the clip or ambience stage's layout (their ``source_path`` relative to the
+  library root), so the recipes re-render from the output alone.
 
 The stage refuses, before any audio is read, to upsample (``sample_rate_hz`` above the clips'
 or backgrounds' rate) and to make zero mixtures; a split its sources cannot serve stops it with
@@ -17,8 +22,9 @@ the counts (clips available against clips needed, what ``mix.allowed_licenses`` 
 the skip report beside the output (``<out_dir>.skipped.csv``), the previous output untouched.
 
 Splits use disjoint sources: events by FSD50K's own split (dev train -> train, dev val ->
-valid, eval -> test) or, with ``event_split: random``, by source clip; backgrounds by the
-recording they were cut from, so no recording feeds two splits.
+valid, eval -> test) or, with ``event_split: random`` and for a library (which has no split),
+by source clip or file; backgrounds by the recording they were cut from, so no recording feeds
+two splits.
 
 Work is cut into partitions of ``partition_size`` mixtures; each carries the resolved spec to
 its worker (:class:`MixRun`). Each finished partition is kept in the hidden staging folder; a
@@ -49,6 +55,7 @@ from pipeline.licenses import license_name
 from pipeline.mix import exports
 from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
 from pipeline.mix.instantiate import MixContext, instantiate
+from pipeline.mix.library import LIBRARY_DATASET, label_folders, write_libraries
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, RECORDS, SEGMENTS, SPEC, audio_path, mixture_id
 from pipeline.outputs import (
     MANIFEST,
@@ -70,13 +77,81 @@ PLAN = "plan.json"
 FSD50K_TO_MIX_SPLIT = {"train": "train", "val": "valid", "eval": "test"}
 MIX_TO_FSD50K_SPLIT = {v: k for k, v in FSD50K_TO_MIX_SPLIT.items()}
 FLAC_COMPRESSION_LEVEL = 0.0  # libFLAC's fastest level: 10% less encoding time, 2-3% larger files
+SOURCES = "sources"  # <out_dir>/sources/{events,backgrounds}: the libraries as analysed for the run
 
 
 class MixError(ValueError):
     """The sources cannot satisfy the requested mixtures; the message says what to change."""
 
 
+@dataclass(frozen=True)
+class SourceFolders:
+    """The manifest folders a run mixes from, and what reading its libraries (if any) gave.
+
+    ``library_dir`` (None: no library) is the hidden folder beside the output that holds the
+    analysed libraries during the run; it becomes ``<out_dir>/sources``.
+    """
+
+    events_dir: Path
+    backgrounds_dir: Path
+    library_dir: Path | None
+    libraries: dict[str, dict]  # kind (events, backgrounds) -> {root, kept, skipped}: files analysed
+    skips: list[Skip]
+
+    def final_dir(self, kind: str, out_dir: Path) -> Path:
+        """Where ``kind``'s manifest folder is once the run is done (for paths written into exports)."""
+        current = self.events_dir if kind == "events" else self.backgrounds_dir
+        return Path(out_dir).resolve() / SOURCES / kind if kind in self.libraries else current
+
+
+def source_layout(folder: Path, kind: str, extensions: tuple[str, ...]) -> str:
+    """``manifest`` (a stage output) or ``library`` (label sub-folders of audio files); else FileNotFoundError naming both."""
+    if (folder / MANIFEST).exists():
+        return "manifest"
+    if label_folders(folder, extensions):
+        return "library"
+    stage, setting = ("clip", "mix.events") if kind == "events" else ("ambience", "mix.backgrounds")
+    what = "does not exist" if not folder.exists() else f"holds neither {MANIFEST} nor label sub-folders of audio files"
+    raise FileNotFoundError(
+        f"{folder} {what}: run `sedsynth {stage}` (or `dvc repro {stage}`) to make {kind} there, or point {setting} at a "
+        f"Scaper-layout library, a folder of label sub-folders of audio files (<folder>/<label>/*.wav, {', '.join(extensions)})"
+    )
+
+
+def prepare_sources(params: Params, spec: MixSpec, events_dir: Path, backgrounds_dir: Path, out_dir: Path) -> SourceFolders:
+    """Each input as a manifest folder: a stage output as it is, a library analysed into a hidden folder beside ``out_dir``.
+
+    A library is read afresh every run (deterministic bytes, so a killed run still resumes).
+    Library files below ``sample_rate_hz`` stop the run (:class:`MixError`): mixing must not upsample.
+    """
+    extensions = params.mix.library.extensions
+    kinds = {kind: folder for kind, folder in (("events", events_dir), ("backgrounds", backgrounds_dir))
+             if source_layout(folder, kind, extensions) == "library"}
+    if not kinds:
+        return SourceFolders(events_dir, backgrounds_dir, None, {}, [])
+    library_dir = out_dir.parent / f".{out_dir.name}.{SOURCES}"
+    shutil.rmtree(library_dir, ignore_errors=True)
+    skips: list[Skip] = []
+    folders = {"events": events_dir, "backgrounds": backgrounds_dir}
+    low: list[str] = []
+    counts: dict[str, dict] = {}
+    analysed = write_libraries(kinds, {kind: library_dir / kind for kind in kinds}, params, float(spec.duration_s.bounds()[1]))
+    for kind, (records, kind_skips) in analysed.items():
+        folders[kind] = library_dir / kind
+        skips += kind_skips
+        counts[kind] = {"root": str(kinds[kind]), "kept": len(records), "skipped": len(kind_skips)}
+        below = [r.source_path for r in records if r.source_sample_rate_hz < params.sample_rate_hz]
+        if below:
+            low.append(f"{len(below)} {kind} files of {kinds[kind]} (e.g. {below[0]})")
+    if low:
+        shutil.rmtree(library_dir, ignore_errors=True)
+        raise MixError(f"mix: sample_rate_hz is {params.sample_rate_hz} Hz but {' and '.join(low)} have a lower rate, and mixing must "
+                       f"not upsample them; remove those files or mix at their rate (sample_rate_hz in params.yaml)")
+    return SourceFolders(folders["events"], folders["backgrounds"], library_dir, counts, skips)
+
+
 def read_sources(events_dir: Path, backgrounds_dir: Path) -> tuple[list[EventClip], list[BackgroundSegment]]:
+    """The records of two manifest folders (a clip-stage and an ambience-stage layout)."""
     for d, stage in ((events_dir, "clip"), (backgrounds_dir, "ambience")):
         if not (d / MANIFEST).exists():
             raise FileNotFoundError(f"{d / MANIFEST} not found: run `sedsynth {stage}` (or `dvc repro {stage}`) first")
@@ -181,7 +256,8 @@ def assign_splits(
     counts = dataclasses.asdict(p.mixtures)
     fractions = dataclasses.asdict(p.holdout)
     needed = [s for s in SPLITS if counts[s] > 0]
-    if p.event_split == "fsd50k":
+    by_fsd50k = p.event_split == "fsd50k" and not (events and all(e.source_dataset == LIBRARY_DATASET for e in events))
+    if by_fsd50k:
         event_split = {e.clip_id: FSD50K_TO_MIX_SPLIT.get(e.source_split, "train") for e in events}
     else:
         by_source = allocate_groups([e.source_id for e in events], fractions, needed, seed, "events")
@@ -204,7 +280,7 @@ def assign_splits(
         need = (most if spec.distinct_clips else 1) if most > 0 else 0
         if have < need:
             source = (f" (the clips of FSD50K's '{MIX_TO_FSD50K_SPLIT[s]}' split; mix.event_split: random splits by source clip instead)"
-                      if p.event_split == "fsd50k" else "")
+                      if by_fsd50k else "")
             wanted = f"a mixture draws up to {most} distinct clips" if spec.distinct_clips else "a mixture needs at least one"
             raise MixError(
                 f"mix: split '{s}' has {have} event clips{source} but {wanted}; add source clips, set mix.mixtures.{s}: 0"
@@ -288,14 +364,17 @@ def plan_partitions(p: MixParams, run: MixRun) -> list[Partition]:
 def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | None = None, out_dir: Path | None = None) -> dict:
     """Make every split's mixtures; returns the summary (also written to ``summary.json``)."""
     p = params.mix
-    events_dir = Path(events_dir or params.clip.out_dir).resolve()
-    backgrounds_dir = Path(backgrounds_dir or params.ambience.out_dir).resolve()
+    events_dir = Path(events_dir or p.events or params.clip.out_dir).resolve()
+    backgrounds_dir = Path(backgrounds_dir or p.backgrounds or params.ambience.out_dir).resolve()
     out_dir = Path(out_dir or p.out_dir)
     spec = resolve_spec(p.preset, p.spec, sample_rate_hz=params.sample_rate_hz)  # the params check's spec, from the cache
+    folders = prepare_sources(params, spec, events_dir, backgrounds_dir, out_dir)
+    events_dir, backgrounds_dir = folders.events_dir, folders.backgrounds_dir
     events, backgrounds = read_sources(events_dir, backgrounds_dir)
     check_sample_rates(spec, events, backgrounds, events_dir, backgrounds_dir)
 
     events, backgrounds, skips, license_drops = filter_licenses(events, backgrounds, p.allowed_licenses)
+    skips = folders.skips + skips
     try:
         hops = {round(x.envelope_hop_s, 9) for x in [*events, *backgrounds]}
         if len(hops) > 1:
@@ -305,6 +384,8 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
             raise MixError("mix: mix.mixtures asks for 0 mixtures in every split; set mix.mixtures.train, valid or test to the number to make")
         event_pools, bg_pools = assign_splits(events, backgrounds, p, spec, params.seed)
     except MixError as e:
+        if folders.library_dir is not None:
+            shutil.rmtree(folders.library_dir, ignore_errors=True)
         raise refusal(e, out_dir, skips, license_drops, p.allowed_licenses) from None
 
     plan = {
@@ -349,7 +430,12 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         dropped = sum(json.loads((stage / PARTS / f"{pt.key}.done.json").read_text())["dropped_occurrences"] for pt in partitions)
         write_skips(stage / SKIPPED, skips)
         write_json(stage / SPEC, spec.to_dict())
-        summary = exports.write_all(stage, tables, p, spec, SourceBank(bank), events_dir, backgrounds_dir, events, backgrounds)
+        summary = exports.write_all(stage, tables, p, spec, SourceBank(bank), folders.final_dir("events", out_dir),
+                                    folders.final_dir("backgrounds", out_dir), events, backgrounds)
+        if folders.library_dir is not None:
+            shutil.rmtree(stage / SOURCES, ignore_errors=True)  # left by a run killed after this move
+            folders.library_dir.rename(stage / SOURCES)
+            summary["libraries"] = folders.libraries
         summary.update({"skipped": len(skips), "skipped_by_reason": dict(sorted(Counter(x.reason for x in skips).items())),
                         "license_filter": {"allowed": list(p.allowed_licenses), "dropped": license_drops},
                         "dropped_occurrences": dropped, "preset": p.preset, "sample_rate_hz": spec.sample_rate_hz})
@@ -381,6 +467,8 @@ def format_mix_summary(summary: dict) -> str:
     lines.append(f"  realised SNR - drawn SNR: median {summary['snr_error_db']['median']:+.3f} dB, "
                  f"max |.| {summary['snr_error_db']['max_abs']:.3f} dB ({summary['level_mode']} mode)")
     license_filter = summary["license_filter"]
+    for kind, lib in summary.get("libraries", {}).items():
+        lines.append(f"  library {kind}: {lib['kept']} files kept, {lib['skipped']} skipped (skipped.csv), from {lib['root']}")
     lines.append(f"  dataset licence: {summary['licenses']['dataset_license']}; "
                  f"{describe_license_drops(license_filter['dropped'], tuple(license_filter['allowed']))}; "
                  f"{summary['dropped_occurrences']} occurrences dropped by placement")
