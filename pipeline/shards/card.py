@@ -54,6 +54,11 @@ def statistics(folder: Path, index: dict) -> dict:
     return out
 
 
+def _bins(values) -> int:
+    """30 bins, or 1 where the values (nearly) coincide: numpy cannot cut a float-rounding-wide range into 30."""
+    return 30 if len(values) == 0 or float(np.max(values)) - float(np.min(values)) > 1e-6 else 1
+
+
 def plot(stats: dict, cluster_names: dict[int, str], path: Path, unit: str = "mixture") -> None:
     """``images/statistics.png``: phrases per ``unit`` (row), segment durations and SNRs per split, and the top clusters."""
     fig, axes = pyplot().subplots(2, 2, figsize=(11, 7))
@@ -65,11 +70,11 @@ def plot(stats: dict, cluster_names: dict[int, str], path: Path, unit: str = "mi
     ax.legend()
     ax = axes[0, 1]
     for split, s in stats.items():
-        ax.hist(s["segment_s"], bins=30, alpha=0.6, label=split)
+        ax.hist(s["segment_s"], bins=_bins(s["segment_s"]), alpha=0.6, label=split)
     ax.set(title="audible segment durations", xlabel="seconds", ylabel="segments")
     ax = axes[1, 0]
     for split, s in stats.items():
-        ax.hist(s["snr_db"], bins=30, alpha=0.6, label=split)
+        ax.hist(s["snr_db"], bins=_bins(s["snr_db"]), alpha=0.6, label=split)
     ax.set(title="event SNR against the background", xlabel="dB", ylabel="events")
     ax = axes[1, 1]
     clusters = sum((s["clusters"] for s in stats.values()), Counter()).most_common(15)

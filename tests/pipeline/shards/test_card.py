@@ -47,3 +47,14 @@ def _fixture() -> tuple:
 
 def test_card_text_of_the_fixture_is_unchanged() -> None:
     assert card_text(*_fixture()) == EXPECTED_CARD.read_text(encoding="utf-8")
+
+
+def test_the_statistics_picture_draws_splits_whose_values_coincide(tmp_path: Path) -> None:
+    """One clip repeated gives segment durations that differ by float rounding only: still a picture."""
+    from pipeline.shards.card import plot
+
+    same = [2.6000000000000005, 2.6, 2.6000000000000001]
+    stats = {"valid": {"labels_per_mixture": [1, 1], "segment_s": same, "snr_db": [3.0, 3.0 + 1e-13], "clusters": Counter({1: 2})},
+             "test": {"labels_per_mixture": [], "segment_s": [], "snr_db": [], "clusters": Counter()}}
+    plot(stats, {1: "Siren"}, tmp_path / "statistics.png")
+    assert (tmp_path / "statistics.png").stat().st_size > 0
