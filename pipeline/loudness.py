@@ -110,6 +110,14 @@ def frame_mean_square(x: np.ndarray, frame: int, hop: int) -> np.ndarray:
     return (prefix[per_frame : per_frame + n] - prefix[:n]) / (per_frame * hop)
 
 
+def peak_to_median_db(y: np.ndarray, sample_rate_hz: int, frame_s: float) -> float:
+    """Loudest frame energy minus the median frame energy, in dB (frames that fit whole)."""
+    frame = max(1, round(frame_s * sample_rate_hz))
+    usable = (y.shape[0] // frame) * frame or y.shape[0]
+    db = power_db(frame_mean_square(y[:usable], frame, frame))
+    return float(np.max(db) - np.median(db))
+
+
 def a_weighting_gain(freqs_hz: np.ndarray) -> np.ndarray:
     """IEC 61672 A-weighting as a power gain (1.0 at 1 kHz)."""
     f2 = np.square(freqs_hz, dtype=np.float64)

@@ -39,7 +39,7 @@ from pipeline.audio import AudioError, clipped_fraction, downmix, int16_to_float
 from pipeline.compute import map_ordered
 from pipeline.config.params import AmbienceParams, ClipParams, Params, SoundLibraryParams
 from pipeline.licenses import license_name
-from pipeline.loudness import a_weighted_envelope, frame_mean_square, integrated_lufs, peak_dbfs, power_db, rms_dbfs
+from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, peak_to_median_db, rms_dbfs
 from pipeline.ontology import Ontology, default_ontology
 from pipeline.outputs import MANIFEST, SKIPPED, write_manifest, write_skips
 from pipeline.schema import BackgroundSegment, EventClip, Skip
@@ -181,9 +181,7 @@ def analyse_background(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int,
         q = loop_to(q, int(round(min_background_s * sample_rate_hz)))
         y = int16_to_float(q)
         envelope = a_weighted_envelope(y, sample_rate_hz, amb.envelope_frame_s, amb.envelope_hop_s)
-        salience_frame = max(1, round(amb.salience_frame_s * sample_rate_hz))
-        usable = (y.shape[0] // salience_frame) * salience_frame or y.shape[0]
-        salience_db = power_db(frame_mean_square(y[:usable], salience_frame, salience_frame))
+        salience = peak_to_median_db(y, sample_rate_hz, amb.salience_frame_s)
         write_flac(audio_dir / f"{f.item_id}.flac", q, sample_rate_hz)
     except AudioError as e:
         return Skip(f.item_id, f.rel_path, e.reason, e.detail)
@@ -194,7 +192,7 @@ def analyse_background(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int,
         segment_id=f.item_id, audio_path=f"{AUDIO_DIR}/{f.item_id}.flac", source_id=f.rel_path, source_path=f.rel_path, category=f.label,
         offset_in_source_s=0.0, duration_s=q.shape[0] / sample_rate_hz, num_samples=int(q.shape[0]), sample_rate_hz=sample_rate_hz,
         source_sample_rate_hz=sr, source_channels=int(samples.shape[1]), rms_dbfs=rms_dbfs(y), peak_dbfs=peak_dbfs(y),
-        loudness_lufs=integrated_lufs(y, sample_rate_hz), peak_to_median_db=float(np.max(salience_db) - np.median(salience_db)),
+        loudness_lufs=integrated_lufs(y, sample_rate_hz), peak_to_median_db=salience,
         envelope_frame_s=envelope.frame_s, envelope_hop_s=envelope.hop_s, envelope_db=envelope.energy_db, license=license_text,
         author="",
     )

@@ -39,7 +39,7 @@ from pipeline.audio import (
     write_flac,
 )
 from pipeline.compute import map_ordered
-from pipeline.loudness import a_weighted_envelope, frame_mean_square, integrated_lufs, peak_dbfs, power_db, rms_dbfs
+from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, peak_to_median_db, rms_dbfs
 from pipeline.outputs import (
     MANIFEST,
     SKIPPED,
@@ -57,14 +57,6 @@ from pipeline.config.params import AmbienceParams, Params
 from pipeline.schema import BackgroundSegment, Skip
 
 AUDIO_DIR = "audio"
-
-
-def peak_to_median_db(y: np.ndarray, sample_rate_hz: int, frame_s: float) -> float:
-    """Loudest frame energy minus the median frame energy, in dB (frames that fit whole)."""
-    frame = max(1, round(frame_s * sample_rate_hz))
-    usable = (y.shape[0] // frame) * frame or y.shape[0]
-    db = power_db(frame_mean_square(y[:usable], frame, frame))
-    return float(np.max(db) - np.median(db))
 
 
 def segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int, audio_dir: Path) -> list[BackgroundSegment | Skip]:
