@@ -21,6 +21,8 @@ silent (RMS below ``imports.silence_dbfs``), downmixed to mono and resampled to
 content above its own Nyquist, and ``summary.json`` counts clips per source rate), stored as
 16-bit FLAC. A file that already is mono 16-bit FLAC at the rate keeps its own bytes
 (``imports.keep_flac``): re-encoding would cost as much again as decoding and change nothing.
+The workers also hash the stored bytes; the main process then only joins each row group's
+columns (:func:`row_group_table`) and writes the shards (:func:`~pipeline.shards.writer.write_shards`).
 
 Labels: regions are cut to the decoded duration; one with a negative time, onset >= offset or
 entirely past the end is skipped as ``bad-region`` (item ``<clip_id>#<n>``, ``n`` its position
@@ -37,6 +39,7 @@ Imported rows have no background, no source clips and no SNR: those fields are e
 from __future__ import annotations
 
 import csv
+import ctypes
 import functools
 import hashlib
 import io
@@ -47,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import soundfile as sf
 
 from pipeline.audio import AudioError, downmix, encode_flac, quantize_int16, read_audio, resample
@@ -55,17 +60,16 @@ from pipeline.licenses import license_name, most_restrictive
 from pipeline.outputs import refuse_empty, staged_dir, summarize, write_atomic, write_json, write_manifest, write_skips
 from pipeline.schema import (
     SPLITS,
-    AudioFile,
     Cluster,
     ImportedClip,
     PhraseAssignment,
-    ShardPhrase,
-    ShardRow,
     Skip,
     TimeSpan,
 )
 from pipeline.shards import card
+from pipeline.shards.layout import shard_schema
 from pipeline.shards.writer import MB, write_shards
+from pipeline.text.clustering import cluster_rows, phrase_database
 from pipeline.text.label_phrases import default_label_phrases, phrases_for
 from pipeline.text.templates import fill, load_templates
 
@@ -84,6 +88,7 @@ class PreparedAudio:
     clip_id: str
     scratch_name: str
     num_bytes: int
+    sha256: str
     num_frames: int
     source_sample_rate_hz: int
     source_channels: int
@@ -93,6 +98,29 @@ class PreparedAudio:
 def _rms_dbfs(x: np.ndarray) -> float:
     ms = float(np.mean(np.square(x, dtype=np.float64)))
     return 10 * np.log10(ms) if ms > 0 else -np.inf
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+KEEP_FREED_BYTES = 1 << 30  # freed heap kept for reuse, at most
+HEAP_ARRAYS_BELOW_BYTES = 1 << 26  # arrays below 64 MiB come from the reused heap, not fresh mappings
+BINARY_DATA_LIMIT_BYTES = 2**31  # Arrow binary arrays have 32-bit offsets
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Let glibc reuse freed memory for the next clip's arrays instead of returning it to the kernel; True where it took.
+
+    By default every array above a few MiB (a 10 s 44.1 kHz stereo clip as float32 is 3.5 MB) is
+    a fresh mapping or is trimmed off the heap when freed, so each clip faults all its pages in
+    again: in a virtual machine that cost more than the decoding itself (about 4 ms of the 7 ms
+    of reading and measuring a 44.1 kHz stereo clip). Memory stays bounded by the largest clip's arrays.
+    Called once per process (the dask workers' and, with one worker, the main process).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(libc.mallopt(M_MMAP_THRESHOLD, HEAP_ARRAYS_BELOW_BYTES))
+    except (OSError, AttributeError):  # not glibc: its allocator's own policy applies
+        return False
 
 
 def _is_plain_flac(path: Path, sample_rate_hz: int) -> bool:
@@ -107,25 +135,27 @@ def prepare_audio(task: tuple[int, ImportedClip], root: Path, scratch: Path, sam
                   keep_flac: bool) -> PreparedAudio | Skip:
     """One clip's audio -> a FLAC in ``scratch`` named by the clip's position, or the :class:`Skip` saying why not."""
     position, clip = task
+    keep_freed_memory()
     path = Path(root) / clip.audio_path
     try:
         decoded = read_audio(path)
-        mono = downmix(decoded.samples)
-        level = _rms_dbfs(mono)
+        samples = downmix(decoded.samples)
+        level = _rms_dbfs(samples)
         if level < silence_dbfs:
             raise AudioError("silent", f"RMS {level:.1f} dBFS is below imports.silence_dbfs {silence_dbfs} dBFS")
         name = f"{position:08d}.flac"
         if keep_flac and _is_plain_flac(path, sample_rate_hz):
-            data, frames, kept = path.read_bytes(), len(mono), True
+            data, frames, kept = path.read_bytes(), len(samples), True
         else:
-            q = quantize_int16(resample(mono, decoded.sample_rate_hz, sample_rate_hz))
+            q = quantize_int16(resample(samples, decoded.sample_rate_hz, sample_rate_hz))
             if len(q) == 0:
                 raise AudioError("empty", f"shorter than one sample at {sample_rate_hz} Hz")
             data, frames, kept = encode_flac(q, sample_rate_hz), len(q), False
     except AudioError as e:
         return Skip(clip.clip_id, clip.audio_path, e.reason, e.detail)
     (scratch / name).write_bytes(data)
-    return PreparedAudio(clip.clip_id, name, len(data), frames, decoded.sample_rate_hz, decoded.channels, kept)
+    return PreparedAudio(clip.clip_id, name, len(data), hashlib.sha256(data).hexdigest(), frames, decoded.sample_rate_hz,
+                         decoded.channels, kept)
 
 
 def label_phrase(label: str, mid: str, by_mid: dict[str, list[str]]) -> str:
@@ -208,21 +238,62 @@ def _assign_clusters(keys: Counter, params, index) -> tuple[list[Cluster], list[
     """Clusters, the phrase database, the low-similarity rows and (phrase, label, mid) -> cluster id."""
     p = params.clusters
     clusters = index.clusters
-    entries = {k: "dataset" for k in sorted(keys)}
-    if p.include_inventory_phrases:
-        for c in clusters:
-            for phrase in c["alternatives"]:
-                entries.setdefault((phrase, c["name"], c["mid"]), "inventory")
-    order = list(entries)
-    assigned = index.assign([k[0] for k in order], [k[2] for k in order])
-    rows = [PhraseAssignment(phrase, label, mid, cid, clusters[cid]["name"], sim, method, keys.get((phrase, label, mid), 0), entries[(phrase, label, mid)])
-            for (phrase, label, mid), (cid, sim, method, _, _) in zip(order, assigned)]
+    rows, pairs = phrase_database(index, {k: "dataset" for k in sorted(keys)}, keys, p.include_inventory_phrases)
     low = [[k[0], k[1], a[0], clusters[a[0]]["name"], a[1], a[3], clusters[a[3]]["name"], a[4]]
-           for k, a in zip(order, assigned) if entries[k] == "dataset" and a[2] == "sbert" and a[1] < p.min_similarity]
-    from pipeline.text.clustering import cluster_rows
-
+           for (k, a), row in zip(pairs, rows) if row.source == "dataset" and a[2] == "sbert" and a[1] < p.min_similarity]
     relations = cluster_rows(clusters, index, p.near_synonym_similarity)
-    return relations, rows, low, {k: a[0] for k, a in zip(order, assigned)}
+    return relations, rows, low, {k: a[0] for k, a in pairs}
+
+
+def audio_column(items: list[tuple[ImportedClip, PreparedAudio, list]], scratch: Path, audio_type: pa.StructType) -> pa.Array:
+    """The ``audio`` column (``struct<bytes, path>``) of some kept clips, their FLACs read from ``scratch``.
+
+    The files are read straight into one buffer that becomes the Arrow binary data: one copy,
+    rather than a bytes object per clip that Arrow copies again.
+    """
+    offsets = np.zeros(len(items) + 1, np.int64)
+    np.cumsum([audio.num_bytes for _, audio, _ in items], out=offsets[1:])
+    paths = pa.array([clip.clip_id.replace("/", "_") + ".flac" for clip, _, _ in items], pa.string())
+    if offsets[-1] >= BINARY_DATA_LIMIT_BYTES:  # let Arrow split what 32-bit offsets cannot address
+        data = [(scratch / audio.scratch_name).read_bytes() for _, audio, _ in items]
+        return pa.StructArray.from_arrays([pa.array(data, pa.binary()), paths], fields=list(audio_type))
+    data = np.empty(int(offsets[-1]), np.uint8)
+    view = memoryview(data)
+    for (_, audio, _), start in zip(items, offsets[:-1].tolist()):
+        with open(scratch / audio.scratch_name, "rb") as f:
+            if f.readinto(view[start:start + audio.num_bytes]) != audio.num_bytes:
+                raise OSError(f"{scratch / audio.scratch_name} is shorter than the {audio.num_bytes} bytes written")
+    binary = pa.BinaryArray.from_buffers(pa.binary(), len(items), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+    return pa.StructArray.from_arrays([binary, paths], fields=list(audio_type))
+
+
+def row_group_table(items: list[tuple[ImportedClip, PreparedAudio, list]], scratch: Path, schema: pa.Schema, sample_rate_hz: int,
+                    seed: int, cluster_of: dict, templates: list[str], empty_caption: str) -> pa.Table:
+    """Kept clips ``(clip, audio, phrases)`` -> one row group of :class:`~pipeline.schema.ShardRow` rows in ``schema``.
+
+    The columns are built straight from the clips (no record per row): the same table as
+    ``to_table([ShardRow(...) ...], ShardRow).cast(schema)``, at a small part of the cost.
+    ``cluster_of`` maps (phrase, label, mid) to a cluster id; the audio bytes come from ``scratch``.
+    """
+    licences = [license_name(c.license) if c.license else "unknown" for c, _, _ in items]
+    columns = {
+        "id": [c.clip_id for c, _, _ in items],
+        "audio_sha256": [a.sha256 for _, a, _ in items],
+        "sample_rate_hz": [sample_rate_hz] * len(items),
+        "duration_s": [a.num_frames / sample_rate_hz for _, a, _ in items],
+        "caption": [clip_caption(c, [ph for ph, *_ in phrases], templates, seed, empty_caption) for c, _, phrases in items],
+        "phrases": [[{"phrase": ph, "label": label, "mid": mid, "cluster_id": cluster_of[(ph, label, mid)],
+                      "segments": [{"start_s": s.start_s, "end_s": s.end_s} for s in segs], "source_clip_ids": [], "snr_db": []}
+                     for ph, label, mid, segs in phrases] for _, _, phrases in items],
+        "background_id": [""] * len(items),
+        "split": [c.split for c, _, _ in items],
+        "license": licences,
+        "licenses": [[lic] for lic in licences],
+        "attribution": [[c.attribution] if c.attribution else [] for c, _, _ in items],
+        "seed": [seed] * len(items),
+    }
+    arrays = [audio_column(items, scratch, f.type) if f.name == "audio" else pa.array(columns[f.name], f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def write_import(clips: list[ImportedClip], skips: list[Skip], root: Path, out_dir: Path, params, kind: str, index=None) -> dict:
@@ -269,21 +340,12 @@ def write_import(clips: list[ImportedClip], skips: list[Skip], root: Path, out_d
         keys = Counter((ph, label, mid) for _, _, phrases in kept for ph, label, mid, _ in phrases)
         relations, database, low, cluster_of = _assign_clusters(keys, params, index)
 
-        def row_of(item: tuple[ImportedClip, PreparedAudio, list]) -> ShardRow:
-            clip, audio, phrases = item
-            data = (scratch / audio.scratch_name).read_bytes()
-            licence = license_name(clip.license) if clip.license else "unknown"
-            shard_phrases = tuple(ShardPhrase(ph, label, mid, cluster_of[(ph, label, mid)], segs, (), ()) for ph, label, mid, segs in phrases)
-            caption = clip_caption(clip, [ph for ph, *_ in phrases], templates, params.seed, params.captions.empty_caption)
-            return ShardRow(id=clip.clip_id, audio=AudioFile(data, clip.clip_id.replace("/", "_") + ".flac"),
-                            audio_sha256=hashlib.sha256(data).hexdigest(), sample_rate_hz=rate, duration_s=audio.num_frames / rate,
-                            caption=caption, phrases=shard_phrases, background_id="", split=clip.split, license=licence,
-                            licenses=(licence,), attribution=(clip.attribution,) if clip.attribution else (), seed=params.seed)
-
         by_split: dict[str, list] = {s: [k for k in kept if k[0].split == s] for s in SPLITS}
         by_split = {s: items for s, items in by_split.items() if items}
-        shard_index = write_shards(staging, rate, by_split, lambda item: item[1].num_bytes, row_of, params.shards.shard_size_mb,
-                                   params.shards.row_group_size_mb, params.shards.compression, desc=f"shards {kind}")
+        table_of = functools.partial(row_group_table, scratch=scratch, schema=shard_schema(rate), sample_rate_hz=rate, seed=params.seed,
+                                     cluster_of=cluster_of, templates=templates, empty_caption=params.captions.empty_caption)
+        shard_index = write_shards(staging, rate, by_split, lambda item: item[1].num_bytes, None, params.shards.shard_size_mb,
+                                   params.shards.row_group_size_mb, params.shards.compression, desc=f"shards {kind}", table_of=table_of)
         shutil.rmtree(scratch)
 
         (staging / "clusters").mkdir()

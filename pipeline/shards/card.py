@@ -241,16 +241,23 @@ def card_text(params, index: dict, stats: dict, licenses: dict, attribution: lis
     return f"---\n{meta}---\n{body(params, index, stats, licenses, attribution, cluster_names)}"
 
 
-def write(folder: Path, params, mix_dir: Path, index: dict) -> None:
-    """Write ``README.md`` and ``images/`` into the dataset folder being built."""
-    licenses = json.loads((mix_dir / "licenses.json").read_text(encoding="utf-8"))
-    with open(mix_dir / "attribution.csv", newline="", encoding="utf-8") as f:
+def _statistics_picture(folder: Path, licence_dir: Path, index: dict, unit: str) -> tuple[dict, list[list[str]], dict[int, str], dict]:
+    """Draw ``images/statistics.png`` of the dataset folder being built; returns what its card needs:
+    (licences, attribution rows, cluster names, statistics), the first two from ``licence_dir``."""
+    licenses = json.loads((licence_dir / "licenses.json").read_text(encoding="utf-8"))
+    with open(licence_dir / "attribution.csv", newline="", encoding="utf-8") as f:
         attribution = list(csv.reader(f))[1:]
     clusters = pq.read_table(folder / "clusters" / "clusters.parquet", columns=["cluster_id", "name"]).to_pylist()
     names = {c["cluster_id"]: c["name"] for c in clusters}
     stats = statistics(folder, index)
     (folder / "images").mkdir(exist_ok=True)
-    plot(stats, names, folder / "images" / "statistics.png")
+    plot(stats, names, folder / "images" / "statistics.png", unit=unit)
+    return licenses, attribution, names, stats
+
+
+def write(folder: Path, params, mix_dir: Path, index: dict) -> None:
+    """Write ``README.md`` and ``images/`` into the dataset folder being built."""
+    licenses, attribution, names, stats = _statistics_picture(folder, mix_dir, index, "mixture")
     if (mix_dir / "timelines.png").exists():
         shutil.copyfile(mix_dir / "timelines.png", folder / "images" / "timelines.png")
     write_atomic(folder / CARD, card_text(params, index, stats, licenses, attribution, names).encode("utf-8"))
@@ -336,12 +343,5 @@ def write_imported(folder: Path, params, index: dict, kind: str, summary: dict) 
 
     The folder already holds its shards, ``clusters/``, ``licenses.json`` and ``attribution.csv``.
     """
-    licenses = json.loads((folder / "licenses.json").read_text(encoding="utf-8"))
-    with open(folder / "attribution.csv", newline="", encoding="utf-8") as f:
-        attribution = list(csv.reader(f))[1:]
-    clusters = pq.read_table(folder / "clusters" / "clusters.parquet", columns=["cluster_id", "name"]).to_pylist()
-    names = {c["cluster_id"]: c["name"] for c in clusters}
-    stats = statistics(folder, index)
-    (folder / "images").mkdir(exist_ok=True)
-    plot(stats, names, folder / "images" / "statistics.png", unit="clip")
+    licenses, attribution, names, stats = _statistics_picture(folder, folder, index, "clip")
     write_atomic(folder / CARD, imported_card_text(params, index, stats, licenses, attribution, names, kind, summary).encode("utf-8"))

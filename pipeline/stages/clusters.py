@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from pipeline.outputs import staged_dir, write_atomic, write_json, write_manifest
 from pipeline.schema import Cluster, LabelPhrase, PhraseAssignment, from_table
-from pipeline.text.clustering import OFFLINE_MODEL, ClusterError, ClusterIndex, cluster_rows, load_inventory
+from pipeline.text.clustering import OFFLINE_MODEL, ClusterError, ClusterIndex, cluster_rows, load_inventory, phrase_database
 
 __all__ = ["OFFLINE_MODEL", "ClusterError", "ClusterIndex", "load_inventory", "run"]
 
@@ -58,17 +58,8 @@ def run(params, captions_dir: Path | None = None, out_dir: Path | None = None) -
     for label in sorted(label_variants):
         for phrase in label_variants[label]:
             entries.setdefault((phrase, label, mid_of.get(label, "")), "dataset")
-    if p.include_inventory_phrases:
-        for c in clusters:
-            for phrase in c["alternatives"]:
-                entries.setdefault((phrase, c["name"], c["mid"]), "inventory")
-    keys = list(entries)
-    assigned = index.assign([k[0] for k in keys], [k[2] for k in keys])
-    rows = [
-        PhraseAssignment(phrase, label, mid, cid, clusters[cid]["name"], sim, method, counts.get((phrase, label, mid), 0), entries[(phrase, label, mid)])
-        for (phrase, label, mid), (cid, sim, method, _, _) in zip(keys, assigned)
-    ]
-    low = [(k, a) for k, a in zip(keys, assigned) if a[2] == "sbert" and a[1] < p.min_similarity]
+    rows, pairs = phrase_database(index, entries, counts, p.include_inventory_phrases)
+    low = [(k, a) for k, a in pairs if a[2] == "sbert" and a[1] < p.min_similarity]
 
     relations = cluster_rows(clusters, index, p.near_synonym_similarity)
 

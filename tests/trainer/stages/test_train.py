@@ -157,11 +157,8 @@ def test_compatible_ignores_resumable_keys_only():
         "train.loss.frame_chunk_clips"]
 
 
-def test_a_checkpoint_written_before_a_key_was_renamed_still_resumes(smoke_run, tmp_path, capsys):
-    p, out, _ = smoke_run
-    saved = torch.load(out / "checkpoints" / "latest.pt", weights_only=True)
-    data = saved["config"]["train"]["data"]
-    data["negatives"] = data.pop("negative_sampling")  # as checkpoints stored it before the rename
+def _resume_from(p, saved: dict, tmp_path, capsys) -> tuple:
+    """Save ``saved`` as a checkpoint, resume from it with ``p``'s settings (asserting that it does); returns the position."""
     old = tmp_path / "latest.pt"
     torch.save(saved, old)
     t = p.train
@@ -169,9 +166,17 @@ def test_a_checkpoint_written_before_a_key_was_renamed_still_resumes(smoke_run, 
     optimizer = optimizer_for(objective, t.optim)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, 3))
     capsys.readouterr()
-    step, epoch, micro_batches_done, best = start_or_resume(old, True, config_of(p, saved["config"]["data_fingerprint"]),
-                                                            objective, optimizer, scheduler)
+    position = start_or_resume(old, True, config_of(p, saved["config"]["data_fingerprint"]), objective, optimizer, scheduler)
     assert "resuming from" in capsys.readouterr().out
+    return position
+
+
+def test_a_checkpoint_written_before_a_key_was_renamed_still_resumes(smoke_run, tmp_path, capsys):
+    p, out, _ = smoke_run
+    saved = torch.load(out / "checkpoints" / "latest.pt", weights_only=True)
+    data = saved["config"]["train"]["data"]
+    data["negatives"] = data.pop("negative_sampling")  # as checkpoints stored it before the rename
+    step, epoch, micro_batches_done, best = _resume_from(p, saved, tmp_path, capsys)
     assert (step, epoch, micro_batches_done, best) == (3, saved["epoch"], saved["batches_in_epoch"], saved["metrics"]["best"])
 
 
@@ -190,15 +195,7 @@ def test_a_checkpoint_from_before_a_setting_existed_still_resumes(smoke_run, tmp
     del saved["config"]["train"]["loss"]["region_weight"]  # as checkpoints stored it before the region loss
     for source in saved["config"]["train"]["data"]["sources"]:
         del source["level"]
-    old = tmp_path / "latest.pt"
-    torch.save(saved, old)
-    t = p.train
-    objective = Objective(build_model(t.model), t.loss)
-    optimizer = optimizer_for(objective, t.optim)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, 3))
-    capsys.readouterr()
-    start_or_resume(old, True, config_of(p, saved["config"]["data_fingerprint"]), objective, optimizer, scheduler)
-    assert "resuming from" in capsys.readouterr().out
+    _resume_from(p, saved, tmp_path, capsys)
 
 
 def test_the_region_loss_trains_alone_or_beside_the_frame_loss(shard_folder, tmp_path):
