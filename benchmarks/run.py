@@ -135,6 +135,10 @@ def main(args: argparse.Namespace, params: Params) -> int:
         from benchmarks.imports import print_figures as print_import
 
         print_import(bench_import(params, args.clips if args.clips != 400 else 10000))
+    elif args.what == "mixing":
+        from benchmarks.mixing import bench_dynamic_mixing
+
+        bench_dynamic_mixing(params, args.rows)
     elif args.what == "train":
         from benchmarks.train import print_figures as print_train
         from benchmarks.train import run as bench_train

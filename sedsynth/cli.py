@@ -19,6 +19,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth bench mix                   # mixtures/s and memory vs Scaper on the same sources
     sedsynth train                       # FineLAP on the shards (torchrun --nproc_per_node=8 -m sedsynth train)
     sedsynth bench train                 # loader clips/s per worker and training steps/s
+    sedsynth bench mixing --rows 200     # items/s of mixing while training against reading stored shards
     sedsynth evaluate                    # PSDS1/2, AUROC, F1, retrieval, zero-shot on the test split
     sedsynth detect a.wav --query "dog barking" --query "car horn"
     sedsynth bench evaluate              # metric time split on a 10,000-clip score set
@@ -294,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--seed", type=int, action="append", metavar="S",
                      help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
     bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
-    bench.add_argument("what", choices=["clip", "mix", "shards", "import", "train", "evaluate", "detection", "llm-cache"], help="which stage to measure")
+    bench.add_argument("what", choices=["clip", "mix", "shards", "import", "mixing", "train", "evaluate", "detection", "llm-cache"], help="which stage to measure")
     bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
     bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400; evaluate: test clips, default 10000; import: clips, default 10000)")
     bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")
@@ -304,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scaper-mixtures", type=int, default=200, help="mix: soundscapes Scaper makes (default 200)")
     bench.add_argument("--epochs", type=int, default=15, help="detection: training epochs, one checkpoint scored per epoch (default 15)")
     bench.add_argument("--out", default="models/bench_detection", help="detection: folder for the run, its scores and psds_curve.{csv,png}")
-    bench.add_argument("--rows", type=int, default=200, help="train: shard rows the loader makes (default 200)")
+    bench.add_argument("--rows", type=int, default=200, help="train, mixing: rows the loader makes (default 200)")
     bench.add_argument("--steps", type=int, default=5, help="train: timed training steps (default 5)")
     bench.add_argument("--preset", choices=["default", "gpu"], default="default",
                        help="train: default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16)")

@@ -27,11 +27,16 @@ RENAMED_TRAIN_KEYS = {"data.negatives": "data.negative_sampling"}
 
 @dataclass(frozen=True)
 class SourceParams:
-    """One training source (an entry of ``train.data.sources``)."""
+    """One training source (an entry of ``train.data.sources``).
 
-    kind: Literal["shards", "captions"] = "shards"
-    path: str = "data/dataset"  # shards: folder or fsspec URL (hf://datasets/you/name); captions: a CSV or Parquet
-    split: str = "train"  # shards: file prefix (train-*.parquet); captions: value of split_column if set
+    ``kind: mixing`` (:mod:`trainer.data.mixing`) makes the mix stage's mixtures while training,
+    storing none: ``events``, ``backgrounds``, ``preset``, ``epoch_size`` and ``replay`` are its
+    settings, and the other kinds leave them unset.
+    """
+
+    kind: Literal["shards", "captions", "mixing"] = "shards"
+    path: str = "data/dataset"  # shards: folder or fsspec URL (hf://datasets/you/name); captions: a CSV or Parquet; mixing: unused
+    split: str = "train"  # shards: file prefix (train-*.parquet); captions: value of split_column if set; mixing: the mix split whose sources it draws from
     weight: float = 1.0  # share of the batches, relative to the first source (a smaller source repeats its rows)
     level: Literal["frame", "clip"] = "frame"  # clip: the rows' phrases are not used (FineLAP: caption corpora at clip level)
     audio_dir: str | None = None  # captions CSV: the folder its files live in
@@ -39,6 +44,14 @@ class SourceParams:
     caption_columns: tuple[str, ...] = ("caption",)  # one is drawn per row and epoch
     split_column: str | None = None  # captions CSV: keep rows whose column equals split
     audio_column: str = "audio"  # caption Parquet: the struct<bytes, path> column
+    events: str | None = None  # mixing: a clip-stage folder; null: mix.events, else clip.out_dir (as the mix stage)
+    backgrounds: str | None = None  # mixing: an ambience-stage folder; null: mix.backgrounds, else ambience.out_dir
+    preset: str | None = None  # mixing: a mix preset (finelap, flam, ...); null: mix.preset; mix.spec's knobs apply on top either way
+    epoch_size: int = 0  # mixing: rows per epoch (epoch e, row i: the stage's mixture e * epoch_size + i); 0: mix.mixtures.<split>
+    replay: str | None = None  # mixing: a mix stage out_dir; its <split> recipes are re-rendered (bit for bit) instead of drawn
+
+
+MIXING_KEYS = ("events", "backgrounds", "preset", "replay")  # SourceParams keys only a mixing source sets (and epoch_size)
 
 
 @dataclass(frozen=True)
@@ -165,6 +178,8 @@ def check(p: Params) -> None:
     t = p.train
     need(len(t.data.sources) >= 1, "train.data.sources", "needs at least one source")
     need(all(s.weight > 0 for s in t.data.sources), "train.data.sources[].weight", "must be positive")
+    for s in (*t.data.sources, *([t.data.valid] if t.data.valid else [])):
+        check_mixing_source(s, p)
     need(t.data.crop_s > 0 and t.data.num_phrases >= 1, "train.data.crop_s", "must be positive and num_phrases at least 1")
     need(t.data.batch_size >= 1 and t.data.num_workers >= 0, "train.data.batch_size", "must be at least 1 (num_workers 0 or more)")
     need(t.data.piece_rows >= 1 and t.data.shuffle_buffer >= 1, "train.data.piece_rows", "and shuffle_buffer must be at least 1")
@@ -188,6 +203,27 @@ def check(p: Params) -> None:
     for name, b in v.benchmarks.items():
         need(isinstance(b, dict) and "kind" in b, f"evaluate.benchmarks.{name}", "must be a mapping with a kind (desed, urbansed, "
              "audioset_strong, audiogrounding, audiocaps, clotho, esc50, us8k) and its paths")
+
+
+def check_mixing_source(s: SourceParams, p: Params) -> None:
+    """The rules of a source's mixing keys: only a mixing source sets them; its preset resolves over ``mix.spec``;
+    a replay yields its folder's recipes (no ``epoch_size``)."""
+    from pipeline.config.distributions import SpecError
+    from pipeline.config.mix_spec import resolve_spec
+    from pipeline.schema import SPLITS
+
+    if s.kind != "mixing":
+        set_keys = [k for k in MIXING_KEYS if getattr(s, k) is not None] + (["epoch_size"] if s.epoch_size else [])
+        need(not set_keys, f"train.data.sources[].{set_keys[0] if set_keys else 'events'}", f"applies to kind: mixing only, not {s.kind}")
+        return
+    need(s.split in SPLITS, "train.data.sources[].split", f"of a mixing source must be one of {', '.join(SPLITS)}")
+    need(s.epoch_size >= 0, "train.data.sources[].epoch_size", "must be 0 (mix.mixtures.<split>) or more")
+    need(s.replay is None or s.epoch_size == 0, "train.data.sources[].epoch_size",
+         "must stay 0 with replay (a replay yields every recipe of its folder's split)")
+    try:
+        resolve_spec(s.preset or p.mix.preset, p.mix.spec, sample_rate_hz=p.sample_rate_hz)
+    except SpecError as e:
+        need(False, "train.data.sources[].preset", f"{e} (mix.spec applies on top)")
 
 
 def current_train_section(train: dict) -> dict:

@@ -1,6 +1,6 @@
 """Where training rows come from, and how they are cut into pieces for ranks and workers.
 
-Two kinds of source:
+Two kinds of source here (a third, ``mixing``, mixes its rows as it reads them: :mod:`trainer.data.mixing`):
 
 - ``shards``: Parquet files in the Hugging Face layout (``data/<split>-*.parquet``; a local folder
   or any fsspec URL such as ``hf://datasets/you/name`` or ``s3://bucket/set``). Rows carry FLAC
@@ -219,6 +219,10 @@ class CaptionCsvSource:
 
 
 def open_source(index: int, params: SourceParams):
+    """A shards or captions source; a mixing source needs the run's params: :class:`trainer.data.mixing.MixingSource`."""
+    if params.kind == "mixing":
+        raise SourceError("train: a mixing source is opened with the run's params (trainer.data.mixing.MixingSource, "
+                          "as make_stream does)")
     if params.kind == "captions" and params.path.endswith((".csv", ".tsv")):
         return CaptionCsvSource(index, params)
     return ParquetSource(index, params)

@@ -3,9 +3,9 @@
 Each epoch, every source's pieces are dealt to the global workers (DDP ranks x DataLoader
 workers, :func:`~trainer.data.sources.plan_epoch`); a worker reads its pieces, keeps its
 quota, interleaves the sources by weight, shuffles through a buffer of undecoded rows, and
-turns each row into an :class:`Item`: FLAC (or any file soundfile reads) decoded, downmixed,
-resampled to the encoder's rate, cropped or padded to the input length, frame labels at the
-encoder's frame times, and N phrases (positives first, then cluster-based negatives).
+turns each row into an :class:`Item`: FLAC (or any file soundfile reads, or a mixing source's
+samples) decoded, downmixed, resampled to the encoder's rate, cropped or padded to the input
+length, frame labels at the encoder's frame times, and N phrases (positives first, then cluster-based negatives).
 
 Everything random about one item (crop, negatives, caption choice, tag replacement) comes from
 a generator seeded by (seed, epoch, source, id), so an item does not depend on which worker
@@ -22,10 +22,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipeline.audio import AudioError, decode_mono
+from pipeline.audio import AudioError, decode_mono, downmix, resample
 from trainer.config import SourceParams
 from pipeline.schema import Skip
 from trainer.data.labels import frame_labels
+from trainer.data.mixing import MixingSource
 from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
 from trainer.data.sources import (
     SourceError,
@@ -62,6 +63,20 @@ class Item:
     skips: list[Skip] = field(default_factory=list)
 
 
+def decoded_mono(samples: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
+    """Samples ``(S,)`` or ``(S, C)`` -> mono float32 at ``to_hz``, as :func:`~pipeline.audio.decode_mono` treats a file's.
+
+    Raises AudioError: ``empty``, ``non-finite``.
+    """
+    x = np.asarray(samples, dtype=np.float32)
+    if x.shape[0] == 0:
+        raise AudioError("empty", "zero samples")
+    x = downmix(x) if x.ndim == 2 else x
+    if not np.isfinite(x).all():
+        raise AudioError("non-finite", "NaN or infinite samples")
+    return resample(x, int(from_hz), to_hz)
+
+
 class ItemBuilder:
     """One row (a dict from a source) -> :class:`Item`; raises ``AudioError`` on unusable audio."""
 
@@ -69,6 +84,10 @@ class ItemBuilder:
         self.p, self.spans, self.sampler, self.seed = params, spans_s, sampler, seed
 
     def decode(self, audio: dict) -> np.ndarray:
+        """Encoded audio (``bytes`` or ``path``) or decoded samples (``array`` at ``sample_rate_hz``, as a
+        mixing source gives them) -> mono float32 at the encoder's rate, the same way either way."""
+        if audio.get("array") is not None:
+            return decoded_mono(audio["array"], audio["sample_rate_hz"], self.p.sample_rate_hz)
         return decode_mono(audio.get("bytes") or audio["path"], self.p.sample_rate_hz)
 
     def crop(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
@@ -118,10 +137,13 @@ class TrainStream(IterableDataset):
     """Items for this rank and DataLoader worker, one epoch per ``iter`` (call :meth:`set_epoch`)."""
 
     def __init__(self, sources: list[SourceParams], builder: ItemBuilder, seed: int, shuffle_buffer: int = 256,
-                 piece_rows: int = 128, rank: int | None = None, world_size: int | None = None, shuffle: bool = True):
+                 piece_rows: int = 128, rank: int | None = None, world_size: int | None = None, shuffle: bool = True,
+                 run_params=None, clusters: str | None = None):
         self.params, self.builder, self.seed = sources, builder, seed
         self.shuffle_buffer, self.piece_rows, self.shuffle = shuffle_buffer, piece_rows, shuffle
-        self.sources = [open_source(i, s) for i, s in enumerate(sources)]
+        # a mixing source draws from the run's mix settings; its phrases take their cluster ids from ``clusters``
+        self.sources = [MixingSource(i, s, run_params, clusters) if s.kind == "mixing" else open_source(i, s)
+                        for i, s in enumerate(sources)]
         self.skips: list[Skip] = [s for src in self.sources for s in src.skips]
         self.epoch = 0
         self._rank, self._world = rank, world_size
@@ -187,6 +209,9 @@ class TrainStream(IterableDataset):
     def __iter__(self):
         me, count = self.topology()
         done = self._already_done()
+        for src in self.sources:
+            if isinstance(src, MixingSource):  # its rows are drawn afresh each epoch (a held-out stream keeps epoch 0's)
+                src.set_epoch(self.epoch if self.shuffle else 0)
         deals = self.plan(count)
         streams = [self._rows(src, d.pieces[me], d.quota) for src, d in zip(self.sources, deals)]
         left = np.array([d.quota for d in deals], dtype=np.float64)
@@ -281,7 +306,7 @@ def make_stream(params, encoder, sources: list[SourceParams], shuffle: bool, ran
                        tag_replacement_p=d.tag_replacement_p if shuffle else 0.0, min_label_overlap=d.min_label_overlap)
     builder = ItemBuilder(items, encoder.frame_spans_s(), sampler, params.seed)
     return TrainStream(list(sources), builder, params.seed, d.shuffle_buffer if shuffle else 1, d.piece_rows,
-                       rank=rank, world_size=world_size, shuffle=shuffle)
+                       rank=rank, world_size=world_size, shuffle=shuffle, run_params=params, clusters=folder)
 
 
 @dataclass

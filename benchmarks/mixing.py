@@ -1,0 +1,82 @@
+"""Mixing while training against reading stored shards: items per second for one loader worker.
+
+Input: the params (``mix``/``clip``/``ambience`` folders the mixing source draws from, the first
+``train.data.sources`` entry's shards, ``train.data.clusters``), and ``rows``, the items each pass
+makes. Output (printed, and returned as a dict), all in this process, one core:
+
+- ``shards, cold`` / ``warm``: ``rows`` stored rows of the first shards source's ``train`` split
+  read and made into items (FLAC decoded, cropped, frame labels, negatives), the peer; cold
+  includes reading their row groups (a whole row group is read for its first row), warm reads
+  them again with the last row group cached (``rows`` within one row group: a long run's rate);
+- ``mixing, cold``: ``rows`` rows of a ``kind: mixing`` source (epoch 0: drawn, rendered,
+  relabeled, captioned), made into the same items, each source clip decoded when first used;
+- ``mixing, warm``: the next epoch's ``rows`` rows, sources already decoded (a long run's rate);
+- bytes stored: the shards' Parquet bytes for those rows against 0 for the mixing source.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def _items_per_s(make_rows, builder, epoch: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    rows = make_rows()
+    for row in rows:
+        builder(row, 0, epoch)
+    return len(rows) / max(time.perf_counter() - t0, 1e-9), len(rows)
+
+
+def bench_dynamic_mixing(params, rows: int = 200) -> dict:
+    """Items/s of one worker for a mixing source and for the same number of stored shard rows; prints and returns the figures."""
+    from trainer.config import SourceParams
+    from trainer.data.mixing import MixingSource
+    from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
+    from trainer.data.sources import ParquetSource, Piece
+    from trainer.data.stream import ItemBuilder, ItemParams
+    from trainer.encoders import build_encoder
+
+    d = params.train.data
+    shards = next((s for s in d.sources if s.kind == "shards"), SourceParams())
+    clusters = d.clusters or default_clusters_folder(shards.path)
+    encoder = build_encoder(params.train.model.encoder)  # no weights needed: its rate, input length and frame times
+    builder = ItemBuilder(ItemParams(encoder.sample_rate_hz, encoder.input_samples(d.crop_s), d.num_phrases),
+                          encoder.frame_spans_s(), NegativeSampler(ClusterTables.read(clusters), d.negative_sampling), params.seed)
+
+    stored = ParquetSource(0, SourceParams(path=shards.path, split="train"))
+    groups = stored.row_groups()
+
+    def shard_rows() -> list[dict]:
+        out: list[dict] = []
+        for file, group, n in groups:
+            out += stored.read(Piece(0, file, group, 0, min(n, rows - len(out))))
+            if len(out) == rows:
+                break
+        return out
+
+    shard_cold, n_shard = _items_per_s(shard_rows, builder, 0)
+    shard_warm, _ = _items_per_s(shard_rows, builder, 1)
+    stored_bytes = sum(len(r["audio"]["bytes"]) for r in shard_rows())
+
+    t0 = time.perf_counter()
+    mixing = MixingSource(0, SourceParams(kind="mixing", split="train", epoch_size=rows), params, clusters)
+    open_s = time.perf_counter() - t0
+
+    def mixed_rows() -> list[dict]:
+        return mixing.read(Piece(0, mixing.name, 0, 0, rows))
+
+    mixing_cold, n_mixed = _items_per_s(mixed_rows, builder, 0)
+    mixing.set_epoch(1)
+    mixing_warm, _ = _items_per_s(mixed_rows, builder, 1)
+    figures = {"rows": rows, "shard_rows": n_shard, "mixed_rows": n_mixed, "shards_cold_items_per_s": shard_cold,
+               "shards_warm_items_per_s": shard_warm, "mixing_cold_items_per_s": mixing_cold, "mixing_warm_items_per_s": mixing_warm,
+               "mixing_open_s": open_s, "shard_audio_bytes": stored_bytes, "mixing_bytes": 0,
+               "ratio_warm_mixing_to_shards": mixing_warm / shard_warm}
+    print(f"bench mixing: {rows} items per pass, one loader worker (this process), encoder {params.train.model.encoder} "
+          f"at {encoder.sample_rate_hz} Hz")
+    print(f"  shards, cold (row groups read)         {shard_cold:8.1f} items/s   <- peer")
+    print(f"  shards, warm (row group cached)        {shard_warm:8.1f} items/s   <- peer; {stored_bytes / 2**20:.1f} MiB of FLAC stored")
+    print(f"  mixing, cold (sources decoded as used) {mixing_cold:8.1f} items/s   (opening the source: {open_s:.2f} s)")
+    print(f"  mixing, warm (next epoch)              {mixing_warm:8.1f} items/s   0 bytes stored")
+    print(f"  mixing warm / shards warm              {figures['ratio_warm_mixing_to_shards']:8.2f}")
+    return figures
