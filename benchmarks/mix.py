@@ -149,10 +149,12 @@ def print_figures(f: dict) -> None:
     if 2 in f["runs"]:
         eta = 100_000 / f["runs"][2]["mixtures_per_s"] / 60
         print(f"  100k mixtures on 2 workers at this rate: {eta:.1f} min (target <= 10)")
-    if "scaper" in f:
+    if "scaper" in f and f["scaper"]["mixtures"] and f["scaper"]["mixtures_per_s"] > 0:
         s = f["scaper"]
         print(f"  Scaper 1.6.5 (peer, 1 core, WAV+JAMS+txt): {s['mixtures']} mixtures in {s['seconds']:.1f} s = "
               f"{s['mixtures_per_s']:.1f} mixtures/s")
         print(f"  ratio per core: {one['mixtures_per_s_per_core'] / s['mixtures_per_s']:.1f}x Scaper (target >= 10x)")
+    elif "scaper" in f:
+        print("  Scaper peer: not run (--scaper-mixtures 0)")
     else:
         print("  Scaper peer: not run (no Scaper environment; see README, 'Benchmarks')")

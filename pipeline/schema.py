@@ -435,15 +435,33 @@ def _hints(record_type: type) -> dict:
     return typing.get_type_hints(record_type)
 
 
-def _as_record(hint: object, value: object) -> object:
-    """A value read back from Arrow (dicts and lists) -> the annotation's Python type."""
+def _identity(value: object) -> object:
+    return value
+
+
+@functools.cache
+def _converter(hint: object):
+    """The function that turns a value read back from Arrow (dicts and lists) into ``hint``'s Python type.
+
+    Built once per annotation: records recurse field by field, tuples of records or tuples element by
+    element, and a tuple of plain values (an envelope's thousands of floats) is one ``tuple(list)``.
+    """
     if dataclasses.is_dataclass(hint):
         hints = _hints(hint)
-        return hint(**{f.name: _as_record(hints[f.name], value[f.name]) for f in dataclasses.fields(hint)})
+        fields = [(f.name, _converter(hints[f.name])) for f in dataclasses.fields(hint)]
+        return lambda value: hint(**{name: convert(value[name]) for name, convert in fields})
     if typing.get_origin(hint) is tuple:
         inner = typing.get_args(hint)[0]
-        return tuple(_as_record(inner, v) for v in value)
-    return value
+        if dataclasses.is_dataclass(inner) or typing.get_origin(inner) is tuple:
+            convert = _converter(inner)
+            return lambda value: tuple(convert(v) for v in value)
+        return tuple
+    return _identity
+
+
+def _as_record(hint: object, value: object) -> object:
+    """A value read back from Arrow (dicts and lists) -> the annotation's Python type."""
+    return _converter(hint)(value)
 
 
 def _as_arrow(value: object) -> object:
