@@ -142,12 +142,21 @@ def decode_mono(source: str | Path | bytes, sample_rate_hz: int) -> np.ndarray:
         x, rate = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
         raise _undecodable(source, e) from None
+    return mono_at(x, rate, sample_rate_hz)
+
+
+def mono_at(samples: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
+    """Decoded samples ``(S,)`` or ``(S, C)`` at ``from_hz`` -> mono float32 at ``to_hz`` (channel mean, soxr).
+
+    Raises AudioError: ``empty``, ``non-finite``.
+    """
+    x = np.asarray(samples, dtype=np.float32)
     if x.shape[0] == 0:
         raise AudioError("empty", "zero samples")
-    x = downmix(x)
+    x = downmix(x) if x.ndim == 2 else x
     if not np.isfinite(x).all():
         raise AudioError("non-finite", "NaN or infinite samples")
-    return resample(x, rate, sample_rate_hz)
+    return resample(x, int(from_hz), to_hz)
 
 
 BLOCK_FRAMES = 1 << 17  # frames read at a time (about 3 s at 44.1 kHz): large enough that copying stays cheap

@@ -56,6 +56,8 @@ import soundfile as sf
 
 from pipeline.audio import AudioError, downmix, encode_flac, quantize_int16, read_audio, resample
 from pipeline.compute import map_ordered
+from pipeline.imports.dcase import region_problem
+from pipeline.loudness import rms_dbfs
 from pipeline.licenses import license_name, most_restrictive
 from pipeline.outputs import refuse_empty, staged_dir, summarize, write_atomic, write_json, write_manifest, write_skips
 from pipeline.schema import (
@@ -93,11 +95,6 @@ class PreparedAudio:
     source_sample_rate_hz: int
     source_channels: int
     kept_source_bytes: bool
-
-
-def _rms_dbfs(x: np.ndarray) -> float:
-    ms = float(np.mean(np.square(x, dtype=np.float64)))
-    return 10 * np.log10(ms) if ms > 0 else -np.inf
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -140,7 +137,7 @@ def prepare_audio(task: tuple[int, ImportedClip], root: Path, scratch: Path, sam
     try:
         decoded = read_audio(path)
         samples = downmix(decoded.samples)
-        level = _rms_dbfs(samples)
+        level = rms_dbfs(samples)
         if level < silence_dbfs:
             raise AudioError("silent", f"RMS {level:.1f} dBFS is below imports.silence_dbfs {silence_dbfs} dBFS")
         name = f"{position:08d}.flac"
@@ -182,16 +179,12 @@ def clip_phrases(clip: ImportedClip, duration_s: float, by_mid: dict[str, list[s
     by_text: dict[str, tuple[str, str, str]] = {}  # a strong-caption phrase is named by its first region's label
     skips = []
     for n, r in enumerate(clip.regions):
-        problem = None
-        if r.onset_s < 0 or r.offset_s < 0:
-            problem = "has a negative time"
-        elif r.onset_s >= r.offset_s:
-            problem = "has onset >= offset"
-        elif r.onset_s >= duration_s:
+        problem = region_problem(r.onset_s, r.offset_s)
+        if problem is None and r.onset_s >= duration_s:
             problem = f"starts at or after the end of the decoded audio ({duration_s:g} s)"
         if problem:
             skips.append(Skip(f"{clip.clip_id}#{n}", clip.audio_path, "bad-region",
-                              f"region {n} [{r.onset_s:g}, {r.offset_s:g}) s of {r.label or r.text!r} {problem}"))
+                              f"region {n} [{r.onset_s:g}, {r.offset_s:g}) s of {r.label or r.text!r}: {problem}"))
             continue
         text = " ".join(r.text.split())
         key = by_text.setdefault(text, (text, r.label, r.mid)) if text else (label_phrase(r.label, r.mid, by_mid), r.label, r.mid)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipeline.audio import AudioError, decode_mono, downmix, resample
+from pipeline.audio import AudioError, decode_mono, mono_at
 from trainer.config import SourceParams
 from pipeline.schema import Skip
 from trainer.data.labels import frame_labels
@@ -63,20 +63,6 @@ class Item:
     skips: list[Skip] = field(default_factory=list)
 
 
-def decoded_mono(samples: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
-    """Samples ``(S,)`` or ``(S, C)`` -> mono float32 at ``to_hz``, as :func:`~pipeline.audio.decode_mono` treats a file's.
-
-    Raises AudioError: ``empty``, ``non-finite``.
-    """
-    x = np.asarray(samples, dtype=np.float32)
-    if x.shape[0] == 0:
-        raise AudioError("empty", "zero samples")
-    x = downmix(x) if x.ndim == 2 else x
-    if not np.isfinite(x).all():
-        raise AudioError("non-finite", "NaN or infinite samples")
-    return resample(x, int(from_hz), to_hz)
-
-
 class ItemBuilder:
     """One row (a dict from a source) -> :class:`Item`; raises ``AudioError`` on unusable audio."""
 
@@ -87,7 +73,7 @@ class ItemBuilder:
         """Encoded audio (``bytes`` or ``path``) or decoded samples (``array`` at ``sample_rate_hz``, as a
         mixing source gives them) -> mono float32 at the encoder's rate, the same way either way."""
         if audio.get("array") is not None:
-            return decoded_mono(audio["array"], audio["sample_rate_hz"], self.p.sample_rate_hz)
+            return mono_at(audio["array"], audio["sample_rate_hz"], self.p.sample_rate_hz)
         return decode_mono(audio.get("bytes") or audio["path"], self.p.sample_rate_hz)
 
     def crop(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
