@@ -150,6 +150,8 @@ class MixtureRecipe:
     The occurrences live in ``occurrences.parquet`` (joined on ``mixture_id``). Levels: the
     background is scaled by ``background_gain_db``, each occurrence by its ``gain_db``, their
     sum by ``mixture_gain_db`` (normalisation); ``peak_dbfs`` is that of the stored audio. ``license`` is the most restrictive licence among the sources.
+    A ``background_id`` of ``brownian-<k>`` is generated noise; a ``background_rir_id`` names
+    the room the background is heard in (:mod:`pipeline.mix.augment`).
     """
 
     mixture_id: str
@@ -173,6 +175,9 @@ class MixtureRecipe:
     license: str
     licenses: tuple[str, ...]
     attribution: tuple[str, ...]
+    background_rir_id: str = ""  # the room the background is heard in ("" dry)
+    background_wet_db: float = 0.0
+    background_dry_db: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,12 @@ class EventOccurrence:
     pieces of a split event) share ``event_index`` and ``gain_db``. ``snr_db`` is the value
     drawn; ``realised_snr_db`` is measured on the rendered signals in the spec's level mode
     (for pieces, the draw applies to the whole event, so a piece's realised value may differ).
+
+    Augmented occurrences (:mod:`pipeline.mix.augment`): the span is pitch-shifted and
+    stretched to ``time_stretch_factor`` times its length, then heard in room ``rir_id`` (dry at
+    ``reverb_dry_db`` plus wet at ``reverb_wet_db``); ``[onset_s, offset_s)`` is then where it
+    sounds, its reverb tail included (cut at the mixture's end). The SNR refers to the span
+    after pitch and stretch, before reverb.
     """
 
     mixture_id: str
@@ -203,6 +214,12 @@ class EventOccurrence:
     snr_db: float
     realised_snr_db: float
     license: str
+    pitch_shift_semitones: float = 0.0
+    time_stretch_factor: float = 1.0  # output duration / input duration
+    stretch_method: str = ""  # rubberband | varispeed ("" unchanged)
+    rir_id: str = ""  # the room the occurrence is heard in ("" dry)
+    reverb_wet_db: float = 0.0
+    reverb_dry_db: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ before any audio is touched; a bad knob fails with a :class:`SpecError` that nam
 and the fix. :func:`resolve_spec` resolves each (preset, overrides, rate) once per process:
 the params check and the mix stage share the result, and the stage hands it to its workers.
 
-Presets (each cites where its numbers come from; pitch shift, time stretch and reverb are not
-part of this engine). A preset has no rate of its own: it mixes at ``sample_rate_hz``; where
+Presets (each cites where its numbers come from). A preset has no rate of its own: it mixes at ``sample_rate_hz``; where
 its source used another rate, set ``sample_rate_hz`` to that rate to match it.
 
 - ``finelap``: FineLAP section 4.2 (the paper), 16 kHz. M ~ U{1..5} events; events shorter
@@ -26,6 +25,14 @@ its source used another rate, set ``sample_rate_hz`` to that rate to match it.
 - ``desed``: DESED synthetic soundscapes (DCASE task 4), 16 kHz: ref_db -55 LUFS, SNR ~
   U(6, 30) dB, whole events placed to fit, sources may repeat, polyphony at most 2 (DESED
   removes soundscapes above it; here placement respects it).
+
+The urban-sed preset mixes on URBAN-SED's Brownian-noise background; the flam preset draws 80%
+of mixtures' events from sound-effect libraries (``library``) and 20% from general datasets
+(``fsd50k``), FLAM section 4.2 (a pool no clip belongs to is left out and the others share its
+part). Every preset can add, per event, pitch shift and time stretch (Scaper's
+``pitch_shift`` and ``time_stretch``) and reverb with a simulated or recorded room, and reverb
+on the background: the knobs under ``pitch_shift_semitones``, ``time_stretch_factor``,
+``stretch_method`` and ``reverb`` (see :mod:`pipeline.mix.augment`).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from typing import Mapping
 
 from pipeline.config.distributions import Distribution, SpecError, parse
 from pipeline.config.loading import need
+
+STRETCH_METHODS = ("rubberband", "varispeed")
 
 LEVEL_MODES = ("rms", "lufs", "local")
 PEAK_POLICIES = ("if-clipping", "always", "never")
@@ -63,13 +72,28 @@ _FINELAP: dict = {
     "fade_in_s": ["const", 0.01],
     "fade_out_s": ["const", 0.01],
     "normalize": {"peak": "if-clipping", "peak_dbfs": -0.45, "loudness_lufs": None},
+    "pitch_shift_semitones": None,
+    "time_stretch_factor": None,
+    "stretch_method": "rubberband",
+    "reverb": {
+        "probability": 0.0,
+        "background_probability": 0.0,
+        "rirs": None,
+        "rooms": 16,
+        "room_size_m": ["uniform", 3.0, 10.0],
+        "rt60_s": ["uniform", 0.2, 0.8],
+        "wet_db": ["const", 0.0],
+        "dry_db": ["const", 0.0],
+    },
+    "brownian_background": 0.0,
+    "pools": None,
 }
 
 
 def _preset(base: dict, **changes) -> dict:
     out = copy.deepcopy(base)
     for key, value in changes.items():
-        out[key] = {**out[key], **value} if isinstance(value, dict) else value
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out[key], dict) else value
     return out
 
 
@@ -88,6 +112,7 @@ PRESETS: dict[str, dict] = {
         splitting={"probability": 0.1, "pieces": ["choose", [2, 3]], "min_piece_s": 0.5},
         max_polyphony=3,
         snr_db=["uniform", 6.0, 30.0],
+        pools={"sound-effects": {"share": 0.8, "datasets": ["library"]}, "general": {"share": 0.2, "datasets": ["fsd50k"]}},
     ),
     "urban-sed": _preset(
         _FINELAP,
@@ -99,6 +124,7 @@ PRESETS: dict[str, dict] = {
         level_mode="lufs",
         snr_db=["uniform", 6.0, 30.0],
         ref_db=-50.0,
+        brownian_background=1.0,
     ),
     "desed": _preset(
         _FINELAP,
@@ -135,6 +161,25 @@ class NormalizeSpec:
 
 
 @dataclass(frozen=True)
+class ReverbSpec:
+    probability: float  # of an event being reverberated (all its occurrences, one room)
+    background_probability: float  # of the background being reverberated
+    rirs: str | None  # a folder of impulse-response files; None: simulated shoebox rooms
+    rooms: int  # simulated rooms per run (drawn once from the seed, then picked per event)
+    room_size_m: Distribution  # length and width of a simulated room (height: 2.5-4 m)
+    rt60_s: Distribution  # reverberation time of a simulated room
+    wet_db: Distribution  # level of the convolved signal
+    dry_db: Distribution  # level of the direct signal beside it
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    share: float  # of mixtures whose events come from this pool
+    datasets: tuple[str, ...]  # EventClip.source_dataset values in the pool
+
+
+@dataclass(frozen=True)
 class MixSpec:
     """A validated spec. Distributions are sampled per mixture; see :mod:`pipeline.mix.instantiate`.
 
@@ -160,14 +205,27 @@ class MixSpec:
     fade_in_s: Distribution
     fade_out_s: Distribution
     normalize: NormalizeSpec
+    pitch_shift_semitones: Distribution | None
+    time_stretch_factor: Distribution | None
+    stretch_method: str
+    reverb: ReverbSpec
+    brownian_background: float
+    pools: tuple[PoolSpec, ...] | None
+
+    @property
+    def augments_events(self) -> bool:
+        """Whether any event may be pitch-shifted, stretched or reverberated."""
+        return self.pitch_shift_semitones is not None or self.time_stretch_factor is not None or self.reverb.probability > 0
 
     def to_dict(self) -> dict:
         """The spec in its YAML form, with its preset and rate (what ``spec.json`` records)."""
         def plain(v):
             if isinstance(v, Distribution):
                 return v.to_list()
-            if isinstance(v, (RepetitionSpec, SplittingSpec, NormalizeSpec)):
+            if isinstance(v, (RepetitionSpec, SplittingSpec, NormalizeSpec, ReverbSpec)):
                 return {k: plain(x) for k, x in v.__dict__.items()}
+            if isinstance(v, tuple) and v and isinstance(v[0], PoolSpec):
+                return {p.name: {"share": p.share, "datasets": list(p.datasets)} for p in v}
             return v
         return {k: plain(v) for k, v in self.__dict__.items()}
 
@@ -198,7 +256,8 @@ def build_spec(preset: str, overrides: Mapping, sample_rate_hz: int) -> MixSpec:
     _need(isinstance(sample_rate_hz, int) and not isinstance(sample_rate_hz, bool) and sample_rate_hz >= MIN_SAMPLE_RATE_HZ,
           "sample_rate_hz", f"(the top-level rate) must be a whole number of Hz >= {MIN_SAMPLE_RATE_HZ}, got {sample_rate_hz!r}")
     raw = _merge(_preset_knobs(preset), overrides)
-    return MixSpec(preset=preset, sample_rate_hz=sample_rate_hz, **_timeline(raw), **_events(raw), **_placement(raw), **_levels(raw))
+    return MixSpec(preset=preset, sample_rate_hz=sample_rate_hz, **_timeline(raw), **_events(raw), **_placement(raw), **_levels(raw),
+                   **_augmentations(raw))
 
 
 def _preset_knobs(preset: str) -> dict:
@@ -298,6 +357,54 @@ def _normalize(norm: dict) -> NormalizeSpec:
     peak_dbfs = _optional_number(norm["peak_dbfs"], "normalize.peak_dbfs")
     _need(peak_dbfs is not None and peak_dbfs <= 0, "normalize.peak_dbfs", f"must be a level at or below 0 dBFS, got {norm['peak_dbfs']!r}")
     return NormalizeSpec(norm["peak"], peak_dbfs, _optional_number(norm["loudness_lufs"], "normalize.loudness_lufs"))
+
+
+def _augmentations(raw: dict) -> dict:
+    """Pitch shift, time stretch, reverb, Brownian-noise backgrounds and event pools."""
+    pitch = None if raw["pitch_shift_semitones"] is None else parse(raw["pitch_shift_semitones"], "pitch_shift_semitones")
+    stretch = None if raw["time_stretch_factor"] is None else parse(raw["time_stretch_factor"], "time_stretch_factor")
+    if stretch is not None:
+        _need(stretch.bounds()[0] > 0 and math.isfinite(stretch.bounds()[1]), "time_stretch_factor",
+              f"must produce positive, bounded factors (output duration / input duration), got {stretch.to_list()!r}")
+    method = raw["stretch_method"]
+    _need(method in STRETCH_METHODS, "stretch_method", f"is {method!r}; use one of {', '.join(STRETCH_METHODS)}")
+    _need(method != "varispeed" or pitch is None or stretch is None, "stretch_method",
+          "varispeed changes pitch and duration together: set pitch_shift_semitones or time_stretch_factor, not both")
+    return {"pitch_shift_semitones": pitch, "time_stretch_factor": stretch, "stretch_method": method,
+            "reverb": _reverb(raw["reverb"]), "brownian_background": _probability(raw["brownian_background"], "brownian_background"),
+            "pools": _pools(raw["pools"])}
+
+
+def _reverb(rev: dict) -> ReverbSpec:
+    rirs = rev["rirs"]
+    _need(rirs is None or (isinstance(rirs, str) and rirs.strip()), "reverb.rirs",
+          f"must be a folder of impulse-response files, or null for simulated rooms; got {rirs!r}")
+    _need(_whole(rev["rooms"], 1), "reverb.rooms", f"must be a whole number >= 1, got {rev['rooms']!r}")
+    size, rt60 = parse(rev["room_size_m"], "reverb.room_size_m"), parse(rev["rt60_s"], "reverb.rt60_s")
+    _need(size.bounds()[0] >= 1.5 and math.isfinite(size.bounds()[1]), "reverb.room_size_m",
+          f"must produce sizes of at least 1.5 m (the source and microphone keep 0.5 m from the walls), got {size.to_list()!r}")
+    _need(rt60.bounds()[0] >= 0.05 and rt60.bounds()[1] <= 3.0, "reverb.rt60_s",
+          f"must produce reverberation times in [0.05, 3] s, got {rt60.to_list()!r}")
+    return ReverbSpec(_probability(rev["probability"], "reverb.probability"),
+                      _probability(rev["background_probability"], "reverb.background_probability"),
+                      rirs, rev["rooms"], size, rt60, parse(rev["wet_db"], "reverb.wet_db"), parse(rev["dry_db"], "reverb.dry_db"))
+
+
+def _pools(pools: object) -> tuple[PoolSpec, ...] | None:
+    if pools is None:
+        return None
+    _need(isinstance(pools, dict) and pools, "pools", f"must map pool names to {{share, datasets}}, or be null; got {pools!r}")
+    out = []
+    for name, pool in pools.items():
+        _need(isinstance(pool, dict) and set(pool) == {"share", "datasets"}, f"pools.{name}",
+              f"must be {{share: 0.8, datasets: [fsd50k, library, ...]}}, got {pool!r}")
+        datasets = pool["datasets"]
+        _need(isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets), f"pools.{name}.datasets",
+              f"must list source datasets (an event clip's source_dataset: fsd50k, library, ...), got {datasets!r}")
+        out.append(PoolSpec(str(name), _probability(pool["share"], f"pools.{name}.share"), tuple(datasets)))
+    total = sum(p.share for p in out)
+    _need(abs(total - 1.0) < 1e-6, "pools", f"shares must add up to 1, got {total}")
+    return tuple(out)
 
 
 def _need(ok: bool, key: str, what: str) -> None:

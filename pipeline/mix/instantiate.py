@@ -35,8 +35,10 @@ from pipeline.config.mix_spec import MixSpec
 from pipeline.config.params import RelabelParams
 from pipeline.licenses import license_name, most_restrictive
 from pipeline.loudness import integrated_lufs, power_db
+from pipeline.loudness import a_weighted_envelope
+from pipeline.mix.augment import brownian_noise, brownian_segment, is_brownian, draw_room, room_files, stretch, stretched_length, tail_samples, varispeed_semitones
 from pipeline.mix.relabel import Envelope, occurrence_envelopes, relabel
-from pipeline.mix.render import Sources, apply_fades, apply_gain, mix_components
+from pipeline.mix.render import Sources, apply_fades, apply_gain, heard_background, is_augmented, mix_components, occurrence_signal
 from pipeline.schema import (
     SPLITS,
     BackgroundSegment,
@@ -47,6 +49,7 @@ from pipeline.schema import (
 )
 
 SCAPER_TILE_BELOW_S = 0.5
+ROOM_STREAM = 7  # the simulated rooms' generators: (seed, ROOM_STREAM, room index), apart from every mixture's
 FULL_SCALE_PEAK_DB = 20.0 * math.log10(32767.0 / FULL_SCALE_INT16)
 
 
@@ -62,6 +65,38 @@ class MixContext:
     backgrounds: dict[str, list[BackgroundSegment]]
     _envelopes: dict[str, Envelope] = field(default_factory=dict)
     _levels: dict[tuple, float] = field(default_factory=dict)
+    _rooms: list[str] | None = None
+    _pools: dict[str, list[tuple[float, list[EventClip]]]] = field(default_factory=dict)
+
+    def rooms(self) -> list[str]:
+        """The run's rooms: the files of ``reverb.rirs``, or ``reverb.rooms`` simulated rooms drawn from the seed."""
+        if self._rooms is None:
+            rev = self.spec.reverb
+            self._rooms = room_files(rev.rirs) if rev.rirs else [
+                draw_room(np.random.default_rng([self.seed, ROOM_STREAM, k]), rev.room_size_m, rev.rt60_s) for k in range(rev.rooms)
+            ]
+        return self._rooms
+
+    def event_pools(self, split: str) -> list[tuple[float, list[EventClip]]]:
+        """``spec.pools`` in ``split``: (share, clips) of each pool with clips, shares renormalised to 1."""
+        if split not in self._pools:
+            clips = self.events[split]
+            found = [(p.share, [c for c in clips if c.source_dataset.lower() in {d.lower() for d in p.datasets}]) for p in self.spec.pools]
+            found = [(share, pool) for share, pool in found if pool and share > 0]
+            if not found:
+                names = ", ".join(f"{p.name} ({', '.join(p.datasets)})" for p in self.spec.pools)
+                have = ", ".join(sorted({c.source_dataset for c in clips}))
+                raise ValueError(f"mix: no clip of split '{split}' is in a pool of mix.spec.pools ({names}); its clips come from {have}")
+            total = sum(share for share, _ in found)
+            self._pools[split] = [(share / total, pool) for share, pool in found]
+        return self._pools[split]
+
+    def envelope_geometry(self) -> tuple[float, float]:
+        """(frame_s, hop_s) of the sources' stored envelopes (generated backgrounds are analysed alike)."""
+        for pool in (*self.events.values(), *self.backgrounds.values()):
+            if pool:
+                return pool[0].envelope_frame_s, pool[0].envelope_hop_s
+        return 0.04, 0.02
 
     def envelope(self, item: EventClip | BackgroundSegment) -> Envelope:
         key = getattr(item, "clip_id", None) or item.segment_id
@@ -187,8 +222,8 @@ def _spans(spec: MixSpec, rng: np.random.Generator, start: int, length: int, sr:
 def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_path: str) -> Mixture:
     """Mixture ``index`` of ``split``: drawn, rendered, then relabeled (see the module docstring)."""
     drawn = draw_mixture(ctx, split, index, mixture_id, audio_path)
-    recipe, occurrences, audio = render_mixture(ctx, drawn)
-    segments = relabel_mixture(ctx, recipe, occurrences, drawn.background, drawn.clips)
+    recipe, occurrences, audio, heard = _render(ctx, drawn)
+    segments = relabel_mixture(ctx, recipe, occurrences, drawn.background, drawn.clips, heard)
     return Mixture(recipe, occurrences, segments, audio, drawn.dropped_occurrences)
 
 
@@ -212,6 +247,9 @@ class _Background:
     window: np.ndarray  # int16, shorter than the mixture if the segment is
     level_db: float  # of the window zero-padded to the mixture, in the spec's level mode
     gain_db: float  # 0, or what brings the level to ref_db
+    rir_id: str = ""  # the room it is heard in ("" dry)
+    wet_db: float = 0.0
+    dry_db: float = 0.0
 
 
 def draw_mixture(ctx: MixContext, split: str, index: int, mixture_id: str, audio_path: str) -> Draw:
@@ -228,6 +266,10 @@ def draw_mixture(ctx: MixContext, split: str, index: int, mixture_id: str, audio
     bg = _draw_background(ctx, rng, ctx.backgrounds[split], num_samples)
     pool = ctx.events[split]
     n_events = int(spec.events_per_mixture.sample(rng))
+    if spec.pools:  # FLAM: one pool per mixture, by its share
+        shares = ctx.event_pools(split)
+        k = int(np.searchsorted(np.cumsum([share for share, _ in shares]), rng.random(), side="right"))
+        pool = shares[min(k, len(shares) - 1)][1]
     if spec.distinct_clips:
         picks = rng.choice(len(pool), size=min(n_events, len(pool)), replace=False)
     else:
@@ -257,16 +299,64 @@ def _draw_position(d: Distribution, rng: np.random.Generator, fit_s: float, sr: 
 
 def _draw_background(ctx: MixContext, rng: np.random.Generator, backgrounds: list[BackgroundSegment], num_samples: int) -> _Background:
     spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
-    bg = backgrounds[int(rng.integers(len(backgrounds)))]
-    q = ctx.sources.background(bg.segment_id)
-    start = _draw_position(spec.background_offset_s, rng, max(q.shape[0] - num_samples, 0) / sr, sr)
-    window = q[start : start + num_samples]
-    key = ("bg", bg.segment_id, start, num_samples, mode)
-    if key not in ctx._levels:  # measured as mixed: zero-padded when the background is short
-        padded = window if window.shape[0] == num_samples else np.concatenate([window, np.zeros(num_samples - window.shape[0], np.int16)])
-        ctx._levels[key] = level_db(padded, mode, sr)
-    level = ctx._levels[key]
-    return _Background(bg, start, window, level, 0.0 if spec.ref_db is None else spec.ref_db - level)
+    if spec.brownian_background > 0 and rng.random() < spec.brownian_background:
+        bg = brownian_segment(int(rng.integers(2**31)), num_samples, sr, *ctx.envelope_geometry())
+        start, window = 0, brownian_noise(bg.segment_id, num_samples)
+        level = level_db(window, mode, sr)
+    else:
+        bg = backgrounds[int(rng.integers(len(backgrounds)))]
+        q = ctx.sources.background(bg.segment_id)
+        start = _draw_position(spec.background_offset_s, rng, max(q.shape[0] - num_samples, 0) / sr, sr)
+        window = q[start : start + num_samples]
+        key = ("bg", bg.segment_id, start, num_samples, mode)
+        if key not in ctx._levels:  # measured as mixed: zero-padded when the background is short
+            padded = window if window.shape[0] == num_samples else np.concatenate([window, np.zeros(num_samples - window.shape[0], np.int16)])
+            ctx._levels[key] = level_db(padded, mode, sr)
+        level = ctx._levels[key]
+    room = _draw_room(ctx, rng, spec.reverb.background_probability)
+    return _Background(bg, start, window, level, 0.0 if spec.ref_db is None else spec.ref_db - level, *room)
+
+
+def _draw_room(ctx: MixContext, rng: np.random.Generator, probability: float) -> tuple[str, float, float]:
+    """(room id, wet dB, dry dB): a room with ``probability`` (drawn only when it is above 0), else dry."""
+    if probability <= 0 or rng.random() >= probability:
+        return "", 0.0, 0.0
+    rooms, rev = ctx.rooms(), ctx.spec.reverb
+    return rooms[int(rng.integers(len(rooms)))], float(rev.wet_db.sample(rng)), float(rev.dry_db.sample(rng))
+
+
+@dataclass(frozen=True)
+class _Augmentation:
+    """How every occurrence of one event is changed: pitch and stretch, then a room (none: as recorded)."""
+
+    pitch_shift_semitones: float = 0.0
+    time_stretch_factor: float = 1.0
+    stretch_method: str = ""
+    rir_id: str = ""
+    reverb_wet_db: float = 0.0
+    reverb_dry_db: float = 0.0
+
+
+DRY = _Augmentation()
+
+
+def _draw_augmentation(ctx: MixContext, rng: np.random.Generator) -> _Augmentation:
+    """One event's pitch shift, stretch factor and room (varispeed: one factor sets both)."""
+    spec = ctx.spec
+    pitch = float(spec.pitch_shift_semitones.sample(rng)) if spec.pitch_shift_semitones is not None else 0.0
+    factor = float(spec.time_stretch_factor.sample(rng)) if spec.time_stretch_factor is not None else 1.0
+    if spec.stretch_method == "varispeed":
+        factor, pitch = (2.0 ** (-pitch / 12.0), pitch) if spec.pitch_shift_semitones is not None else (factor, varispeed_semitones(factor))
+    method = spec.stretch_method if (pitch != 0.0 or factor != 1.0) else ""
+    return _Augmentation(pitch, factor, method, *_draw_room(ctx, rng, spec.reverb.probability))
+
+
+def _event_level_db(span: np.ndarray, fades: tuple[int, int], aug: _Augmentation, mode: str, sr: int) -> float:
+    """An event span's level as the SNR means it: after pitch, stretch and fades, before its room."""
+    if not aug.stretch_method:
+        return _faded_level_db(span, *fades, mode, sr)
+    x = stretch(int16_to_float(span), sr, aug.time_stretch_factor, aug.pitch_shift_semitones, aug.stretch_method)
+    return _signal_level_db(apply_fades(x, *fades), mode, sr)
 
 
 def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, event_index: int, clip: EventClip,
@@ -277,11 +367,12 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
     and an onset per occurrence; ``placed`` gains every placed occurrence.
     """
     spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
+    aug = _draw_augmentation(ctx, rng) if spec.augments_events else DRY
     q = ctx.sources.event(clip.clip_id)
     length = q.shape[0]
     if spec.event_duration_s is not None:
         length = min(length, max(1, int(round(float(spec.event_duration_s.sample(rng)) * sr))))
-    length = min(length, num_samples)
+    length = min(length, num_samples if aug.time_stretch_factor <= 1.0 else int(num_samples / aug.time_stretch_factor))
     src_start = _draw_position(spec.source_time_s, rng, (q.shape[0] - length) / sr, sr)
     snr = float(spec.snr_db.sample(rng))
     fade_in = int(round(float(spec.fade_in_s.sample(rng)) * sr))
@@ -290,29 +381,31 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
     gain = None
     if mode != "local":
         fades = (0, 0) if role == "piece" else (fade_in, fade_out)  # a split event is levelled whole
-        key = (clip.clip_id, src_start, length, *fades, mode)
+        key = (clip.clip_id, src_start, length, *fades, mode, aug.pitch_shift_semitones, aug.time_stretch_factor, aug.stretch_method)
         if key not in ctx._levels:
-            ctx._levels[key] = _faded_level_db(q[src_start : src_start + length], *fades, mode, sr)
+            ctx._levels[key] = _event_level_db(q[src_start : src_start + length], fades, aug, mode, sr)
         gain = bg.level_db + bg.gain_db + snr - ctx._levels[key]
     own: list[tuple[int, int]] = []
     out: list[EventOccurrence] = []
+    tail = tail_samples(aug.rir_id, sr)
     for s_start, s_len in spans:
-        onset = _place(spec, rng, s_len, num_samples, placed, own, sr)
+        placed_len = stretched_length(s_len, aug.time_stretch_factor) if aug.stretch_method else s_len
+        onset = _place(spec, rng, placed_len, num_samples, placed, own, sr)
         if onset is None:
             continue
-        end = onset + s_len
+        end = onset + placed_len
         own.append((onset, end))
         placed.append((onset, end))
         occ_gain = gain
         if occ_gain is None:  # local: the background in this occurrence's own window
             window = bg.window[onset:end]
             level = level_db(window, "rms", sr) if window.shape[0] else -120.0
-            occ_gain = level + bg.gain_db + snr - _faded_level_db(q[s_start : s_start + s_len], fade_in, fade_out, "rms", sr)
+            occ_gain = level + bg.gain_db + snr - _event_level_db(q[s_start : s_start + s_len], (fade_in, fade_out), aug, "rms", sr)
         out.append(EventOccurrence(
             mixture_id=mixture_id, occurrence_index=-1, event_index=event_index, role=role, clip_id=clip.clip_id,
             label=clip.label, mid=clip.mid, source_in_s=s_start / sr, source_out_s=(s_start + s_len) / sr,
-            onset_s=onset / sr, offset_s=end / sr, fade_in_s=fade_in / sr, fade_out_s=fade_out / sr,
-            gain_db=float(occ_gain), snr_db=snr, realised_snr_db=float("nan"), license=clip.license,
+            onset_s=onset / sr, offset_s=min(end + tail, num_samples) / sr, fade_in_s=fade_in / sr, fade_out_s=fade_out / sr,
+            gain_db=float(occ_gain), snr_db=snr, realised_snr_db=float("nan"), license=clip.license, **aug.__dict__,
         ))
     return out, len(spans) - len(out)
 
@@ -333,7 +426,8 @@ def _recipe(split: str, index: int, mixture_id: str, audio_path: str, num_sample
         mixture_gain_db=0.0, peak_dbfs=0.0, num_events=len({o.event_index for o in occurrences}),
         num_occurrences=len(occurrences), max_polyphony=_max_depth(placed, 0, num_samples),
         labels=tuple(sorted({o.label for o in occurrences})), license=most_restrictive(licenses),
-        licenses=tuple(licenses), attribution=tuple(attribution),
+        licenses=tuple(licenses), attribution=tuple(attribution), background_rir_id=bg.rir_id, background_wet_db=bg.wet_db,
+        background_dry_db=bg.dry_db,
     )
 
 
@@ -344,6 +438,12 @@ def render_mixture(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[Ev
     audio)``: the recipe with its mixture gain and stored peak, the occurrences with their
     realised SNR (measured on the rendered signals), and the int16 samples.
     """
+    recipe, occurrences, audio, _ = _render(ctx, drawn)
+    return recipe, occurrences, audio
+
+
+def _render(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[EventOccurrence], np.ndarray, tuple[np.ndarray, list[np.ndarray]]]:
+    """:func:`render_mixture`, and the background and occurrences as heard (for relabeling)."""
     spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
     mix, background, parts = mix_components(drawn.recipe, drawn.occurrences, ctx.sources)
     bg_mixed_level = None if mode == "local" else _signal_level_db(background, mode, sr)
@@ -354,21 +454,46 @@ def render_mixture(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[Ev
     audio = quantize_int16(apply_gain(mix, mixture_gain))
     peak = float(max(int(audio.max()), -int(audio.min()))) if audio.size else 0.0
     recipe = replace(drawn.recipe, mixture_gain_db=mixture_gain, peak_dbfs=float(20.0 * math.log10(max(peak, 1.0) / FULL_SCALE_INT16)))
-    return recipe, occurrences, audio
+    return recipe, occurrences, audio, (background, parts)
 
 
-def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[EventOccurrence], background: BackgroundSegment,
-                    clips: dict[str, EventClip]) -> list[LabelSegment]:
+def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[EventOccurrence], background: BackgroundSegment | None,
+                    clips: dict[str, EventClip], heard: tuple[np.ndarray, list[np.ndarray]] | None = None) -> list[LabelSegment]:
     """When each placed event is audible: :func:`pipeline.mix.relabel.relabel` on the sources' envelopes.
 
     Input: the context (envelope cache, sources, relabel params), the rendered recipe (its
     background offset and gain and mixture gain scale the envelopes), its occurrences, the
-    background segment and the clips used. Output: merged label segments; no audio is read
-    but that of spans cut from inside a clip.
+    background segment and the clips used (None for generated noise). Output: merged label
+    segments. No audio is read but that of spans cut from inside a clip and of augmented
+    occurrences and backgrounds, which are judged on their samples as heard (rendered
+    again, as :func:`pipeline.mix.render.occurrence_signal` renders them, unless ``heard`` gives
+    the background and the occurrences, in order, as rendering made them).
     """
-    envelopes = occurrence_envelopes(occurrences, {clip_id: ctx.envelope(c) for clip_id, c in clips.items()}, ctx.sources)
-    background_placement = (recipe.background_offset_s, recipe.background_gain_db, ctx.envelope(background))
-    return relabel(recipe.mixture_id, recipe.duration_s, occurrences, envelopes, background_placement, recipe.mixture_gain_db, ctx.relabel)
+    sr = ctx.sources.sample_rate_hz
+    clip_envelopes = {clip_id: ctx.envelope(c) for clip_id, c in clips.items()}
+    as_recorded = iter(occurrence_envelopes([o for o in occurrences if not is_augmented(o)], clip_envelopes, ctx.sources))
+    judged, envelopes = [], []
+    for i, o in enumerate(occurrences):  # an augmented occurrence is judged on its samples as heard, its reverb tail included
+        if is_augmented(o):
+            x = heard[1][i] if heard is not None else occurrence_signal(ctx.sources, o)
+            envelopes.append(_heard_envelope(x, sr, clip_envelopes[o.clip_id]))
+            judged.append(replace(o, source_in_s=0.0, source_out_s=x.shape[0] / sr, gain_db=0.0))
+        else:
+            envelopes.append(next(as_recorded))
+            judged.append(o)
+    if recipe.background_rir_id or is_brownian(recipe.background_id) or background is None:
+        like = envelopes[0] if envelopes else Envelope.from_db(*ctx.envelope_geometry(), [0.0])
+        x = heard[0] if heard is not None else heard_background(recipe, ctx.sources)
+        background_placement = (0.0, 0.0, _heard_envelope(x, sr, like))
+    else:
+        background_placement = (recipe.background_offset_s, recipe.background_gain_db, ctx.envelope(background))
+    return relabel(recipe.mixture_id, recipe.duration_s, judged, envelopes, background_placement, recipe.mixture_gain_db, ctx.relabel)
+
+
+def _heard_envelope(x: np.ndarray, sr: int, like: Envelope) -> Envelope:
+    """The envelope of float32 samples as heard (gain included), on ``like``'s frame geometry."""
+    env = a_weighted_envelope(x, sr, like.frame_s, like.hop_s)
+    return Envelope.from_db(env.frame_s, env.hop_s, env.energy_db)
 
 
 def _realised_snr(x: np.ndarray, occ: EventOccurrence, background: np.ndarray, background_level: float | None, mode: str, sr: int) -> float:

@@ -7,8 +7,11 @@ float32 samples. The mixing stage renders through exactly these functions, so re
 a stored recipe gives the stored audio bit for bit.
 
 Order of operations (fixed, because float addition is not associative): background slice x
-background gain, then each occurrence in ``occurrence_index`` order (int16 -> float32 times
-gain, quarter-sine fades) added in place, then the whole sum times the mixture gain.
+background gain (and its room, if it has one), then each occurrence in ``occurrence_index``
+order (int16 -> float32 times gain, quarter-sine fades; an augmented one: int16 -> float32,
+pitch shift and stretch, gain, fades, its room)
+added in place, then the whole sum times the mixture gain. The augmentations are those of
+:mod:`pipeline.mix.augment`; an occurrence without them is its source span as it is.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from pipeline.audio import FULL_SCALE_INT16, quantize_int16
+from pipeline.audio import FULL_SCALE_INT16, int16_to_float, quantize_int16
+from pipeline.mix.augment import brownian_noise, is_brownian, reverberate, rir_samples, stretch
 from pipeline.schema import EventOccurrence, MixtureRecipe
 
 
@@ -52,7 +56,7 @@ def _scaled(q: np.ndarray, gain_db: float) -> np.ndarray:
 def background_signal(sources: Sources, segment_id: str, offset_s: float, gain_db: float, num_samples: int) -> np.ndarray:
     """The background's part of a mixture: ``num_samples`` from the offset, zero-padded."""
     sr = sources.sample_rate_hz
-    q = sources.background(segment_id)
+    q = brownian_noise(segment_id, num_samples) if is_brownian(segment_id) else sources.background(segment_id)
     start = samples(offset_s, sr)
     part = q[start : start + num_samples]
     out = _scaled(part, gain_db)
@@ -61,13 +65,37 @@ def background_signal(sources: Sources, segment_id: str, offset_s: float, gain_d
     return out
 
 
+def heard_background(recipe: MixtureRecipe, sources: Sources) -> np.ndarray:
+    """The background as it sounds in the mixture: its window at its gain, in its room if it has one."""
+    x = background_signal(sources, recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples)
+    if recipe.background_rir_id:
+        room = rir_samples(recipe.background_rir_id, sources.sample_rate_hz)
+        x = reverberate(x, room, recipe.background_wet_db, recipe.background_dry_db)[: recipe.num_samples]
+    return x
+
+
+def is_augmented(occ: EventOccurrence) -> bool:
+    """Whether an occurrence is pitch-shifted, stretched or reverberated (not its source span as it is)."""
+    return bool(occ.stretch_method or occ.rir_id)
+
+
 def occurrence_signal(sources: Sources, occ: EventOccurrence) -> np.ndarray:
-    """One occurrence as it sounds in the mixture: the source span, gain, fades (each at most half of it)."""
+    """One occurrence as it sounds in the mixture: the source span, gain, pitch and stretch,
+    fades (each at most half of it), room; ``offset_s - onset_s`` long."""
     sr = sources.sample_rate_hz
     start = samples(occ.source_in_s, sr)
     length = samples(occ.offset_s, sr) - samples(occ.onset_s, sr)
-    x = _scaled(sources.event(occ.clip_id)[start : start + length], occ.gain_db)
-    return apply_fades(x, samples(occ.fade_in_s, sr), samples(occ.fade_out_s, sr))
+    if not is_augmented(occ):
+        x = _scaled(sources.event(occ.clip_id)[start : start + length], occ.gain_db)
+        return apply_fades(x, samples(occ.fade_in_s, sr), samples(occ.fade_out_s, sr))
+    x = int16_to_float(sources.event(occ.clip_id)[start : samples(occ.source_out_s, sr)])
+    if occ.stretch_method:
+        x = stretch(x, sr, occ.time_stretch_factor, occ.pitch_shift_semitones, occ.stretch_method)
+    x *= np.float32(db_to_gain(occ.gain_db))
+    x = apply_fades(x, samples(occ.fade_in_s, sr), samples(occ.fade_out_s, sr))
+    if occ.rir_id:
+        x = reverberate(x, rir_samples(occ.rir_id, sr), occ.reverb_wet_db, occ.reverb_dry_db)
+    return x[:length]
 
 
 def apply_fades(x: np.ndarray, fade_in: int, fade_out: int) -> np.ndarray:
@@ -83,7 +111,7 @@ def apply_fades(x: np.ndarray, fade_in: int, fade_out: int) -> np.ndarray:
 def mix_components(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """(sum before the mixture gain, background part, occurrence parts), all float32."""
     sr = sources.sample_rate_hz
-    background = background_signal(sources, recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples)
+    background = heard_background(recipe, sources)
     mix = background.copy()
     parts = []
     for occ in sorted(occurrences, key=lambda o: o.occurrence_index):

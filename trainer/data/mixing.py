@@ -230,7 +230,7 @@ class MixingSource:
             recipe = self.recipes[row]
             occurrences = sorted(self.occurrences[recipe.mixture_id], key=lambda o: o.occurrence_index)
             clips = {o.clip_id: self.event_by_id[o.clip_id] for o in occurrences}
-            segments = relabel_mixture(ctx, recipe, occurrences, self.background_by_id[recipe.background_id], clips)
+            segments = relabel_mixture(ctx, recipe, occurrences, self.background_by_id.get(recipe.background_id), clips)
             return Mixture(recipe, occurrences, segments, render(recipe, occurrences, ctx.sources), 0)
         n = self.epoch * self.rows + row
         return instantiate(ctx, self.split, n, mixture_id(self.split, n), audio_path(self.split, n))
