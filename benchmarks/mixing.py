@@ -11,12 +11,22 @@ makes. Output (printed, and returned as a dict), all in this process, one core:
 - ``mixing, cold``: ``rows`` rows of a ``kind: mixing`` source (epoch 0: drawn, rendered,
   relabeled, captioned), made into the same items, each source clip decoded when first used;
 - ``mixing, warm``: the next epoch's ``rows`` rows, sources already decoded (a long run's rate);
+- ``mixing + reverb`` / ``mixing + pitch/stretch``: the same, warm, with every event in a
+  simulated room (``mix.spec.reverb.probability: 1``) and with every event pitch-shifted and
+  stretched by Rubber Band (``pitch_shift_semitones``, ``time_stretch_factor``; a quarter of
+  ``rows``, as it is slow);
 - bytes stored: the shards' Parquet bytes for those rows against 0 for the mixing source.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+
+AUGMENTED = {
+    "reverb": {"reverb": {"probability": 1.0}},
+    "pitch/stretch": {"pitch_shift_semitones": ["uniform", -2.0, 2.0], "time_stretch_factor": ["uniform", 0.8, 1.25]},
+}
 
 
 def _items_per_s(make_rows, builder, epoch: int) -> tuple[float, int]:
@@ -68,15 +78,26 @@ def bench_dynamic_mixing(params, rows: int = 200) -> dict:
     mixing_cold, n_mixed = _items_per_s(mixed_rows, builder, 0)
     mixing.set_epoch(1)
     mixing_warm, _ = _items_per_s(mixed_rows, builder, 1)
+    augmented = {}
+    for name, knobs in AUGMENTED.items():
+        n = rows if name == "reverb" else max(1, rows // 4)
+        mix = dataclasses.replace(params.mix, spec={**params.mix.spec, **knobs})
+        source = MixingSource(0, SourceParams(kind="mixing", split="train", epoch_size=n), dataclasses.replace(params, mix=mix), clusters)
+        _items_per_s(lambda: source.read(Piece(0, source.name, 0, 0, n)), builder, 0)  # sources decoded, rooms simulated
+        source.set_epoch(1)
+        augmented[name], _ = _items_per_s(lambda: source.read(Piece(0, source.name, 0, 0, n)), builder, 1)
     figures = {"rows": rows, "shard_rows": n_shard, "mixed_rows": n_mixed, "shards_cold_items_per_s": shard_cold,
                "shards_warm_items_per_s": shard_warm, "mixing_cold_items_per_s": mixing_cold, "mixing_warm_items_per_s": mixing_warm,
                "mixing_open_s": open_s, "shard_audio_bytes": stored_bytes, "mixing_bytes": 0,
-               "ratio_warm_mixing_to_shards": mixing_warm / shard_warm}
+               "ratio_warm_mixing_to_shards": mixing_warm / shard_warm,
+               **{f"mixing_{name.replace('/', '_')}_warm_items_per_s": v for name, v in augmented.items()}}
     print(f"bench mixing: {rows} items per pass, one loader worker (this process), encoder {params.train.model.encoder} "
           f"at {encoder.sample_rate_hz} Hz")
     print(f"  shards, cold (row groups read)         {shard_cold:8.1f} items/s   <- peer")
     print(f"  shards, warm (row group cached)        {shard_warm:8.1f} items/s   <- peer; {stored_bytes / 2**20:.1f} MiB of FLAC stored")
     print(f"  mixing, cold (sources decoded as used) {mixing_cold:8.1f} items/s   (opening the source: {open_s:.2f} s)")
     print(f"  mixing, warm (next epoch)              {mixing_warm:8.1f} items/s   0 bytes stored")
+    for name, v in augmented.items():
+        print(f"  mixing + {name:<30}{v:8.1f} items/s   (warm)")
     print(f"  mixing warm / shards warm              {figures['ratio_warm_mixing_to_shards']:8.2f}")
     return figures

@@ -42,8 +42,7 @@ RIR_EXTENSIONS = (".wav", ".flac", ".ogg", ".aiff", ".aif")
 BROWNIAN_RMS_DBFS = -30.0
 BROWNIAN_LEAK = 0.999  # the integrator's leak: keeps the walk from drifting (a pole at 2.5 Hz at 16 kHz)
 RIR_TAIL_DB = -70.0
-STRETCH_CACHE_ITEMS = 32
-_STRETCHED: OrderedDict[tuple, np.ndarray] = OrderedDict()
+KEPT_RESULTS = 32
 
 
 class AugmentError(ValueError):
@@ -60,25 +59,33 @@ def varispeed_semitones(factor: float) -> float:
     return -12.0 * math.log2(factor)
 
 
+def _kept(fn):
+    """Keep ``fn``'s results for the last few inputs, keyed by the samples' digest and the other
+    arguments: the level measured when a mixture is drawn, its rendering and the repeats of one
+    event then stretch or convolve the same samples once. Callers get a copy."""
+    kept: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+    def wrapper(x: np.ndarray, *args):
+        key = (hashlib.blake2b(x.tobytes(), digest_size=16).digest(), x.shape[0], *args)
+        if key in kept:
+            kept.move_to_end(key)
+        else:
+            kept[key] = fn(x, *args)
+            if len(kept) > KEPT_RESULTS:
+                kept.popitem(last=False)
+        return kept[key].copy()
+
+    wrapper.kept = kept
+    wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
+    return wrapper
+
+
 def stretch(x: np.ndarray, sample_rate_hz: int, factor: float, semitones: float, method: str) -> np.ndarray:
-    """Float32 ``x`` pitch-shifted by ``semitones`` and stretched to ``stretched_length(len(x), factor)`` samples.
-
-    Results are kept for the last few inputs (keyed by the samples' digest), so the level
-    measured when a mixture is drawn, its rendering and its relabeling stretch a span once.
-    """
-    if factor == 1.0 and semitones == 0.0:
-        return x
-    key = (hashlib.blake2b(x.tobytes(), digest_size=16).digest(), x.shape[0], sample_rate_hz, factor, semitones, method)
-    if key in _STRETCHED:
-        _STRETCHED.move_to_end(key)
-        return _STRETCHED[key].copy()
-    y = _stretch(x, sample_rate_hz, factor, semitones, method)
-    _STRETCHED[key] = y
-    if len(_STRETCHED) > STRETCH_CACHE_ITEMS:
-        _STRETCHED.popitem(last=False)
-    return y.copy()
+    """Float32 ``x`` pitch-shifted by ``semitones`` and stretched to ``stretched_length(len(x), factor)`` samples."""
+    return x if factor == 1.0 and semitones == 0.0 else _stretch(x, sample_rate_hz, factor, semitones, method)
 
 
+@_kept
 def _stretch(x: np.ndarray, sample_rate_hz: int, factor: float, semitones: float, method: str) -> np.ndarray:
     n = stretched_length(x.shape[0], factor)
     if method == "varispeed":
@@ -101,6 +108,12 @@ def _stretch(x: np.ndarray, sample_rate_hz: int, factor: float, semitones: float
 
 def reverberate(x: np.ndarray, rir: np.ndarray, wet_db: float, dry_db: float) -> np.ndarray:
     """Dry at ``dry_db`` plus wet (``x`` convolved with ``rir``) at ``wet_db``: ``len(x) + len(rir) - 1`` float32 samples."""
+    return _reverberate(x, rir.tobytes(), wet_db, dry_db)
+
+
+@_kept
+def _reverberate(x: np.ndarray, rir_bytes: bytes, wet_db: float, dry_db: float) -> np.ndarray:
+    rir = np.frombuffer(rir_bytes, dtype=np.float64)
     wet = oaconvolve(x, rir.astype(np.float32))  # float32 in, float32 FFTs out
     wet *= np.float32(10.0 ** (wet_db / 20.0))
     wet[: x.shape[0]] += x * np.float32(10.0 ** (dry_db / 20.0))

@@ -127,7 +127,8 @@ AUGMENTED = {
 @pytest.mark.parametrize("name", sorted(AUGMENTED))
 def test_augmented_recipes_re_render_identically(name: str) -> None:
     first = [instantiate(_context(AUGMENTED[name]), "train", i, f"m{i}", "x") for i in range(3)]
-    augment._STRETCHED.clear()
+    augment._stretch.kept.clear()
+    augment._reverberate.kept.clear()
     augment._rir.cache_clear()
     ctx = _context(AUGMENTED[name])
     for i, m in enumerate(first):
