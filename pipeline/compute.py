@@ -7,12 +7,18 @@ cluster start-up); otherwise a ``dask.distributed`` LocalCluster of single-threa
 processes runs the chunks, or the cluster behind ``scheduler: tcp://host:port`` does. Workers
 of a remote cluster must see the same paths (a shared filesystem) and have this package
 installed.
+
+:class:`Workers` starts that cluster in a background thread, so the caller can do its own
+serial work (reading manifests, decoding sources) while the worker processes boot and import
+their modules; ``map_ordered(..., workers=w)`` then runs on it, and several calls share it.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import dask
@@ -58,22 +64,87 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
             yield client
 
 
-def map_ordered(fn: Callable[[T], R], items: Sequence[T], compute: ComputeParams, desc: str) -> list[R]:
-    """``[fn(item) for item in items]``, spread over the configured dask workers."""
+def runs_in_process(compute: ComputeParams) -> bool:
+    """True where ``compute`` runs work in the calling process (``workers: 1`` on the local scheduler)."""
+    return compute.scheduler == "local" and compute.workers <= 1
+
+
+def _import_modules(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+
+
+class Workers:
+    """The configured dask workers, started in a background thread when this object is made.
+
+    Input: ``compute`` and ``preload``, module names every worker imports as soon as it is up
+    (the modules its tasks will need). ``client()`` waits for the cluster and returns its
+    ``distributed.Client``, or None where work runs in the calling process. Use as a context
+    manager (or call ``close()``): the cluster is shut down on exit.
+    """
+
+    def __init__(self, compute: ComputeParams, preload: tuple[str, ...] = ()):
+        self.compute = compute
+        self._stack = ExitStack()
+        self._boot: Future | None = None
+        self._closing: Future | None = None
+        if not runs_in_process(compute):
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dask-boot")
+            self._boot = self._pool.submit(self._start, preload)
+
+    def _start(self, preload: tuple[str, ...]) -> "object":
+        client = self._stack.enter_context(dask_client(self.compute))
+        if preload:
+            client.run(_import_modules, preload)
+        return client
+
+    def client(self) -> "object | None":
+        return self._boot.result() if self._boot is not None else None
+
+    def begin_close(self) -> None:
+        """Start shutting the cluster down in the background (once its work is done); ``close()`` waits for it."""
+        if self._boot is not None and self._closing is None:
+            self._closing = self._pool.submit(self._stack.close)  # runs after the boot: one thread, in order
+
+    def close(self) -> None:
+        if self._boot is None:
+            return
+        try:
+            self.begin_close()
+            self._closing.result()
+        finally:
+            self._pool.shutdown()
+            self._boot = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def map_ordered(fn: Callable[[T], R], items: Sequence[T], compute: ComputeParams, desc: str,
+                workers: Workers | None = None) -> list[R]:
+    """``[fn(item) for item in items]``, spread over the configured dask workers.
+
+    ``workers`` (optional): an already started :class:`Workers` to run on instead of a
+    cluster started and shut down for this call.
+    """
     items = list(items)
     size = compute.chunk_size
     chunks = [items[i : i + size] for i in range(0, len(items), size)]
     bar = tqdm(total=len(items), desc=desc, unit="item", disable=None, dynamic_ncols=True)
     results: list[list[R] | None] = [None] * len(chunks)
     try:
-        if compute.scheduler == "local" and compute.workers <= 1:
+        if runs_in_process(compute):
             for i, chunk in enumerate(chunks):
                 results[i] = _run_chunk(fn, chunk)
                 bar.update(len(chunk))
         elif chunks:
             from distributed import as_completed
 
-            with dask_client(compute) as client:
+            with ExitStack() as stack:
+                client = workers.client() if workers is not None else stack.enter_context(dask_client(compute))
                 futures = client.map(_run_chunk, [fn] * len(chunks), chunks, pure=False)
                 index = {f.key: i for i, f in enumerate(futures)}
                 for future in as_completed(futures):

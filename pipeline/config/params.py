@@ -425,9 +425,17 @@ def check(p: Params) -> None:
     from pipeline.config.mix_spec import resolve_spec
 
     try:
-        resolve_spec(m.preset, m.spec, sample_rate_hz=p.sample_rate_hz)  # cached: the mix stage reuses this spec
+        spec = resolve_spec(m.preset, m.spec, sample_rate_hz=p.sample_rate_hz)  # cached: the mix stage reuses this spec
     except SpecError as e:
         raise ParamsError(f"params: {e} (in mix.spec, over preset {m.preset!r})") from None
+    augmented = [k for k, on in (("pitch_shift_semitones", spec.pitch_shift_semitones is not None),
+                                 ("time_stretch_factor", spec.time_stretch_factor is not None),
+                                 ("reverb", spec.reverb.probability > 0 or spec.reverb.background_probability > 0),
+                                 ("brownian_background", spec.brownian_background > 0)) if on]
+    need(not (m.export.jams and augmented), "mix.export.jams",
+         f"is true, but the spec augments mixtures ({', '.join(augmented)}), which a JAMS file for Scaper cannot describe "
+         "(Scaper has no per-event rooms or generated backgrounds, and stretches with another algorithm); "
+         "set mix.export.jams: false, or leave those knobs off")
 
 
 def read_params(path: Path | str = "params.yaml", overrides: dict | None = None) -> dict:

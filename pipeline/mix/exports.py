@@ -1,8 +1,12 @@
 """Files written beside the mix stage's tables: DCASE metadata, per-mixture annotations,
 licences and a timeline picture.
 
-Input: the staging folder and the concatenated ``mixtures`` / ``occurrences`` / ``segments``
-tables. Output (all atomic):
+Two steps, so that the work grows in the workers and not in the main process. Per partition
+(in the worker that rendered it, from its records, :func:`write_partition_files`): the txt and
+JAMS files of its mixtures and its rows of the DCASE files (two fragments in the staging
+folder). Once per run (from the concatenated ``mixtures`` / ``occurrences`` / ``segments``
+tables, read column-wise, :func:`write_all`): the DCASE files joined from the fragments, the
+licences, the picture and the summary's counts. Output (all atomic):
 
 - ``metadata/<split>/events.tsv``: ``filename onset offset event_label`` (DESED / DCASE
   task 4; relabeled, same-label segments merged; a mixture with no audible event has one row
@@ -62,34 +66,82 @@ def by_mixture(rows: Iterable[Row]) -> dict[str, list[Row]]:
     return out
 
 
+DCASE_FILES = {"events.tsv": ["filename", "onset", "offset", "event_label"], "durations.tsv": ["filename", "duration"]}
+
+
+def dcase_rows(recipes: list[MixtureRecipe], segments_of: dict[str, list[LabelSegment]]) -> dict[str, bytes]:
+    """The rows (no header) that ``recipes`` add to ``events.tsv`` and ``durations.tsv``, keyed by file name."""
+    events, durations = [], []
+    for m in recipes:
+        name = Path(m.audio_path).name
+        durations.append([name, _seconds(m.duration_s)])
+        mine = sorted(segments_of.get(m.mixture_id, []), key=lambda s: (s.onset_s, s.label))
+        events.extend([name, _seconds(s.onset_s), _seconds(s.offset_s), s.label] for s in mine)
+        if not mine:  # DCASE's way of listing a clip without events: read as no events, not as a missing clip
+            events.append([name, "", "", ""])
+    return {"events.tsv": _tsv(events, None), "durations.tsv": _tsv(durations, None)}
+
+
 def write_dcase_metadata(stage: Path, recipes: list[MixtureRecipe], segments_of: dict[str, list[LabelSegment]]) -> None:
+    """``metadata/<split>/{events,durations}.tsv`` of all ``recipes`` at once."""
     for split in SPLITS:
-        events, durations = [], []
-        for m in (r for r in recipes if r.split == split):
-            name = Path(m.audio_path).name
-            durations.append([name, _seconds(m.duration_s)])
-            mine = sorted(segments_of.get(m.mixture_id, []), key=lambda s: (s.onset_s, s.label))
-            events.extend([name, _seconds(s.onset_s), _seconds(s.offset_s), s.label] for s in mine)
-            if not mine:  # DCASE's way of listing a clip without events: read as no events, not as a missing clip
-                events.append([name, "", "", ""])
-        write_atomic(stage / METADATA / split / "events.tsv", _tsv(events, ["filename", "onset", "offset", "event_label"]))
-        write_atomic(stage / METADATA / split / "durations.tsv", _tsv(durations, ["filename", "duration"]))
+        rows = dcase_rows([r for r in recipes if r.split == split], segments_of)
+        for name, header in DCASE_FILES.items():
+            write_atomic(stage / METADATA / split / name, _tsv([], header) + rows[name])
+
+
+def join_dcase_metadata(stage: Path, fragments: dict[str, list[Path]]) -> None:
+    """``metadata/<split>/{events,durations}.tsv``: the header, then each fragment's rows in the given order.
+
+    ``fragments`` maps a split to the fragment prefixes of its partitions (``<prefix>.events.tsv``
+    and ``<prefix>.durations.tsv``, from :func:`write_partition_files`); the bytes equal
+    :func:`write_dcase_metadata` over the partitions' recipes in that order.
+    """
+    for split in SPLITS:
+        for name, header in DCASE_FILES.items():
+            pieces = [Path(f"{prefix}.{name}").read_bytes() for prefix in fragments.get(split, [])]
+            write_atomic(stage / METADATA / split / name, b"".join([_tsv([], header), *pieces]))
 
 
 def write_txt(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]]) -> None:
+    """``audio/<split>/<id>.txt`` beside each mixture: its placed occurrences, Scaper's txt layout."""
     for m in recipes:
         rows = [[repr(o.onset_s), repr(o.offset_s), o.label]
                 for o in sorted(occurrences_of.get(m.mixture_id, []), key=lambda o: o.occurrence_index)]
         write_atomic((stage / m.audio_path).with_suffix(".txt"), _tsv(rows, None))
 
 
-def license_summary(recipes: list[MixtureRecipe], occurrences: list[EventOccurrence], events: list[EventClip],
+def write_partition_files(stage: Path, prefix: Path, recipes: list[MixtureRecipe], occurrences: list[EventOccurrence],
+                          segments: list[LabelSegment], txt: bool, jams: bool, spec: MixSpec, sources: Sources,
+                          events_dir: Path, backgrounds_dir: Path, events: list[EventClip],
+                          backgrounds: list[BackgroundSegment]) -> None:
+    """One partition's exports, from its records: ``<prefix>.events.tsv`` and ``<prefix>.durations.tsv``
+    (its DCASE rows, joined by :func:`join_dcase_metadata`) and, if asked, the txt and JAMS files
+    of its mixtures (``events_dir`` and ``backgrounds_dir``: where the sources are once the run is done)."""
+    occurrences_of = by_mixture(occurrences)
+    if txt:
+        write_txt(stage, recipes, occurrences_of)
+    if jams:
+        write_jams(stage, recipes, occurrences_of, spec, sources, events_dir, backgrounds_dir, events, backgrounds)
+    for name, rows in dcase_rows(recipes, by_mixture(segments)).items():
+        write_atomic(Path(f"{prefix}.{name}"), rows)
+
+
+def _column(table: pa.Table, name: str) -> list:
+    return table.column(name).to_pylist()
+
+
+def license_summary(mixtures: pa.Table, occurrences: pa.Table, events: list[EventClip],
                     backgrounds: list[BackgroundSegment]) -> tuple[dict, bytes]:
-    """(licenses.json content, attribution.csv bytes) for the sources the mixtures use."""
+    """(licenses.json content, attribution.csv bytes) for the sources the mixtures use.
+
+    ``mixtures`` and ``occurrences``: the stage's tables (columns ``license``, ``split``,
+    ``background_id`` and ``clip_id`` are read).
+    """
     ev = {e.clip_id: e for e in events}
     bg = {b.segment_id: b for b in backgrounds}
-    used_events = Counter(o.clip_id for o in occurrences)
-    used_bgs = Counter(m.background_id for m in recipes)
+    used_events = Counter(_column(occurrences, "clip_id"))
+    used_bgs = Counter(_column(mixtures, "background_id"))
     rows = []
     for cid in sorted(used_events):
         e = ev[cid]
@@ -103,10 +155,11 @@ def license_summary(recipes: list[MixtureRecipe], occurrences: list[EventOccurre
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
     w.writerows(rows)
-    per_mixture = [m.license for m in recipes]
+    per_mixture = _column(mixtures, "license")
+    splits = _column(mixtures, "split")
     by_split = {}
     for split in SPLITS:
-        lic = [m.license for m in recipes if m.split == split]
+        lic = [license for license, s in zip(per_mixture, splits) if s == split]
         by_split[split] = {"license": most_restrictive(lic) if lic else None, "mixtures_by_license": dict(sorted(Counter(lic).items()))}
     summary = {
         "dataset_license": most_restrictive(per_mixture) if per_mixture else None,
@@ -119,9 +172,11 @@ def license_summary(recipes: list[MixtureRecipe], occurrences: list[EventOccurre
     return summary, buf.getvalue().encode("utf-8")
 
 
-def plot_timelines(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]],
-                   segments_of: dict[str, list[LabelSegment]], count: int, path: Path) -> None:
-    """Spectrogram over lanes per label: placed occurrences (light) and relabeled segments (dark)."""
+def plot_timelines(stage: Path, picks: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]],
+                   segments_of: dict[str, list[LabelSegment]], path: Path) -> None:
+    """Spectrogram over lanes per label: placed occurrences (light) and relabeled segments (dark), one pair of panels per mixture in ``picks``."""
+    if not picks:  # before the imports: matplotlib alone takes most of a second to import
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,12 +185,16 @@ def plot_timelines(stage: Path, recipes: list[MixtureRecipe], occurrences_of: di
 
     from pipeline.figures import save_png
 
-    if not recipes or count <= 0:
-        return
-    picks = [recipes[int(i)] for i in np.unique(np.linspace(0, len(recipes) - 1, min(count, len(recipes))).round())]
-    fig, axes = plt.subplots(2 * len(picks), 1, figsize=(10, 3.2 * len(picks)), gridspec_kw={"height_ratios": [2, 1.2] * len(picks)})
+    # Margins in inches, set once (tight_layout would draw the whole figure an extra time to measure
+    # them); the left one fits the longest lane label at 8 pt.
+    width_in, height_in = 10.0, 3.2 * len(picks)
+    longest = max((len(o.label) for m in picks for o in occurrences_of.get(m.mixture_id, [])), default=4)
+    fig = plt.figure(figsize=(width_in, height_in))
+    rows = fig.add_gridspec(len(picks), 1, left=(0.25 + 0.062 * longest) / width_in, right=1 - 0.15 / width_in,
+                            top=1 - 0.3 / height_in, bottom=0.45 / height_in, hspace=0.32)
     for k, m in enumerate(picks):
-        ax_s, ax_l = axes[2 * k], axes[2 * k + 1]
+        panels = rows[k].subgridspec(2, 1, height_ratios=[2, 1.2], hspace=0.06)
+        ax_s, ax_l = fig.add_subplot(panels[0]), fig.add_subplot(panels[1])
         x, sr = sf.read(stage / m.audio_path, dtype="float32")
         n_fft = 1 << int(np.ceil(np.log2(0.032 * sr)))
         hop = n_fft // 4
@@ -150,53 +209,71 @@ def plot_timelines(stage: Path, recipes: list[MixtureRecipe], occurrences_of: di
         mine_o = occurrences_of.get(m.mixture_id, [])
         mine_s = segments_of.get(m.mixture_id, [])
         labels = sorted({o.label for o in mine_o})
-        lane = {label: i for i, label in enumerate(labels)}
-        for o in mine_o:
-            ax_l.barh(lane[o.label], o.offset_s - o.onset_s, left=o.onset_s, height=0.8, color="#c9d7ea", edgecolor="#7f9cc4")
-        for seg in mine_s:
-            ax_l.barh(lane[seg.label], seg.offset_s - seg.onset_s, left=seg.onset_s, height=0.4, color="#1f4e99")
+        for i, label in enumerate(labels):  # one collection per lane and kind, not one artist per bar
+            placed = [(o.onset_s, o.offset_s - o.onset_s) for o in mine_o if o.label == label]
+            audible = [(seg.onset_s, seg.offset_s - seg.onset_s) for seg in mine_s if seg.label == label]
+            ax_l.broken_barh(placed, (i - 0.4, 0.8), facecolors="#c9d7ea", edgecolors="#7f9cc4")
+            if audible:
+                ax_l.broken_barh(audible, (i - 0.2, 0.4), facecolors="#1f4e99", edgecolors="none")
         ax_l.set_yticks(range(len(labels)), labels, fontsize=8)
         ax_l.set_xlim(0, m.duration_s)
         ax_l.set_ylim(-0.6, max(len(labels), 1) - 0.4)
         ax_l.invert_yaxis()
         ax_l.set_xlabel("time (s)  light: placed occurrence, dark: relabeled (audible) segment", fontsize=8)
-    fig.tight_layout()
     save_png(fig, path, dpi=90)
 
 
-def write_all(stage: Path, tables: dict[str, pa.Table], p: MixParams, spec: MixSpec, sources: Sources, events_dir: Path,
-              backgrounds_dir: Path, events: list[EventClip], backgrounds: list[BackgroundSegment]) -> dict:
-    """Every export of a finished run from its three tables (keyed by file name); returns the summary's counts."""
-    recipes = from_table(tables[MIXTURES], MixtureRecipe)
-    occurrences = from_table(tables[OCCURRENCES], EventOccurrence)
-    segments = from_table(tables[SEGMENTS], LabelSegment)
-    occurrences_of, segments_of = by_mixture(occurrences), by_mixture(segments)
-    write_dcase_metadata(stage, recipes, segments_of)
-    if p.export.txt:
-        write_txt(stage, recipes, occurrences_of)
-    if p.export.jams:
-        write_jams(stage, recipes, occurrences_of, spec, sources, events_dir, backgrounds_dir, events, backgrounds)
-    licenses, attribution = license_summary(recipes, occurrences, events, backgrounds)
+def timeline_picks(tables: dict[str, pa.Table], count: int) -> tuple[list[MixtureRecipe], dict, dict]:
+    """(recipes, occurrences_of, segments_of) of ``count`` mixtures spread evenly over the run, as records."""
+    mixtures = tables[MIXTURES]
+    if mixtures.num_rows == 0 or count <= 0:
+        return [], {}, {}
+    rows = np.unique(np.linspace(0, mixtures.num_rows - 1, min(count, mixtures.num_rows)).round()).astype(np.int64)
+    recipes = from_table(mixtures.take(pa.array(rows)), MixtureRecipe)
+    ids = {m.mixture_id for m in recipes}
+
+    def mine(name: str, record_type: type) -> dict:
+        table = tables[name]
+        kept = [i for i, mixture in enumerate(_column(table, "mixture_id")) if mixture in ids]
+        return by_mixture(from_table(table.take(pa.array(kept, pa.int64())), record_type))
+
+    return recipes, mine(OCCURRENCES, EventOccurrence), mine(SEGMENTS, LabelSegment)
+
+
+def write_all(stage: Path, tables: dict[str, pa.Table], fragments: dict[str, list[Path]], p: MixParams, spec: MixSpec,
+              events: list[EventClip], backgrounds: list[BackgroundSegment]) -> dict:
+    """The run's exports from its three tables (keyed by file name) and its partitions' DCASE
+    fragments (split -> prefixes, in order); returns the summary's counts. The tables are read
+    column-wise: only the pictured mixtures become records."""
+    mixtures, occurrences, segments = tables[MIXTURES], tables[OCCURRENCES], tables[SEGMENTS]
+    join_dcase_metadata(stage, fragments)
+    licenses, attribution = license_summary(mixtures, occurrences, events, backgrounds)
     write_atomic(stage / LICENSES, (json.dumps(licenses, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     write_atomic(stage / ATTRIBUTION, attribution)
-    plot_timelines(stage, recipes, occurrences_of, segments_of, p.export.timelines, stage / TIMELINES)
+    plot_timelines(stage, *timeline_picks(tables, p.export.timelines), stage / TIMELINES)
+    splits = Counter(_column(mixtures, "split"))
     return {
-        "mixtures": len(recipes),
-        "mixtures_by_split": {s: sum(m.split == s for m in recipes) for s in SPLITS},
-        "occurrences": len(occurrences),
-        "occurrences_by_role": dict(sorted(Counter(o.role for o in occurrences).items())),
-        "segments": len(segments),
-        "labels": len({seg.label for seg in segments}),
+        "mixtures": mixtures.num_rows,
+        "mixtures_by_split": {s: splits.get(s, 0) for s in SPLITS},
+        "occurrences": occurrences.num_rows,
+        "occurrences_by_role": dict(sorted(Counter(_column(occurrences, "role")).items())),
+        "segments": segments.num_rows,
+        "labels": len(set(_column(segments, "label"))),
         "level_mode": spec.level_mode,
         "snr_error_db": _snr_error(occurrences),
-        "max_polyphony": max((m.max_polyphony for m in recipes), default=0),
+        "max_polyphony": max(_column(mixtures, "max_polyphony"), default=0),
         "licenses": licenses,
     }
 
 
-def _snr_error(occurrences: list[EventOccurrence]) -> dict:
+def _float64(table: pa.Table, name: str) -> np.ndarray:
+    return np.array(_column(table, name), dtype=np.float64)  # not to_numpy(): its first call imports pandas (0.4 s)
+
+
+def _snr_error(occurrences: pa.Table) -> dict:
     """Realised minus drawn SNR over whole and repeated occurrences: median and largest magnitude in dB."""
-    whole = np.array([o.realised_snr_db - o.snr_db for o in occurrences if o.role != "piece"], dtype=np.float64)
+    whole_rows = np.array([role != "piece" for role in _column(occurrences, "role")], dtype=bool)
+    whole = (_float64(occurrences, "realised_snr_db") - _float64(occurrences, "snr_db"))[whole_rows]
     return {
         "median": float(np.median(whole)) if whole.size else 0.0,
         "max_abs": float(np.max(np.abs(whole))) if whole.size else 0.0,

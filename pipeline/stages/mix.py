@@ -27,9 +27,13 @@ by source clip or file; backgrounds by the recording they were cut from, so no r
 two splits.
 
 Work is cut into partitions of ``partition_size`` mixtures; each carries the resolved spec to
-its worker (:class:`MixRun`). Each finished partition is kept in the hidden staging folder; a
-run that is killed and started again with the same inputs and params skips finished
-partitions and ends with the same bytes as an uninterrupted run.
+its worker (:class:`MixRun`). A worker renders its partition's audio and writes everything that
+grows with the number of mixtures (FLAC, txt and JAMS files, its rows of the tables and of the
+DCASE files); the main process only joins them. With several workers, the workers boot while
+this process reads the manifests and decodes the sources into the bank. Each finished
+partition is kept in the hidden staging folder; a run that is killed and started again with
+the same inputs and params skips finished partitions and ends with the same bytes as an
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.audio import write_flac
-from pipeline.compute import map_ordered
+from pipeline.compute import Workers, map_ordered
 from pipeline.config.mix_spec import MixSpec, resolve_spec
 from pipeline.config.params import MixParams, Params, RelabelParams
 from pipeline.licenses import license_name
@@ -72,6 +76,7 @@ from pipeline.outputs import (
 from pipeline.schema import SPLITS, BackgroundSegment, EventClip, Skip, arrow_schema, from_table
 
 PARTS = "parts"
+PARTITION_FILES = ("mixtures.parquet", "occurrences.parquet", "segments.parquet", "events.tsv", "durations.tsv", "done.json")
 BANK = "bank"
 PLAN = "plan.json"
 FSD50K_TO_MIX_SPLIT = {"train": "train", "val": "valid", "eval": "test"}
@@ -150,13 +155,18 @@ def prepare_sources(params: Params, spec: MixSpec, events_dir: Path, backgrounds
     return SourceFolders(folders["events"], folders["backgrounds"], library_dir, counts, skips)
 
 
+def read_parquet(path: Path) -> pa.Table:
+    """One Parquet file as a table (``ParquetFile``: ``pq.read_table`` would import pyarrow.dataset and pandas, 0.5 s)."""
+    return pq.ParquetFile(path).read()
+
+
 def read_sources(events_dir: Path, backgrounds_dir: Path) -> tuple[list[EventClip], list[BackgroundSegment]]:
     """The records of two manifest folders (a clip-stage and an ambience-stage layout)."""
     for d, stage in ((events_dir, "clip"), (backgrounds_dir, "ambience")):
         if not (d / MANIFEST).exists():
             raise FileNotFoundError(f"{d / MANIFEST} not found: run `sedsynth {stage}` (or `dvc repro {stage}`) first")
-    events = from_table(pq.read_table(events_dir / MANIFEST), EventClip)
-    backgrounds = from_table(pq.read_table(backgrounds_dir / MANIFEST), BackgroundSegment)
+    events = from_table(read_parquet(events_dir / MANIFEST), EventClip)
+    backgrounds = from_table(read_parquet(backgrounds_dir / MANIFEST), BackgroundSegment)
     return events, backgrounds
 
 
@@ -302,6 +312,10 @@ class MixRun:
     spec: MixSpec
     seed: int
     relabel: RelabelParams
+    export_txt: bool = False
+    export_jams: bool = False
+    events_dir: str = ""  # where the sources are once the run is done (the paths JAMS files name)
+    backgrounds_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -331,7 +345,7 @@ def load_context(run: MixRun) -> MixContext:
 
 
 def render_partition(part: Partition) -> dict:
-    """Make one partition's mixtures: FLAC files, then its three tables, then a done marker."""
+    """Make one partition's mixtures: FLAC (and txt, JAMS) files, its DCASE rows, its three tables, then a done marker."""
     ctx = load_context(part.run)
     stage = Path(part.run.stage_dir)
     rows: dict[str, list] = {MIXTURES: [], OCCURRENCES: [], SEGMENTS: []}
@@ -345,6 +359,10 @@ def render_partition(part: Partition) -> dict:
         rows[SEGMENTS].extend(m.segments)
         dropped += m.dropped_occurrences
     parts = stage / PARTS
+    r = part.run
+    exports.write_partition_files(stage, parts / part.key, rows[MIXTURES], rows[OCCURRENCES], rows[SEGMENTS],
+                                  r.export_txt, r.export_jams, r.spec, ctx.sources, Path(r.events_dir),
+                                  Path(r.backgrounds_dir), ctx.events[part.split], ctx.backgrounds[part.split])
     for name, records in rows.items():
         write_manifest(parts / f"{part.key}.{name}", records, RECORDS[name])
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})
@@ -399,11 +417,14 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         "event_pools": {s: [e.clip_id for e in event_pools[s]] for s in SPLITS},
         "background_pools": {s: [b.segment_id for b in bg_pools[s]] for s in SPLITS},
         "inputs": {"events": file_sha256(events_dir / MANIFEST), "backgrounds": file_sha256(backgrounds_dir / MANIFEST)},
+        "export": {"txt": p.export.txt, "jams": p.export.jams},  # written by the partitions
+        "partition_files": list(PARTITION_FILES),
     }
     plan_bytes = json.dumps(plan, sort_keys=True).encode("utf-8")
     fingerprint = hashlib.sha256(plan_bytes).hexdigest()
 
-    with resumable_dir(out_dir, fingerprint) as (stage, resumed):
+    compute = dataclasses.replace(params.compute, chunk_size=1)
+    with Workers(compute, preload=(render_partition.__module__,)) as workers, resumable_dir(out_dir, fingerprint) as (stage, resumed):
         (stage / PLAN).write_bytes(plan_bytes)
         bank = stage / BANK
         if not (bank / COMPLETE).exists():
@@ -415,23 +436,25 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
             build_bank(bank, spec.sample_rate_hz,
                        [(i, events_dir / ev[i].audio_path) for i in used_events],
                        [(i, backgrounds_dir / bg[i].audio_path) for i in used_bgs])
-        partitions = plan_partitions(p, MixRun(str(stage), fingerprint, spec, params.seed, p.relabel))
+        mix_run = MixRun(str(stage), fingerprint, spec, params.seed, p.relabel, p.export.txt, p.export.jams,
+                         str(folders.final_dir("events", out_dir)), str(folders.final_dir("backgrounds", out_dir)))
+        partitions = plan_partitions(p, mix_run)
         pending = [pt for pt in partitions if not (stage / PARTS / f"{pt.key}.done.json").exists()]
         if resumed:
             print(f"mix: resuming: {len(partitions) - len(pending)} of {len(partitions)} partitions already done")
-        compute = dataclasses.replace(params.compute, chunk_size=1)
-        map_ordered(render_partition, pending, compute, desc="mix partitions")
+        map_ordered(render_partition, pending, compute, desc="mix partitions", workers=workers)
+        workers.begin_close()  # the cluster shuts down while this process joins the partitions
 
         tables = {}
         for name, record_type in RECORDS.items():
-            pieces = [pq.read_table(stage / PARTS / f"{pt.key}.{name}") for pt in partitions]
+            pieces = [read_parquet(stage / PARTS / f"{pt.key}.{name}") for pt in partitions]
             tables[name] = pa.concat_tables(pieces) if pieces else arrow_schema(record_type).empty_table()
             write_table(stage / name, tables[name])
         dropped = sum(json.loads((stage / PARTS / f"{pt.key}.done.json").read_text())["dropped_occurrences"] for pt in partitions)
         write_skips(stage / SKIPPED, skips)
         write_json(stage / SPEC, spec.to_dict())
-        summary = exports.write_all(stage, tables, p, spec, SourceBank(bank), folders.final_dir("events", out_dir),
-                                    folders.final_dir("backgrounds", out_dir), events, backgrounds)
+        fragments = {split: [stage / PARTS / pt.key for pt in partitions if pt.split == split] for split in SPLITS}
+        summary = exports.write_all(stage, tables, fragments, p, spec, events, backgrounds)
         if folders.library_dir is not None:
             shutil.rmtree(stage / SOURCES, ignore_errors=True)  # left by a run killed after this move
             folders.library_dir.rename(stage / SOURCES)

@@ -260,3 +260,14 @@ def test_reverb_tail_extends_the_label_by_its_audible_part(tmp_path, level_dbfs:
     assert crossing - HOP_S <= last_centre <= crossing + 0.005  # the frames see the analytic tail
     assert abs(off - last_centre) <= 0.002, (off, last_centre)  # and the label ends there: no further
     assert abs(on - 1.0) <= HOP_S
+
+
+def test_jams_export_is_refused_for_augmented_mixtures() -> None:
+    """Scaper cannot describe per-event rooms, generated backgrounds or our stretch: say so before mixing."""
+    from pipeline.config.params import ParamsError, load_params
+    from tests.conftest import ROOT
+
+    SKIP = ("train", "evaluate", "ablations")
+    with pytest.raises(ParamsError, match=r"mix.export.jams.*\(reverb\).*set mix.export.jams: false"):
+        load_params(ROOT / "params.yaml", {"mix": {"export": {"jams": True}, "spec": {"reverb": {"probability": 0.5}}}}, skip_sections=SKIP)
+    assert load_params(ROOT / "params.yaml", {"mix": {"export": {"jams": True}}}, skip_sections=SKIP).mix.export.jams

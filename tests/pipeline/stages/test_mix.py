@@ -271,3 +271,73 @@ def test_bad_input_fails_clearly(sources, tmp_path: Path) -> None:
         load_params(ROOT / "params.yaml", {"mix": {"spec": {"snr_db": ["uniform", 30, 6]}}})
     with pytest.raises(ParamsError, match="did you mean 'max_polyphony'"):
         load_params(ROOT / "params.yaml", {"mix": {"spec": {"max_polyphone": 3}}})
+
+
+def test_partitions_write_their_exports_and_the_joined_metadata_equals_the_whole_runs(sources, tmp_path: Path, monkeypatch) -> None:
+    """Each partition leaves its DCASE rows and txt files behind before it is marked done; the
+    main process only joins them, into the same bytes as writing the metadata from every record."""
+    from pipeline.mix import exports
+    from pipeline.schema import LabelSegment
+    from pipeline.stages import mix as stage
+
+    render_partition = stage.render_partition
+    checked = []
+
+    def and_check(part):
+        result = render_partition(part)
+        folder = Path(part.run.stage_dir)
+        assert (folder / "parts" / f"{part.key}.events.tsv").exists() and (folder / "parts" / f"{part.key}.durations.tsv").exists()
+        assert all((folder / f"audio/{part.split}/{part.split}_{i:07d}.txt").exists() for i in range(part.start, part.start + part.count))
+        checked.append(part.key)
+        return result
+
+    monkeypatch.setattr(stage, "render_partition", and_check)
+    out = tmp_path / "mix"
+    run(small(), *sources, out)
+    assert len(checked) == 5  # 3 train, 1 valid, 1 test
+    mixtures, _, _ = tables(out)
+    segments = from_table(pq.read_table(out / "segments.parquet"), LabelSegment)
+    exports.write_dcase_metadata(tmp_path / "whole", mixtures, exports.by_mixture(segments))
+    for split in ("train", "valid", "test"):
+        for name in ("events.tsv", "durations.tsv"):
+            assert (out / "metadata" / split / name).read_bytes() == (tmp_path / "whole" / "metadata" / split / name).read_bytes()
+
+
+def test_the_timelines_picture_draws_one_collection_per_lane_and_kind(sources, tmp_path: Path, monkeypatch) -> None:
+    from pipeline import figures
+    from pipeline.mix import exports
+
+    drawn = []
+    monkeypatch.setattr(figures, "save_png", lambda fig, path, dpi: drawn.append(fig))
+    out = tmp_path / "mix"
+    run(small(), *sources, out)
+    tables_ = {name: pq.read_table(out / name) for name in ("mixtures.parquet", "occurrences.parquet", "segments.parquet")}
+    picks, occurrences_of, segments_of = exports.timeline_picks(tables_, 3)
+    assert len(picks) == 3
+    exports.plot_timelines(out, picks, occurrences_of, segments_of, tmp_path / "t.png")
+    lanes_axes = drawn[-1].axes[1::2]
+    for m, ax in zip(picks, lanes_axes):
+        lanes = len({o.label for o in occurrences_of[m.mixture_id]})
+        assert not ax.patches and lanes <= len(ax.collections) <= 2 * lanes
+
+
+def test_the_main_process_reads_and_summarises_without_importing_pandas(sources, tmp_path: Path) -> None:
+    """pq.read_table and Arrow's to_numpy import pandas (about 0.5 s): the manifests and the run's
+    tables are read, and the summary made, without them."""
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    run(small(), events_dir, backgrounds_dir, out)
+    script = (
+        "import sys\nfrom dataclasses import replace\nfrom pathlib import Path\n"
+        "from tests.pipeline.stages.test_mix import small\nfrom pipeline.mix import exports\n"
+        "from pipeline.stages.mix import read_parquet, read_sources\nfrom pipeline.config.mix_spec import resolve_spec\n"
+        f"out, stage = Path({str(out)!r}), Path({str(tmp_path / 'again')!r})\n"
+        f"events, backgrounds = read_sources(Path({str(events_dir)!r}), Path({str(backgrounds_dir)!r}))\n"
+        "tables = {name: read_parquet(out / name) for name in ('mixtures.parquet', 'occurrences.parquet', 'segments.parquet')}\n"
+        "p = small().mix\np = replace(p, export=replace(p.export, timelines=0))\n"
+        "summary = exports.write_all(stage, tables, {}, p, resolve_spec(p.preset, p.spec, sample_rate_hz=16000), events, backgrounds)\n"
+        "print(summary['mixtures'], 'pandas' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "36 False"

@@ -1,0 +1,15 @@
+"""``sedsynth bench mix`` states how the rate scales from 1 to 2 workers, against its targets."""
+
+from __future__ import annotations
+
+from benchmarks.mix import print_figures
+
+
+def test_the_report_states_the_two_worker_ratio_and_the_100k_time(capsys) -> None:
+    run = {"seconds": 10.0, "mixtures_per_s": 100.0, "mixtures_per_s_per_core": 100.0, "peak_rss_mib": 300.0}
+    two = {**run, "seconds": 5.4, "mixtures_per_s": 185.0, "mixtures_per_s_per_core": 92.5}
+    print_figures({"mixtures": 1000, "preset": "finelap", "runs": {1: run, 2: two}, "scaper": {"mixtures": 0, "seconds": 0.0,
+                                                                                                   "mixtures_per_s": 0.0}})
+    out = capsys.readouterr().out
+    assert "2 workers / 1 worker: 1.85x the rate (target >= 1.8x)" in out
+    assert "100k mixtures on 2 workers at this rate: 9.0 min (target <= 6)" in out
