@@ -33,7 +33,7 @@ from scipy.signal import lfilter, oaconvolve
 
 from pipeline.audio import decode_mono, int16_to_float, quantize_int16
 from pipeline.config.mix_spec import STRETCH_METHODS
-from pipeline.loudness import a_weighted_envelope, integrated_lufs, power_db
+from pipeline.loudness import integrated_lufs, power_db
 from pipeline.schema import BackgroundSegment
 BROWNIAN = "brownian-"
 SHOEBOX = "shoebox:"
@@ -232,17 +232,16 @@ def brownian_noise(segment_id: str, num_samples: int) -> np.ndarray:
     return q
 
 
-def brownian_segment(k: int, num_samples: int, sample_rate_hz: int, envelope_frame_s: float, envelope_hop_s: float) -> BackgroundSegment:
-    """The background record of the noise ``brownian-<k>``, ``num_samples`` long, analysed as the ambience stage analyses its segments."""
+def brownian_segment(k: int, num_samples: int, sample_rate_hz: int) -> BackgroundSegment:
+    """The background record of the noise ``brownian-<k>``, ``num_samples`` long: its levels and
+    licence. It stores no envelope: relabeling judges generated noise on its samples as heard."""
     segment_id = f"{BROWNIAN}{k}"
     x = int16_to_float(brownian_noise(segment_id, num_samples))
-    env = a_weighted_envelope(x, sample_rate_hz, envelope_frame_s, envelope_hop_s)
     peak = float(np.max(np.abs(x)))
     return BackgroundSegment(
         audio_path="", source_id="Brownian noise", source_path="", duration_s=num_samples / sample_rate_hz, num_samples=num_samples,
         sample_rate_hz=sample_rate_hz, source_sample_rate_hz=sample_rate_hz, source_channels=1,
         rms_dbfs=float(power_db(float(np.mean(x.astype(np.float64) ** 2)))), peak_dbfs=float(20.0 * math.log10(max(peak, 1e-9))),
-        loudness_lufs=float(integrated_lufs(x, sample_rate_hz)), envelope_frame_s=env.frame_s, envelope_hop_s=env.hop_s,
-        envelope_db=env.energy_db, license="CC0", segment_id=segment_id, category="noise", offset_in_source_s=0.0,
-        peak_to_median_db=0.0, author="generated",
+        loudness_lufs=float(integrated_lufs(x, sample_rate_hz)), envelope_frame_s=0.0, envelope_hop_s=0.0, envelope_db=(),
+        license="CC0", segment_id=segment_id, category="noise", offset_in_source_s=0.0, peak_to_median_db=0.0, author="generated",
     )

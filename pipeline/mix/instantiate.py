@@ -91,13 +91,6 @@ class MixContext:
             self._pools[split] = [(share / total, pool) for share, pool in found]
         return self._pools[split]
 
-    def envelope_geometry(self) -> tuple[float, float]:
-        """(frame_s, hop_s) of the sources' stored envelopes (generated backgrounds are analysed alike)."""
-        for pool in (*self.events.values(), *self.backgrounds.values()):
-            if pool:
-                return pool[0].envelope_frame_s, pool[0].envelope_hop_s
-        return 0.04, 0.02
-
     def envelope(self, item: EventClip | BackgroundSegment) -> Envelope:
         key = getattr(item, "clip_id", None) or item.segment_id
         env = self._envelopes.get(key)
@@ -300,7 +293,7 @@ def _draw_position(d: Distribution, rng: np.random.Generator, fit_s: float, sr: 
 def _draw_background(ctx: MixContext, rng: np.random.Generator, backgrounds: list[BackgroundSegment], num_samples: int) -> _Background:
     spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
     if spec.brownian_background > 0 and rng.random() < spec.brownian_background:
-        bg = brownian_segment(int(rng.integers(2**31)), num_samples, sr, *ctx.envelope_geometry())
+        bg = brownian_segment(int(rng.integers(2**31)), num_samples, sr)
         start, window = 0, brownian_noise(bg.segment_id, num_samples)
         level = level_db(window, mode, sr)
     else:
@@ -469,6 +462,8 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
     again, as :func:`pipeline.mix.render.occurrence_signal` renders them, unless ``heard`` gives
     the background and the occurrences, in order, as rendering made them).
     """
+    if not occurrences:
+        return []
     sr = ctx.sources.sample_rate_hz
     clip_envelopes = {clip_id: ctx.envelope(c) for clip_id, c in clips.items()}
     as_recorded = iter(occurrence_envelopes([o for o in occurrences if not is_augmented(o)], clip_envelopes, ctx.sources))
@@ -482,9 +477,8 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
             envelopes.append(next(as_recorded))
             judged.append(o)
     if recipe.background_rir_id or is_brownian(recipe.background_id) or background is None:
-        like = envelopes[0] if envelopes else Envelope.from_db(*ctx.envelope_geometry(), [0.0])
         x = heard[0] if heard is not None else heard_background(recipe, ctx.sources)
-        background_placement = (0.0, 0.0, _heard_envelope(x, sr, like))
+        background_placement = (0.0, 0.0, _heard_envelope(x, sr, envelopes[0]))
     else:
         background_placement = (recipe.background_offset_s, recipe.background_gain_db, ctx.envelope(background))
     return relabel(recipe.mixture_id, recipe.duration_s, judged, envelopes, background_placement, recipe.mixture_gain_db, ctx.relabel)

@@ -21,13 +21,7 @@ from trainer.captioner import (
 CAPTIONS = ["A dog barks twice, then a car passes.", "Rain falls on a tin roof.", "a dog barks"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and do not stall when other work holds the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_decoder(decoding="autoregressive", seed: int = 0, **kwargs) -> CaptionDecoder:

@@ -23,13 +23,7 @@ from trainer.mae import (
 TINY_FBANK = FbankParams(num_mel_bins=64, target_frames=128)  # 8 x 4 = 32 patches of 16 x 16
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and do not stall when other work holds the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_vit(seed: int = 0) -> EATEncoder:

@@ -12,13 +12,7 @@ from trainer.evaluation.probes import clip_probe, frame_probe, segment_f1
 DIM, CLASSES = 16, 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Probes this small run fastest on one thread, and do not stall when other work holds the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def class_directions(rng: np.random.Generator) -> np.ndarray:
