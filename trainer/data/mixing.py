@@ -246,7 +246,7 @@ class MixingSource:
             "id": recipe.mixture_id,
             "audio": {"array": int16_to_float(mixture.audio), "sample_rate_hz": recipe.sample_rate_hz},
             "caption": fill(template, words) if words else self.empty_caption,
-            "phrases": [_as_read(dataclasses.asdict(shard_phrase(ph, self.cluster_id(ph.phrase, ph.label, ph.mid)))) for ph in phrases],
+            "phrases": [_as_read(shard_phrase(ph, self.cluster_id(ph.phrase, ph.label, ph.mid))) for ph in phrases],
         }
 
     def cluster_id(self, phrase: str, label: str, mid: str) -> int:
@@ -258,7 +258,10 @@ class MixingSource:
 
 
 def _as_read(value):
-    """A record as Parquet reads it back (tuples as lists), so a mixed row equals the shard row of the same mixture."""
+    """A record as Parquet reads it back (dataclasses as dicts, tuples as lists), so a mixed row equals the shard row
+    of the same mixture (as ``dataclasses.asdict`` would give, without its deep copies)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _as_read(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         return {k: _as_read(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -92,7 +92,7 @@ class NegativeSampler:
         out: list[tuple[str, int]] = []
         seen: set[str] = set()
         # Clusters in a random order, cycling when every open cluster has given a phrase.
-        open_clusters = [int(c) for c in self.cluster_ids[rng.permutation(len(self.cluster_ids))] if int(c) not in banned]
+        open_clusters = [c for c in self.cluster_ids[rng.permutation(len(self.cluster_ids))].tolist() if c not in banned]
         while len(out) < count and open_clusters:
             remaining = []
             for cid in open_clusters:
