@@ -11,8 +11,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-import pyloudnorm
-import scipy.signal
 
 from pipeline.schema import EnergyEnvelope
 
@@ -36,6 +34,8 @@ def peak_dbfs(x: np.ndarray) -> float:
 @lru_cache(maxsize=16)
 def _k_weighting(sample_rate_hz: int) -> np.ndarray:
     """pyloudnorm's BS.1770 K-weighting stages as second-order sections (with their gains)."""
+    import pyloudnorm  # here, not at the top: it imports scipy.signal (about 2 s), which a mixing worker may never need
+
     stages = pyloudnorm.Meter(sample_rate_hz)._filters.values()
     sos = []
     for stage in stages:
@@ -58,7 +58,9 @@ def integrated_lufs(x: np.ndarray, sample_rate_hz: int, tile_below_s: float = _G
     need = int(np.ceil(max(tile_below_s, _GATING_BLOCK_S) * sample_rate_hz)) + 1
     if x.shape[0] < need:
         x = np.tile(x, int(np.ceil(need / max(x.shape[0], 1))))
-    y = scipy.signal.sosfilt(_k_weighting(sample_rate_hz), x.astype(np.float64))
+    from scipy.signal import sosfilt  # see _k_weighting
+
+    y = sosfilt(_k_weighting(sample_rate_hz), x.astype(np.float64))
     prefix = np.concatenate(([0.0], np.cumsum(y * y)))
     n = y.shape[0]
     num_blocks = int(np.round((n / sample_rate_hz - _GATING_BLOCK_S) / (_GATING_BLOCK_S * 0.25))) + 1

@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import ndtr, ndtri
 
 from pipeline.config.loading import ParamsError
 
@@ -97,6 +96,8 @@ class Distribution:
         lo, hi = _resolve(a[2], fit), _resolve(a[3], fit)
         if sd == 0:
             return min(max(mu, lo), hi)
+        from scipy.special import ndtr, ndtri  # when first needed: scipy takes a while to import in every worker
+
         p_lo, p_hi = ndtr((lo - mu) / sd), ndtr((hi - mu) / sd)
         u = p_lo + (p_hi - p_lo) * rng.random()
         return float(min(max(mu + sd * ndtri(u), lo), hi))

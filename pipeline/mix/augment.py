@@ -29,7 +29,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from scipy.signal import lfilter, oaconvolve
 
 from pipeline.audio import decode_mono, int16_to_float, quantize_int16
 from pipeline.config.mix_spec import STRETCH_METHODS
@@ -113,6 +112,8 @@ def reverberate(x: np.ndarray, rir: np.ndarray, wet_db: float, dry_db: float) ->
 
 @_kept
 def _reverberate(x: np.ndarray, rir_bytes: bytes, wet_db: float, dry_db: float) -> np.ndarray:
+    from scipy.signal import oaconvolve  # imported when first needed: scipy.signal takes about 2 s to import
+
     rir = np.frombuffer(rir_bytes, dtype=np.float64)
     wet = oaconvolve(x, rir.astype(np.float32))  # float32 in, float32 FFTs out
     wet *= np.float32(10.0 ** (wet_db / 20.0))
@@ -223,6 +224,8 @@ def brownian_noise(segment_id: str, num_samples: int) -> np.ndarray:
         k = int(segment_id[len(BROWNIAN):])
     except ValueError as err:
         raise AugmentError(f"malformed Brownian background id {segment_id!r}") from err
+    from scipy.signal import lfilter  # see _reverberate
+
     white = np.random.default_rng([k]).standard_normal(num_samples)
     walk = lfilter([1.0], [1.0, -BROWNIAN_LEAK], white)
     walk -= walk.mean()
