@@ -12,6 +12,10 @@ position table, a CLS token without position, a LayerNorm, then 12 post-norm blo
 12 heads, MLP 3072, LayerNorm eps 1e-6). :func:`read_eat_checkpoint` reads an EAT checkpoint from
 a local path (the fairseq ``.pt`` or the Hugging Face port's weights) and :func:`fit_eat_weights`
 loads it; without one it trains from scratch.
+
+Any encoder also starts from the weights ``sedsynth pretrain`` writes (``checkpoints/encoder.pt``:
+``{"format": PRETRAINED_FORMAT, "encoder": name, "state": weights}``, :func:`pretrained_file`),
+read by :func:`read_pretrained_encoder` and loaded strictly: every weight, nothing else.
 """
 
 from __future__ import annotations
@@ -228,6 +232,9 @@ def read_eat_checkpoint(path: str) -> tuple[Path, dict[str, torch.Tensor]]:
             raise EncoderError(str(e)) from None
     if not isinstance(raw, dict):
         raise EncoderError(f"encoder: {p} holds a {type(raw).__name__}, not a dict of weights; expected {EAT_CHECKPOINT}")
+    if raw.get("format") == PRETRAINED_FORMAT:
+        raise EncoderError(f"encoder: {p} is a `sedsynth pretrain` encoder file, not an EAT checkpoint; "
+                           "set train.model.encoder_checkpoint to the file itself, not its folder")
     return p, eat_state_dict(raw)
 
 
@@ -284,15 +291,93 @@ ENCODERS = {
 }
 
 
+# --------------------------------------------------------------------------- pretrained encoders (sedsynth pretrain)
+
+PRETRAINED_FORMAT = "sedsynth-pretrained-encoder/1"
+PRETRAINED_CHECKPOINT = "the checkpoints/encoder.pt that `sedsynth pretrain` writes"
+
+
+def pretrained_file(name: str, state: dict[str, torch.Tensor], **info) -> dict:
+    """What ``sedsynth pretrain`` saves: encoder ``name``'s weights ``state`` (CPU tensors) and plain
+    numbers or strings ``info`` (steps, loss...); it reads back under ``weights_only=True``."""
+    return {"format": PRETRAINED_FORMAT, "encoder": name, "state": state, **info}
+
+
+def is_pretrained_file(raw: object) -> bool:
+    return isinstance(raw, dict) and raw.get("format") == PRETRAINED_FORMAT
+
+
+def pretrained_state(raw: dict, name: str, source: Path | str) -> dict[str, torch.Tensor]:
+    """The weights of a :func:`pretrained_file` dict for encoder ``name``; raises :class:`EncoderError`
+    when it was pretrained for another encoder or holds no dict of tensors."""
+    if raw.get("encoder") != name:
+        raise EncoderError(f"encoder: {source} holds pretrained {raw.get('encoder')!r} weights, but train.model.encoder is {name!r}; "
+                           f"pretrain with pretrain.encoder={name} or set train.model.encoder={raw.get('encoder')}")
+    state = raw.get("state")
+    if not isinstance(state, dict) or not state or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise EncoderError(f"encoder: {source} has no dict of weights under 'state'; expected {PRETRAINED_CHECKPOINT}")
+    return state
+
+
+def read_pretrained_encoder(path: str | Path, name: str) -> dict[str, torch.Tensor]:
+    """Encoder ``name``'s weights from ``sedsynth pretrain``'s file at ``path``, read weights-only;
+    raises :class:`EncoderError` naming the file when it is missing, unreadable, not such a file
+    or pretrained for another encoder."""
+    p = Path(path)
+    if not p.is_file():
+        raise EncoderError(f"encoder: encoder_checkpoint {p} not found; run `sedsynth pretrain` (pretrain.encoder={name}) "
+                           "or set train.model.encoder_checkpoint: null to train from scratch")
+    try:
+        raw = read_torch_file(p, "encoder", PRETRAINED_CHECKPOINT)
+    except CheckpointError as e:
+        raise EncoderError(str(e)) from None
+    if not is_pretrained_file(raw):
+        what = f"a dict with keys {', '.join(map(str, list(raw)[:6]))}" if isinstance(raw, dict) else f"a {type(raw).__name__}"
+        eat = " (an EAT checkpoint fits eat-base only)" if name != "eat-base" else ""
+        raise EncoderError(f"encoder: {p} is not a `sedsynth pretrain` encoder checkpoint (it holds {what}){eat}; "
+                           f"expected {PRETRAINED_CHECKPOINT}")
+    return pretrained_state(raw, name, p)
+
+
+def load_pretrained_weights(encoder: AudioEncoder, state: dict[str, torch.Tensor], name: str, source: Path | str) -> None:
+    """Load ``state`` into ``encoder`` strictly (every weight, same shapes, nothing extra); raises
+    :class:`EncoderError` saying what does not fit."""
+    own = encoder.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        raise EncoderError(f"encoder: {source} does not fit {name!r} (missing {missing[:5]}, unexpected {unexpected[:5]}, "
+                           f"other shapes {wrong[:5]}); was it pretrained with another version of the encoder?")
+    encoder.load_state_dict(state, strict=True)
+
+
+def _is_pretrained_path(path: str) -> bool:
+    """Whether ``path`` (an eat-base encoder_checkpoint) is a ``sedsynth pretrain`` file: a torch file
+    (not a folder or safetensors) whose weights-only contents say so; a file that does not read
+    leaves the EAT reader to report it."""
+    p = Path(path)
+    if not p.is_file() or p.suffix == ".safetensors":
+        return False
+    try:
+        return is_pretrained_file(read_torch_file(p, "encoder", PRETRAINED_CHECKPOINT, mmap=True))
+    except (CheckpointError, OSError):
+        return False
+
+
 def build_encoder(name: str, checkpoint: str | None = None) -> AudioEncoder:
-    """An encoder from :data:`ENCODERS`; ``checkpoint`` loads EAT weights into ``eat-base``."""
+    """An encoder from :data:`ENCODERS`. ``checkpoint``: a ``sedsynth pretrain`` encoder file (any
+    encoder, loaded strictly) or, for ``eat-base``, an EAT checkpoint."""
     if name not in ENCODERS:
         raise EncoderError(f"encoder: unknown {name!r}; choose one of {sorted(ENCODERS)}")
-    if checkpoint and name != "eat-base":
-        raise EncoderError(f"encoder: encoder_checkpoint is for eat-base; {name!r} trains from scratch")
     # the file is read (and refused, when it must be) before 86 M parameters are initialised
-    weights = read_eat_checkpoint(checkpoint) if checkpoint else None
+    pretrained = eat = None
+    if checkpoint and (name != "eat-base" or _is_pretrained_path(checkpoint)):
+        pretrained = read_pretrained_encoder(checkpoint, name)
+    elif checkpoint:
+        eat = read_eat_checkpoint(checkpoint)
     encoder = ENCODERS[name]()
-    if weights is not None:
-        fit_eat_weights(encoder, weights[1], weights[0])
+    if pretrained is not None:
+        load_pretrained_weights(encoder, pretrained, name, checkpoint)
+    if eat is not None:
+        fit_eat_weights(encoder, eat[1], eat[0])
     return encoder
