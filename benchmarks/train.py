@@ -65,7 +65,7 @@ def bench_loader(params, encoder, rows: int) -> dict:
 def bench_step(params, model, items, steps: int, peak_override: float | None) -> dict:
     from trainer.data.stream import collate
     from trainer.objective import Objective
-    from trainer.optim import optimizer_for
+    from trainer.optim import optimizer_for, passes_per_step
     from trainer.precision import autocast_for
 
     t = params.train
@@ -79,11 +79,18 @@ def bench_step(params, model, items, steps: int, peak_override: float | None) ->
     pool = [items[i % len(items)] for i in range(b)]
     batch = collate(pool).to(device)
 
-    def step():
+    def loss_backward() -> torch.Tensor:
         with autocast():
             loss = objective(batch)["loss"]
         loss.backward()
-        optimizer.step()
+        return loss
+
+    def step():
+        loss_backward()
+        if passes_per_step(optimizer) == 2:  # SAM: the closure's second pass at the perturbed weights
+            optimizer.step(loss_backward)
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     step()  # warm-up (and the frozen text cache, when frozen)
@@ -103,7 +110,7 @@ def bench_step(params, model, items, steps: int, peak_override: float | None) ->
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / steps
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
-           "batch": b, "step_s": seconds, "clips_per_s": b / seconds,
+           "batch": b, "step_s": seconds, "clips_per_s": b / seconds, "passes_per_step": passes_per_step(optimizer),
            "params_m": sum(p.numel() for p in objective.parameters() if p.requires_grad) / 1e6,
            "gflop_per_step": flops / 1e9, "tflops": flops / seconds / 1e12}
     if device.type == "cuda":
@@ -134,7 +141,8 @@ def print_figures(f: dict) -> None:
     print(f"    loader / decode                   {lo['loader_clips_per_s'] / lo['decode_clips_per_s']:8.2f}")
     print(f"  training step on {st['device']} ({st['params_m']:.1f} M trainable parameters):")
     print(f"    {st['step_s'] * 1000:.0f} ms/step, {st['clips_per_s']:.1f} clips/s, {st['gflop_per_step']:.0f} GFLOP/step "
-          f"({1000 * st['tflops']:.0f} GFLOP/s)")
+          f"({1000 * st['tflops']:.0f} GFLOP/s), {st['passes_per_step']} forward/backward pass(es) per step"
+          + (" (SAM)" if st["passes_per_step"] == 2 else ""))
     if "mfu" in st:
         print(f"    MFU {100 * st['mfu']:.1f}% (target >= 40%), peak memory {st['peak_mem_gib']:.1f} GiB")
     print(f"  loader workers per device to keep the step fed: {st['clips_per_s'] / lo['loader_clips_per_s']:.2f}")

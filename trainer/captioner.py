@@ -25,6 +25,11 @@ decoder, in parallel: one all-[MASK] pass, optionally refined by mask-predict pa
 (Ghazvininejad et al. 2019). The paper
 weight of the captioning loss beside the contrastive one is ``lambda_cap = 1`` (Cacophony
 Sec. IV-A); CaptionStew's decoder is BART-base sized (6 layers, 768-d).
+
+For training (``train.model.caption_decoder``): :func:`tokenizer_for` gives the settings'
+tokenizer (``vocabulary: captions``: :func:`fixed_size_vocabulary`, whose size does not depend on
+the data, so a checkpoint's model is rebuilt from its config before its words are read back) and
+:func:`build_decoder` the decoder.
 """
 
 from __future__ import annotations
@@ -113,15 +118,23 @@ class WordVocabulary:
                 out.append(w)
         return " ".join(out)
 
+    def as_dict(self) -> dict:
+        """The JSON form ``{"kind": "words", "words": [...]}`` (what :meth:`save` writes, and a checkpoint's config holds)."""
+        return {"kind": "words", "words": list(self.words)}
+
+    @classmethod
+    def from_dict(cls, data, where: str = "vocabulary") -> WordVocabulary:
+        """The inverse of :meth:`as_dict`; ``where`` names the source in the error."""
+        if not isinstance(data, dict) or data.get("kind") != "words" or not isinstance(data.get("words"), list):
+            raise ValueError(f"vocabulary: {where} is not a word vocabulary file")
+        return cls([str(w) for w in data["words"]])
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"kind": "words", "words": self.words}, ensure_ascii=False, indent=0) + "\n")
+        Path(path).write_text(json.dumps(self.as_dict(), ensure_ascii=False, indent=0) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> WordVocabulary:
-        data = json.loads(Path(path).read_text())
-        if not isinstance(data, dict) or data.get("kind") != "words" or not isinstance(data.get("words"), list):
-            raise ValueError(f"vocabulary: {path} is not a word vocabulary file")
-        return cls([str(w) for w in data["words"]])
+        return cls.from_dict(json.loads(Path(path).read_text()), str(path))
 
 
 class PretrainedTokens:
@@ -335,3 +348,43 @@ def caption_loss(decoder: CaptionDecoder, features: torch.Tensor, tokens: torch.
     inputs, targets = decoder.training_inputs(tokens, parallel)
     logits = decoder(inputs, features, ~parallel, feature_mask)
     return nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=decoder.tokenizer.pad_id)
+
+
+CAPTION_VOCABULARY = "captions"  # train.model.caption_decoder.vocabulary: a word vocabulary of the training texts
+
+
+def fixed_size_vocabulary(texts: list[str] | None, words: int) -> WordVocabulary:
+    """A :class:`WordVocabulary` of exactly ``len(SPECIALS) + words`` entries: the ``words`` most frequent
+    words of ``texts`` (None: none yet), the rest ``[unusedK]`` entries that no text encodes to.
+
+    Its size depends on ``words`` only, so a model built before the texts are read (a detector
+    loading a checkpoint) has the shape of the one trained on them; the trained words come from
+    the checkpoint's config.
+    """
+    built = WordVocabulary.build(list(texts or []), max_words=words)
+    return WordVocabulary([*built.words, *(f"[unused{i}]" for i in range(len(SPECIALS) + words - built.size))])
+
+
+def tokenizer_for(settings, texts: list[str] | None = None) -> Tokenizer:
+    """The decoder's tokenizer for ``train.model.caption_decoder`` ``settings``: ``vocabulary: captions``
+    gives :func:`fixed_size_vocabulary` of ``texts``; any other value names a local Hugging Face
+    tokenizer folder (or the offline text model), wrapped as :class:`PretrainedTokens`."""
+    if settings.vocabulary == CAPTION_VOCABULARY:
+        return fixed_size_vocabulary(texts, settings.vocabulary_words)
+    from transformers import AutoTokenizer
+
+    from trainer.text import resolve_model_path
+
+    try:
+        return PretrainedTokens(AutoTokenizer.from_pretrained(resolve_model_path(settings.vocabulary)))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"captioner: cannot use {settings.vocabulary!r} as the decoder's tokenizer ({e}); set "
+                         f"train.model.caption_decoder.vocabulary to {CAPTION_VOCABULARY} or a local tokenizer folder") from None
+
+
+def build_decoder(settings, feature_dim: int, tokenizer: Tokenizer) -> CaptionDecoder:
+    """A :class:`CaptionDecoder` as ``train.model.caption_decoder`` ``settings`` describe it, reading
+    frame features of width ``feature_dim``."""
+    s = settings
+    return CaptionDecoder(tokenizer, feature_dim, s.dim, s.depth, s.heads, s.ffn, s.max_tokens, s.dropout, s.decoding,
+                          s.parallel_ratio, s.alternate_per)

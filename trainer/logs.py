@@ -61,7 +61,7 @@ def plot_curves(train_rows: list[dict], valid_rows: list[dict], path: Path) -> N
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [r["step"] for r in train_rows]
-    for key in ("loss", "clip", "frame", "prior"):
+    for key in ("loss", "clip", "frame", "prior", "region", "caption"):
         values = [r.get(key) for r in train_rows]
         if any(isinstance(v, (int, float)) and not math.isnan(v) for v in values if v is not None):
             left.plot(steps, values, label=key)

@@ -10,6 +10,12 @@ small MLPs on the text feature.
 
 Adapter variants (FineLAP Table 5/6): ``transformer`` (the paper's), ``bigru``, ``linear``, and
 ``shared`` (one projector for clip and frames: the "w/o decoupled projector" ablation).
+
+The embeddings also carry the encoder's own frames ``(B, L, D)`` (its dense tokens averaged over
+frequency, before any projection): what a captioning decoder cross-attends to (Cacophony: "a
+cross-attention layer that attends to the full output of our audio encoder"). The model keeps
+``caption_decoder``, the settings of that decoder, which :class:`~trainer.objective.Objective` builds
+when ``train.loss.caption_weight > 0``.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class Embeddings:
     phrases: torch.Tensor  # (B, N, d) unit norm
     phrase_scale: torch.Tensor | None = None  # (B, N) FLAM per-text scale
     phrase_bias: torch.Tensor | None = None  # (B, N) FLAM per-text bias
+    encoder_frames: torch.Tensor | None = None  # (B, L, D) the encoder's dense tokens, mean over frequency (not normalised)
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -85,9 +92,11 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 class FineLAP(nn.Module):
     def __init__(self, encoder: AudioEncoder, text: TextEncoder, dim: int = 1024,
                  adapter: Literal["transformer", "bigru", "linear", "shared"] = "transformer",
-                 adapter_ffn: int = 4096, adapter_heads: int = 8, dropout: float = 0.1, per_text_logits: bool = False):
+                 adapter_ffn: int = 4096, adapter_heads: int = 8, dropout: float = 0.1, per_text_logits: bool = False,
+                 caption_decoder=None):
         super().__init__()
         self.encoder, self.text = encoder, text
+        self.caption_decoder = caption_decoder  # train.model.caption_decoder (settings, not a module), for the objective
         # A BERT/RoBERTa pooler is never used (pooling reads the hidden states); left trainable it
         # gets no gradient, and DDP (find_unused_parameters=False) stops at the second step.
         pooler = getattr(getattr(text, "model", None), "pooler", None)
@@ -101,10 +110,16 @@ class FineLAP(nn.Module):
 
     def encode_audio(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(B, S)`` -> clip ``(B, d)`` and frames ``(B, L, d)``, unit norm."""
+        clip, frames, _ = self.encode_audio_frames(wave)
+        return clip, frames
+
+    def encode_audio_frames(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(B, S)`` -> :meth:`encode_audio`'s clip and frames, and the encoder's frames ``(B, L, D)``
+        (dense tokens averaged over frequency, as the encoder gives them)."""
         cls, dense = self.encoder(wave)
         clip = self.global_proj(cls)
         frames = self.global_proj(dense.mean(dim=2)) if self.local is None else self.local(dense)
-        return _unit(clip), _unit(frames)
+        return _unit(clip), _unit(frames), dense.mean(dim=2)
 
     def encode_text(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Strings -> unit-norm embeddings ``(n, d)`` and the raw text features ``(n, H)``."""
@@ -115,11 +130,11 @@ class FineLAP(nn.Module):
         return _unit(self.text_proj(feature))[index], feature[index]
 
     def forward(self, wave: torch.Tensor, captions: list[str], phrases: list[list[str]]) -> Embeddings:
-        clip, frames = self.encode_audio(wave)
+        clip, frames, encoder_frames = self.encode_audio_frames(wave)
         b, n = len(phrases), len(phrases[0]) if phrases else 0
         flat = list(captions) + [p for row in phrases for p in row]
         text, feature = self.encode_text(flat)
-        out = Embeddings(clip, frames, text[:b], text[b:].reshape(b, n, -1))
+        out = Embeddings(clip, frames, text[:b], text[b:].reshape(b, n, -1), encoder_frames=encoder_frames)
         if self.per_text is not None:
             scale, bias = self.per_text(feature[b:].float())
             out.phrase_scale, out.phrase_bias = scale.reshape(b, n), bias.reshape(b, n)
@@ -130,4 +145,5 @@ def build_model(p) -> FineLAP:
     """A :class:`FineLAP` from ``train.model`` params."""
     encoder = build_encoder(p.encoder, p.encoder_checkpoint)
     text = TextEncoder(p.text_model, p.text_pooling, p.text_max_tokens, frozen=p.freeze_text)
-    return FineLAP(encoder, text, p.embed_dim, p.adapter, p.adapter_ffn, p.adapter_heads, p.dropout, p.per_text_logits)
+    return FineLAP(encoder, text, p.embed_dim, p.adapter, p.adapter_ffn, p.adapter_heads, p.dropout, p.per_text_logits,
+                   p.caption_decoder)

@@ -2,6 +2,14 @@
 
 ``forward(batch)`` returns named scalars: ``loss`` (the weighted total) and every term and
 learned temperature/bias, which the loop logs as they are.
+
+With ``train.loss.caption_weight > 0`` the objective also holds a captioning decoder
+(:mod:`trainer.captioner`, built from the model's ``caption_decoder`` settings) that
+cross-attends to the encoder's frames and predicts the batch's decoder targets
+(``Batch.target_captions``); its mean token cross-entropy is the ``caption`` term, weighted by
+``lambda_cap`` (Cacophony Eq. 3: ``L = L_con + lambda_cap * L_cap``). The decoder's weights are part
+of the objective's state, so checkpoints carry them with the model; a word vocabulary is set
+after the training texts are read (:meth:`Objective.use_caption_vocabulary`).
 """
 
 from __future__ import annotations
@@ -11,13 +19,17 @@ import dataclasses
 import torch
 from torch import nn
 
+from trainer.captioner import WordVocabulary, build_decoder, caption_loss, encode_captions, tokenizer_for
 from trainer.data.stream import Batch
 from trainer.losses import FrameSigmoidLoss, PriorLoss, RegionContrastiveLoss, build_clip_loss
 from trainer.model import Embeddings, FineLAP
 
+KEEP_DTYPE = ("encoder_frames",)  # read by the decoder under the caller's autocast, not copied to float32
+
 
 def _float32(e: Embeddings) -> Embeddings:
-    return dataclasses.replace(e, **{f.name: v.float() for f in dataclasses.fields(e) if (v := getattr(e, f.name)) is not None})
+    return dataclasses.replace(e, **{f.name: v.float() for f in dataclasses.fields(e)
+                                     if f.name not in KEEP_DTYPE and (v := getattr(e, f.name)) is not None})
 
 
 class Objective(nn.Module):
@@ -29,6 +41,21 @@ class Objective(nn.Module):
         self.frame_loss = FrameSigmoidLoss(p.init_scale, p.init_bias, p.frame_chunk_clips) if p.frame_weight > 0 else None
         self.prior_loss = PriorLoss() if model.per_text is not None and p.frame_weight > 0 else None
         self.region_loss = RegionContrastiveLoss(p.init_scale) if p.region_weight > 0 else None
+        self.captioner = None
+        if p.caption_weight > 0:
+            settings = model.caption_decoder
+            if settings is None:
+                raise ValueError("objective: train.loss.caption_weight > 0 needs a model built with caption_decoder settings (build_model)")
+            self.captioner = build_decoder(settings, model.encoder.width, tokenizer_for(settings))
+
+    def use_caption_vocabulary(self, vocabulary: WordVocabulary) -> None:
+        """Decode with ``vocabulary`` (the trained words); it must be as large as the decoder's embedding."""
+        if self.captioner is None:
+            raise ValueError("objective: no captioning decoder (train.loss.caption_weight is 0)")
+        if vocabulary.size != self.captioner.embed.num_embeddings:
+            raise ValueError(f"objective: a vocabulary of {vocabulary.size} entries for a decoder of {self.captioner.embed.num_embeddings}; "
+                             "was it trained with another train.model.caption_decoder.vocabulary_words?")
+        self.captioner.tokenizer = vocabulary
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         return self.terms(self.model(batch.wave, batch.captions, batch.phrases), batch)
@@ -38,10 +65,25 @@ class Objective(nn.Module):
 
         They are computed in float32 even under autocast: in bf16 a logit ``t * cos + b`` with
         t = 10 is off by up to 0.04 and the summed loss keeps 3 significant digits; the losses
-        cost little next to the encoders.
+        cost little next to the encoders. The captioning decoder is a network of its own: it runs
+        under the caller's autocast, its cross-entropy in float32.
         """
         with torch.autocast(e.clip.device.type, enabled=False):
-            return self._terms(_float32(e), batch)
+            terms = self._terms(_float32(e), batch)
+        if self.captioner is not None:
+            terms["caption"] = self.caption_term(e.encoder_frames, batch.target_captions)
+            terms["loss"] = terms["loss"] + self.p.caption_weight * terms["caption"]
+        return terms
+
+    def caption_term(self, encoder_frames: torch.Tensor, targets: list[list[str]]) -> torch.Tensor:
+        """The decoder's mean token cross-entropy on ``targets`` (per clip, its decoder captions) given
+        the encoder's frames ``(B, L, D)``; each of a clip's k captions reads the clip's frames."""
+        counts = torch.tensor([len(row) for row in targets], device=encoder_frames.device)
+        if len(targets) != encoder_frames.shape[0] or int(counts.min()) < 1:
+            raise ValueError("objective: the captioning loss needs at least one decoder caption per clip (Batch.target_captions)")
+        tokens = encode_captions(self.captioner.tokenizer, [c for row in targets for c in row], self.captioner.max_tokens)
+        features = encoder_frames.repeat_interleave(counts, dim=0)  # (sum k, L, D)
+        return caption_loss(self.captioner, features, tokens)
 
     def _terms(self, e: Embeddings, batch: Batch) -> dict[str, torch.Tensor]:
         terms: dict[str, torch.Tensor] = {}

@@ -160,11 +160,33 @@ class ParquetSource:
                                   "(training resumes from latest.pt)") from None
             self._cached = (key, table.to_pylist())
         rows = self._cached[1][piece.start:piece.stop]
+        several = self.params.caption_columns != ("caption",)  # a caption corpus's columns: one is drawn per row and epoch
         for i, r in enumerate(rows):
             r.setdefault("id", f"{piece.file}#{piece.row_group}:{piece.start + i}")
             if "audio" not in r and self.params.audio_column in r:
                 r["audio"] = r.pop(self.params.audio_column)
+            if several and "captions" not in r:
+                r["captions"] = [r[c] for c in self.params.caption_columns if isinstance(r.get(c), str) and r[c].strip()]
         return rows
+
+    def texts(self) -> list[str]:
+        """Every caption (of ``caption`` and the caption columns) and phrase of the readable files,
+        read without the audio column."""
+        import pyarrow.parquet as pq
+
+        out: list[str] = []
+        for file in dict.fromkeys(f for f, _, _ in self.row_groups()):
+            with self.fs.open(file, "rb") as f:
+                pf = pq.ParquetFile(f)
+                names = pf.schema_arrow.names
+                wanted = [c for c in dict.fromkeys(("caption", *self.params.caption_columns, "phrases")) if c in names]
+                table = pf.read(columns=wanted).to_pydict()
+            for column, values in table.items():
+                if column == "phrases":
+                    out += [ph["phrase"] for row in values for ph in row or [] if ph.get("phrase")]
+                else:
+                    out += [v for v in values if isinstance(v, str) and v]
+        return out
 
 
 class CaptionCsvSource:
@@ -213,6 +235,10 @@ class CaptionCsvSource:
 
     def row_groups(self) -> list[tuple[str, int, int]]:
         return [(str(self.params.path), -1, len(self.rows))]
+
+    def texts(self) -> list[str]:
+        """Every caption of the usable rows."""
+        return [c for r in self.rows for c in r["captions"]]
 
     def read(self, piece: Piece) -> list[dict]:
         return [dict(r) for r in self.rows[piece.start:piece.stop]]

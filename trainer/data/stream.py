@@ -9,8 +9,12 @@ length, frame labels at the encoder's frame times, and N phrases (positives firs
 
 Everything random about one item (crop, negatives, caption choice, tag replacement) comes from
 a generator seeded by (seed, epoch, source, id), so an item does not depend on which worker
-made it. Items that cannot be decoded are skipped and reported with their reason (``skips``
-rides on the next item to the training loop, which writes them to ``skipped.csv``).
+made it. With ``captions_per_clip`` (the captioning loss) an item also carries its decoder
+targets, drawn from its own generator (seeded the same way, on a stream of its own) out of
+:func:`caption_pool`: a caption corpus row's own captions, else the row's caption and the other
+caption templates filled with its phrases in temporal order. Items that cannot be decoded are
+skipped and reported with their reason (``skips`` rides on the next item to the training loop,
+which writes them to ``skipped.csv``).
 :func:`make_stream` builds the stream ``train.data`` describes for an encoder.
 """
 
@@ -23,8 +27,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.audio import AudioError, decode_mono, mono_at
-from trainer.config import SourceParams
 from pipeline.schema import Skip
+from pipeline.text.llm import Completer
+from pipeline.text.templates import fill, load_templates
+from trainer.config import SourceParams
 from trainer.data.labels import frame_labels
 from trainer.data.mixing import MixingSource
 from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
@@ -48,6 +54,8 @@ class ItemParams:
     random_crop: bool = True  # False: always the start (evaluation)
     tag_replacement_p: float = 0.0  # FLAM: replace the caption with one of the clip's phrases
     min_label_overlap: float = 0.5
+    captions_per_clip: int = 0  # decoder targets drawn per item (the captioning loss); 0: none
+    templates: tuple[str, ...] = ()  # caption templates a row's phrases fill (its decoder caption pool)
 
 
 @dataclass
@@ -61,6 +69,7 @@ class Item:
     has_frames: bool
     source: int = 0  # index in train.data.sources
     skips: list[Skip] = field(default_factory=list)
+    target_captions: list[str] = field(default_factory=list)  # the decoder's targets (captions_per_clip of them)
 
 
 class ItemBuilder:
@@ -107,7 +116,54 @@ class ItemBuilder:
         caption = captions[int(rng.integers(len(captions)))]
         if positives and rng.random() < self.p.tag_replacement_p:
             caption = positives[int(rng.integers(len(positives)))]["phrase"]
-        return Item(str(row["id"]), wave.astype(np.float32, copy=False), caption, phrases, labels, mask, has_frames, source)
+        targets = []
+        if self.p.captions_per_clip:
+            pool = caption_pool(row, self.p.templates, frame_level)
+            pick = np.random.default_rng([*key, TARGET_STREAM]).choice(len(pool), self.p.captions_per_clip,
+                                                                        replace=len(pool) < self.p.captions_per_clip)
+            targets = [pool[int(i)] for i in pick]
+        return Item(str(row["id"]), wave.astype(np.float32, copy=False), caption, phrases, labels, mask, has_frames, source,
+                    target_captions=targets)
+
+
+TARGET_STREAM = 0xDEC  # the decoder targets' generator: (seed, epoch, source, id[, pass], TARGET_STREAM)
+
+
+def temporal_phrases(row: dict) -> list[str]:
+    """A row's phrases in temporal order (first segment's start, then label), each once."""
+    def first(ph: dict) -> tuple[float, str]:
+        return min((s["start_s"] for s in ph.get("segments") or []), default=float("inf")), ph.get("label") or ""
+
+    return list(dict.fromkeys(ph["phrase"] for ph in sorted(row.get("phrases") or [], key=first) if ph.get("phrase")))
+
+
+def caption_pool(row: dict, templates: tuple[str, ...] | list[str], frame_level: bool = True) -> list[str]:
+    """Every caption a row's decoder targets are drawn from, without repeats.
+
+    A row with its own captions (``captions``: a caption corpus, several per clip) gives those.
+    Otherwise the row's stored caption comes first, followed, when the row is frame-level and has
+    phrases, by each template filled with its phrases in temporal order (the captions stage's
+    :func:`~pipeline.text.templates.fill`), the stored caption's own template thereby included once.
+    """
+    own = [c for c in row.get("captions") or [] if c and c.strip()]
+    if own:
+        return list(dict.fromkeys(own))
+    stored = row.get("caption") or ""
+    words = temporal_phrases(row) if frame_level else []
+    return list(dict.fromkeys([stored, *(fill(t, words) for t in templates if words)]))
+
+
+def caption_texts(stream: TrainStream) -> list[str]:
+    """The texts a word vocabulary for the decoder is built from (no audio is read): every caption
+    and phrase of the stream's sources (a mixing source: its templates, label phrases and empty
+    caption), and the templates its items fill."""
+    texts = list(stream.builder.p.templates)
+    for src in stream.sources:
+        if isinstance(src, MixingSource):
+            texts += [*src.templates, src.empty_caption, *(ph for phrases in src.by_label.values() for ph in phrases)]
+        else:
+            texts += src.texts()
+    return texts
 
 
 def world() -> tuple[int, int]:
@@ -281,15 +337,23 @@ def make_stream(params, encoder, sources: list[SourceParams], shuffle: bool, ran
     ``shuffle``: a training stream (random crops, tag replacement, shuffled pieces); otherwise
     a held-out one (fixed crops, rows in order). ``rank`` / ``world_size``: this process's share
     of a DDP run. Negatives come from ``train.data.clusters`` (default: the first source's
-    ``clusters/`` folder), drawn as ``train.data.negative_sampling`` says.
+    ``clusters/`` folder), drawn as ``train.data.negative_sampling`` says. With
+    ``train.loss.caption_weight > 0`` every item carries ``caption_decoder.captions_per_clip``
+    decoder targets, template fills drawn from the ``captions.templates`` set.
     """
     d = params.train.data
+    captions_per_clip, templates = 0, ()
+    if params.train.loss.caption_weight > 0:
+        c = params.captions
+        captions_per_clip = params.train.model.caption_decoder.captions_per_clip
+        templates = tuple(load_templates(c.templates, lambda: Completer(c.llm), c.llm_templates))
     folder = d.clusters or default_clusters_folder(d.sources[0].path)
     tables = ClusterTables.read(folder)
     check_inventories(tables, folder, sources)
     sampler = NegativeSampler(tables, d.negative_sampling)
     items = ItemParams(encoder.sample_rate_hz, encoder.input_samples(d.crop_s), d.num_phrases, random_crop=shuffle,
-                       tag_replacement_p=d.tag_replacement_p if shuffle else 0.0, min_label_overlap=d.min_label_overlap)
+                       tag_replacement_p=d.tag_replacement_p if shuffle else 0.0, min_label_overlap=d.min_label_overlap,
+                       captions_per_clip=captions_per_clip, templates=templates)
     builder = ItemBuilder(items, encoder.frame_spans_s(), sampler, params.seed)
     return TrainStream(list(sources), builder, params.seed, d.shuffle_buffer if shuffle else 1, d.piece_rows,
                        rank=rank, world_size=world_size, shuffle=shuffle, run_params=params, clusters=folder)
@@ -306,6 +370,7 @@ class Batch:
     has_frames: torch.Tensor  # (B,) bool
     skips: list[Skip]
     sources: list[int] = field(default_factory=list)  # each clip's index in train.data.sources
+    target_captions: list[list[str]] = field(default_factory=list)  # B x captions_per_clip: the decoder's targets
 
     def to(self, device) -> Batch:
         self.wave, self.labels, self.mask, self.has_frames = (t.to(device, non_blocking=True) for t in (self.wave, self.labels, self.mask, self.has_frames))
@@ -323,4 +388,5 @@ def collate(items: list[Item]) -> Batch:
         has_frames=torch.tensor([i.has_frames for i in items]),
         skips=[s for i in items for s in i.skips],
         sources=[i.source for i in items],
+        target_captions=[i.target_captions for i in items],
     )

@@ -2,7 +2,8 @@
 
 Input: ``params.train`` (data, model, loss, optim) and the shard folders it names. Output, in
 ``train.out_dir``: ``checkpoints/latest.pt`` and ``checkpoints/best.pt`` (best held-out ``train.best_by`` score),
-``train_log.csv`` (every ``log_every_steps``: loss terms, temperatures, biases, lr, clips/s),
+``train_log.csv`` (every ``log_every_steps``: loss terms, temperatures, biases, lr, clips/s; with SAM also
+``passes_per_step`` and ``clip_passes_per_s``),
 ``valid_log.csv`` (held-out scores after every epoch, epoch 0 being the untrained model, and the
 seconds since this process started), ``checkpoints/epochNNN.pt`` after every epoch with
 ``train.keep_epoch_checkpoints``,
@@ -11,6 +12,12 @@ chosen on the held-out split with ``best.pt``, also stored in both checkpoints),
 ``config.json`` and ``skipped.csv``. Start it with ``sedsynth train`` or, on several GPUs, with
 ``torchrun --nproc_per_node=8 -m sedsynth train``; a rerun resumes from ``latest.pt`` when its config
 matches.
+
+Two options of Cacophony's stage 2 (both off by default): ``train.loss.caption_weight > 0`` trains a
+captioning decoder beside the contrastive and frame losses (logged term ``caption``; its weights are
+in the checkpoints with the model, and a word vocabulary built from the training texts is stored as
+JSON in the checkpoints' config and ``config.json``, key ``caption_vocabulary``); ``train.optim.sam_rho > 0``
+takes every optimizer step with SAM, two forward/backward passes over the step's batches.
 """
 
 from __future__ import annotations
@@ -28,14 +35,15 @@ from torch.utils.data import DataLoader
 
 from pipeline.outputs import write_json
 from trainer import checkpoint, distributed
+from trainer.captioner import CAPTION_VOCABULARY, fixed_size_vocabulary
 from trainer.config import TrainParams, current_train_section
-from trainer.data.stream import TrainStream, collate, make_stream
+from trainer.data.stream import Batch, TrainStream, caption_texts, collate, make_stream
 from trainer.evaluation.calibration import calibrate_checkpoint
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, write_skips
 from trainer.model import build_model
 from trainer.objective import Objective
-from trainer.optim import lr_lambda, optimizer_for
+from trainer.optim import lr_lambda, optimizer_for, passes_per_step
 from trainer.precision import autocast_for
 
 # Settings that may change between a run and its resume without invalidating the checkpoint.
@@ -79,6 +87,7 @@ def run(params, out_dir: Path | None = None) -> dict:
     if setup.world.main:
         valid_rows = logs.valid.rows
         summary = {"steps": step, "epochs": epoch, "train_clips_per_s": logs.clips_per_s(setup.world.size),
+                   **({"passes_per_step": setup.passes} if setup.passes > 1 else {}),
                    "final": valid_rows[-1] if valid_rows else {}, "untrained": valid_rows[0] if valid_rows else {},
                    "best": best, "skipped": len(logs.skipped_items),
                    "source_shares": source_shares(setup.train.data.sources, logs.clips_by_source)} | calibrate(params, setup)
@@ -114,6 +123,7 @@ class Setup:
     total_steps: int  # optimizer steps of the whole run
     config: dict  # what checkpoints record, see :func:`config_of`
     out: Path
+    passes: int = 1  # forward/backward passes over each batch per optimizer step (2 with SAM)
 
     @property
     def latest(self) -> Path:
@@ -137,6 +147,10 @@ def set_up(params, out: Path) -> Setup:
     if t.compile:
         model.encoder.compile()
     stream = make_stream(params, model.encoder, t.data.sources, shuffle=True, rank=world.rank, world_size=world.size)
+    vocabulary = None
+    if objective.captioner is not None and t.model.caption_decoder.vocabulary == CAPTION_VOCABULARY:
+        vocabulary = fixed_size_vocabulary(caption_texts(stream), t.model.caption_decoder.vocabulary_words)
+        objective.use_caption_vocabulary(vocabulary)
     batch_size, grad_accum = t.data.batch_size, t.optim.grad_accum
     loader = DataLoader(stream, batch_size=batch_size, num_workers=t.data.num_workers, collate_fn=collate, drop_last=True,
                         pin_memory=world.device.type == "cuda", persistent_workers=False)
@@ -148,9 +162,9 @@ def set_up(params, out: Path) -> Setup:
     if t.data.valid is not None and world.main:
         valid_loader = DataLoader(make_stream(params, model.encoder, [t.data.valid], shuffle=False), batch_size=batch_size,
                                   num_workers=0, collate_fn=collate)
+    config = config_of(params, data_fingerprint(stream), vocabulary.as_dict() if vocabulary is not None else None)
     return Setup(params.seed, t, world, objective, stream, loader, valid_loader, optimizer, scheduler,
-                    autocast_for(t.precision, world.device), steps_per_epoch, total_steps,
-                    config_of(params, data_fingerprint(stream)), out)
+                 autocast_for(t.precision, world.device), steps_per_epoch, total_steps, config, out, passes_per_step(optimizer))
 
 
 @dataclasses.dataclass
@@ -169,6 +183,13 @@ class Logs:
     def clips_per_s(self, world_size: int) -> float:
         """Training clips per second over all ranks since ``started``."""
         return self.clips_seen * world_size / max(1e-9, time.perf_counter() - self.started)
+
+    def throughput(self, world_size: int, passes: int) -> dict[str, float]:
+        """The throughput columns of a ``train_log`` row: ``clips_per_s``, and with SAM (``passes`` 2)
+        ``passes_per_step`` and ``clip_passes_per_s`` (forward/backward passes over clips per second,
+        the figure a one-pass run's clips/s compares with)."""
+        clips = self.clips_per_s(world_size)
+        return {"clips_per_s": clips} | ({"passes_per_step": passes, "clip_passes_per_s": clips * passes} if passes > 1 else {})
 
 
 def start_logs(setup: Setup, step: int) -> Logs:
@@ -195,28 +216,39 @@ def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batc
     ``log_every_steps``. ``logs`` gains the clips seen and the skipped rows. Returns ``(step,
     micro_batches_done, data_ended)``: optimizer steps taken in the run, micro-batches done in
     this epoch, and whether the data ran out.
+
+    With SAM (``train.optim.sam_rho > 0``) the step's micro-batches are kept: the gradient they
+    added (at the weights ``w``, synchronised across ranks as usual) gives SAM its perturbation,
+    then :func:`second_pass` runs them again at ``w + e_w`` with the same dropout and the base
+    optimizer applies that gradient at ``w``. Only the applied (second) gradient is clipped; the
+    first only sets the direction of ``e_w``, which a clip by its norm does not change. The loss
+    terms logged are the first pass's (the loss at ``w``, as without SAM).
     """
     t, world, grad_accum = setup.train, setup.world, setup.train.optim.grad_accum
     setup.stream.set_epoch(epoch, micro_batches_done, t.data.batch_size)  # a resume skips the micro-batches done
     batches = iter(setup.loader)
+    held: list[tuple[Batch, int]] = []  # with SAM: this step's micro-batches and their dropout seeds
     while step < setup.total_steps:
         batch = next(batches, None)
         if not distributed.all_have(batch is not None, world):
             return step, micro_batches_done, True
         logs.skipped_items += batch.skips
         batch = batch.to(world.device)
-        torch.manual_seed(setup.seed + 1000 * world.rank + 7919 * step + micro_batches_done)  # dropout: fixed per rank and step
+        seed = setup.seed + 1000 * world.rank + 7919 * step + micro_batches_done  # dropout: fixed per rank and step
         sync = (micro_batches_done + 1) % grad_accum == 0  # the last micro-batch before an optimizer step
-        with (contextlib.nullcontext() if sync or world.size == 1 else ddp.no_sync()), setup.autocast():
-            terms = ddp(batch)
-        (terms["loss"] / grad_accum).backward()
+        terms = forward_backward(setup, ddp, batch, seed, sync)
         micro_batches_done, logs.clips_seen = micro_batches_done + 1, logs.clips_seen + len(batch.ids)
         logs.clips_by_source.update(batch.sources)
+        if setup.passes > 1:
+            held.append((batch, seed))
         if not sync:
             continue
-        if t.optim.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(setup.objective.parameters(), t.optim.clip_grad_norm)
-        setup.optimizer.step()
+        if setup.passes > 1:
+            setup.optimizer.step(lambda: second_pass(setup, ddp, held))  # SAM: perturb, pass again, restore, AdamW step
+            held = []
+        else:
+            clip_gradients(setup)
+            setup.optimizer.step()
         setup.scheduler.step()
         setup.optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -229,8 +261,37 @@ def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batc
             logs.train.flush()
         if world.main and (step % t.log_every_steps == 0 or step == setup.total_steps):
             logs.train.add({"step": step, "epoch": epoch, "lr": setup.scheduler.get_last_lr()[0],
-                            "clips_per_s": logs.clips_per_s(world.size), **{k: float(v.detach()) for k, v in terms.items()}})
+                            **logs.throughput(world.size, setup.passes), **{k: float(v.detach()) for k, v in terms.items()}})
     return step, micro_batches_done, False
+
+
+def forward_backward(setup: Setup, ddp, batch: Batch, seed: int, sync: bool) -> dict[str, torch.Tensor]:
+    """One micro-batch: torch's RNG seeded with ``seed`` (dropout), the forward pass under autocast and
+    the backward of ``loss / grad_accum``, its gradient added to ``p.grad`` (synchronised across ranks
+    when ``sync``). Returns the loss terms."""
+    torch.manual_seed(seed)
+    with (contextlib.nullcontext() if sync or setup.world.size == 1 else ddp.no_sync()), setup.autocast():
+        terms = ddp(batch)
+    (terms["loss"] / setup.train.optim.grad_accum).backward()
+    return terms
+
+
+def second_pass(setup: Setup, ddp, held: list[tuple[Batch, int]]) -> torch.Tensor:
+    """SAM's closure: the step's micro-batches ``held`` (each with its dropout seed) again, at the
+    perturbed weights, their gradients summed as in the first pass and clipped as a one-pass step's
+    are. Returns the loss at the perturbed weights (the micro-batches' mean)."""
+    setup.optimizer.zero_grad(set_to_none=True)
+    loss = torch.zeros((), device=setup.world.device)
+    for k, (batch, seed) in enumerate(held):
+        loss += forward_backward(setup, ddp, batch, seed, sync=k == len(held) - 1)["loss"].detach() / len(held)
+    clip_gradients(setup)
+    return loss
+
+
+def clip_gradients(setup: Setup) -> None:
+    """Clip the gradient's norm over every parameter to ``train.optim.clip_grad_norm`` (0: no clipping)."""
+    if setup.train.optim.clip_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(setup.objective.parameters(), setup.train.optim.clip_grad_norm)
 
 
 def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_done: int, data_ended: bool, best: dict) -> dict:
@@ -335,9 +396,11 @@ def data_fingerprint(stream: TrainStream) -> str:
     return h.hexdigest()[:16]
 
 
-def config_of(params, fingerprint: str = "") -> dict:
-    """What a checkpoint records of the run: the seed, the ``train`` section and the data fingerprint."""
-    return {"seed": params.seed, "train": dataclasses.asdict(params.train), "data_fingerprint": fingerprint}
+def config_of(params, fingerprint: str = "", caption_vocabulary: dict | None = None) -> dict:
+    """What a checkpoint records of the run: the seed, the ``train`` section and the data fingerprint, and
+    the captioning decoder's word vocabulary (``{"kind": "words", "words": [...]}``) when it has one."""
+    config = {"seed": params.seed, "train": dataclasses.asdict(params.train), "data_fingerprint": fingerprint}
+    return config | ({"caption_vocabulary": caption_vocabulary} if caption_vocabulary is not None else {})
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
