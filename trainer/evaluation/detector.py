@@ -1,7 +1,8 @@
 """A trained (or untrained) FineLAP model as a detector: audio of any length, rate and channel
 count in, clip embeddings and per-frame query probabilities out.
 
-Inputs: a checkpoint written by the trainer (its ``config`` rebuilds the model) or ``train``
+Inputs: a checkpoint written by the trainer (its ``config`` rebuilds the model, with its
+captioning decoder's word vocabulary when it has one) or ``train``
 params plus a seed (the untrained model), and audio as whole mono arrays or as a stream of
 blocks (:func:`pipeline.audio.read_blocks` reads a file that way). Outputs (:class:`ClipScores`): the clip
 embedding ``(d,)``, frame boundaries in seconds ``(L+1,)`` and, per vocabulary, frame
@@ -88,6 +89,11 @@ class Detector:
         train = build(TrainParams, current_train_section(state["config"]["train"]), "train")
         objective = Objective(build_model(train.model), train.loss)
         checkpoint.restore(state, objective, restore_rng=False, path=path)
+        vocabulary = state["config"].get("caption_vocabulary")  # the captioning decoder's trained words, when it has some
+        if vocabulary is not None and getattr(objective, "captioner", None) is not None:
+            from trainer.captioner import WordVocabulary
+
+            objective.use_caption_vocabulary(WordVocabulary.from_dict(vocabulary, f"{path}'s caption_vocabulary"))
         detector = cls(objective, train, **kwargs)
         detector.seed = state["config"].get("seed")  # the trainer's seed: its untrained twin starts from it
         return detector

@@ -19,6 +19,7 @@ per-dimension mean and standard deviation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -43,9 +44,20 @@ class AttentionPool(nn.Module):
         self.attend = nn.MultiheadAttention(dim, heads, batch_first=True)
 
     def forward(self, frames: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        query = self.query.expand(len(frames), -1, -1)  # (N, 1, D)
-        pooled, _ = self.attend(query, frames, frames, key_padding_mask=~valid, need_weights=False)
-        return pooled[:, 0]
+        """``self.attend(query, frames, frames, key_padding_mask=~valid)`` computed without projecting
+        every frame: with one query, head h's logits are ``frames @ (W_k,h^T q_h) / sqrt(D_h)`` (its
+        key bias shifts all of a clip's logits alike), and since the weights sum to one the value
+        projection can follow the pooling. ``O(N T D H)`` instead of ``O(N T D^2)``."""
+        a, (n, _, d) = self.attend, frames.shape
+        h = a.num_heads
+        w_q, w_k, w_v = a.in_proj_weight.chunk(3)  # (D, D) each
+        b_q, _, b_v = a.in_proj_bias.chunk(3)
+        q = (self.query[0, 0] @ w_q.T + b_q).view(h, d // h)  # (H, D_h)
+        keys = torch.einsum("hk,hkd->dh", q, w_k.view(h, d // h, d)) / math.sqrt(d // h)  # (D, H)
+        logits = (frames @ keys).masked_fill(~valid[..., None], float("-inf"))  # (N, T, H)
+        pooled = torch.einsum("nth,ntd->nhd", logits.softmax(dim=1), frames)  # (N, H, D)
+        values = torch.einsum("nhd,hkd->nhk", pooled, w_v.view(h, d // h, d)) + b_v.view(h, d // h)  # (N, H, D_h)
+        return a.out_proj(values.reshape(n, d))
 
 
 def mean_pool(frames: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -64,7 +76,8 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
     Labels ``(N,)`` class indices train with softmax cross-entropy; ``(N, C)`` 0/1 multi-label
     targets with binary cross-entropy. ``num_classes`` defaults to the largest index + 1 (or C).
     Returns ``{"top1_accuracy": share of test clips whose best class is (one of) its label(s),
-    "mean_average_precision": macro AP over the classes with a positive test clip,
+    "mean_average_precision": macro AP over the classes with a positive test clip, the clips ranked
+    by the class's probability (softmax for single-label, sigmoid for multi-label),
     "classes_scored", "train_clips", "test_clips", "final_train_loss", "pooling", "steps"}``.
     """
     if pooling not in ("mean", "attention"):
@@ -104,7 +117,9 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
                       batch_size, lr, weight_decay, seed)
     with torch.no_grad():
         scores = torch.cat([logits("test", idx) for idx in torch.arange(len(x_test)).split(batch_size)])
-    scores = scores.float().cpu().numpy()
+    # probabilities rank the clips for each class: a clip's softmax over the classes (single-label), or
+    # each class's sigmoid (multi-label); raw logits carry a per-clip offset that would mix into the ranking
+    scores = (scores.float().sigmoid() if multi_label else scores.float().softmax(dim=1)).cpu().numpy()
     targets = y_test.cpu().numpy().astype(bool) if multi_label else np.eye(classes, dtype=bool)[y_test.cpu().numpy()]
     best = scores.argmax(axis=1)
     ap, scored = mean_average_precision(scores, targets)

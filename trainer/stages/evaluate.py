@@ -12,6 +12,12 @@ Output, under ``evaluate.out_dir``:
   version, PSDS settings, median filter, collar F1 threshold and its source, classes, clips,
   events, frame hop). Nothing in it depends on timing: the same checkpoint and data give the
   same bytes.
+- ``metrics.json`` also holds, with ``evaluate.probes``, ``probes``: linear probes on each model's
+  frozen audio-encoder frames (:mod:`trainer.evaluation.encoder_probes`; event-clip classification
+  with mean and attention pooling, frame-level detection on the mixtures), a ``protocol`` and the
+  ``gain``; with ``evaluate.caption_metrics``, ``captions``: BLEU, ROUGE-L and CIDEr-D of the
+  trained checkpoint's captioning decoder on the split (:mod:`trainer.evaluation.captioning`), or
+  ``{"skipped": reason}`` when it has none (its captions in ``details/test/captions_trained.csv``).
 - ``timing.json``: where the time went and the scoring throughput (clips/s) per model.
 - ``details/test/``: ``ground_truth.tsv`` and ``durations.tsv`` (DCASE layout),
   ``scores/<model>/<clip>.tsv`` (sed_scores_eval's layout; the median-filtered scores PSDS was
@@ -35,11 +41,14 @@ from pathlib import Path
 
 from pipeline.outputs import staged_dir, write_json, write_skips
 from pipeline.schema import Skip
+from trainer.data.sources import SourceError
 from trainer.evaluation import metrics as M
 from trainer.evaluation import plots
 from trainer.evaluation.calibration import threshold_setting
+from trainer.evaluation.captioning import split_captions
 from trainer.evaluation.detect import events
 from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector
+from trainer.evaluation.encoder_probes import probe_data, protocol, run_probes
 from trainer.evaluation.scoring import (
     classification_metrics,
     detection,
@@ -52,6 +61,10 @@ from trainer.evaluation.testset import ShardSplit, event_clips, read_split
 
 HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
             "t2a_r1", "t2a_r5", "t2a_r10", "zero_shot_accuracy")
+# the probe figures the report prints and the gain compares: (probe, figure)
+PROBE_HEADLINE = (("clip_mean", "top1_accuracy"), ("clip_mean", "mean_average_precision"), ("clip_attention", "top1_accuracy"),
+                  ("clip_attention", "mean_average_precision"), ("frame", "frame_auroc_macro"), ("frame", "segment_f1"))
+NOT_TIMED_AS_METRICS = ("model_scoring", "read_", "probes_", "captions_")  # timing.json: steps outside the metric work
 
 
 def write_truth(folder: Path, ground_truth: dict, durations_s: dict) -> None:
@@ -162,6 +175,42 @@ def detectors(e, seed_fallback: int) -> dict[str, Detector]:
     return models
 
 
+def probes(models: dict[str, Detector], e, split: ShardSplit, clips, seed: int, timer: M.Timer) -> dict:
+    """Every probe of :func:`run_probes` on each model's frozen encoder, trained on ``evaluate.probe_split``
+    and scored on ``split`` -> ``{"protocol", <model>: figures, "gain": trained minus untrained}``, or
+    ``{"skipped": why}`` when the probe split cannot be read."""
+    try:
+        with timer("read_probe_split"):
+            train_split = read_split(e.shards, e.probe_split)
+            train_clips = event_clips(e.event_clips, train_split) if clips is not None else None
+    except (SourceError, FileNotFoundError) as x:
+        print(f"evaluate: skipping the probes: {x}")
+        return {"skipped": str(x)}
+    data = probe_data(train_split, split, train_clips, clips, e.probe_clips, seed)
+    out: dict = {"protocol": protocol(models["trained"], data, e, seed)}
+    for name, det in models.items():
+        with timer(f"probes_{name}"):
+            out[name] = run_probes(det, data, e, seed)
+    if "untrained" in out:
+        a, b = out["trained"], out["untrained"]
+        out["gain"] = {f"{probe}_{k}": a[probe][k] - b[probe][k] for probe, k in PROBE_HEADLINE if k in a.get(probe, {}) and k in b.get(probe, {})}
+    return out
+
+
+def captions(det: Detector, split: ShardSplit, folder: Path, e, timer: M.Timer) -> dict:
+    """Caption scores of ``det``'s captioning decoder on ``split`` (:func:`split_captions`); writes
+    ``captions_trained.csv`` (id, prediction, reference) under ``folder``."""
+    with timer("captions_trained"):
+        scores, rows = split_captions(det, split, e.batch_size)
+    if rows:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "captions_trained.csv", "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(["id", "prediction", "reference"])
+            w.writerows(rows)
+    return scores
+
+
 def collar_threshold(e) -> tuple[float, str, dict | None]:
     """``evaluate.f1_threshold`` resolved against the trained checkpoint (:func:`threshold_setting`):
     ``(threshold, its source, the stored calibration or None)``; both models use it."""
@@ -194,6 +243,10 @@ def run(params) -> dict:
         for name, det in models.items():
             summary["test"][name], extras[name] = evaluate_split(det, split, clips, e, details, name, timer, skips, source)
         summary["protocol"] = extras["trained"]["protocol"]
+        if e.probes:
+            summary["probes"] = probes(models, e, split, clips, params.seed, timer)
+        if e.caption_metrics:
+            summary["captions"] = captions(models["trained"], split, details / "test", e, timer)
         for name, cfg in sorted(e.benchmarks.items()):
             cfg = dict(cfg)
             kind = cfg.pop("kind")
@@ -223,7 +276,7 @@ def run(params) -> dict:
     if stored is not None:
         summary["protocol"]["collar_f1"]["calibration"] = stored
     summary["skipped"] = len(skips)
-    timing = {"time": timer.summary(), "clips_per_s": {name: x["clips_per_s"] for name, x in extras.items()}}
+    timing = {"time": timer.summary(NOT_TIMED_AS_METRICS), "clips_per_s": {name: x["clips_per_s"] for name, x in extras.items()}}
     write_json(out / "metrics.json", summary)
     write_json(out / "timing.json", timing)
     print(report(summary, timing))
@@ -242,6 +295,7 @@ def report(summary: dict, timing: dict) -> str:
             lines.append(f"  {k:<20}" + "".join(f"{test[n].get(k, float('nan')):>11.3f}" for n in names))
     f1 = summary["protocol"]["collar_f1"]
     lines.append(f"  collar F1 at threshold {f1['threshold']:.4g} ({f1['threshold_source']})")
+    lines += probe_lines(summary.get("probes"), summary.get("captions"))
     for name, b in summary["benchmarks"].items():
         lines.append(f"  benchmark {name}: " + (b["skipped"] if "skipped" in b else
                      ", ".join(f"{k} {v:.3f}" for k, v in b.get("trained", {}).items() if k != "clips")))
@@ -254,3 +308,21 @@ def report(summary: dict, timing: dict) -> str:
     lines.append(f"  metrics {t['metrics_s']:.2f} s, of which sed_scores_eval {t['sed_scores_eval_s']:.2f} s "
                  f"({100 * t['outside_sed_scores_eval_share']:.1f}% outside it); {t['total_s']:.2f} s in all")
     return "\n".join(lines)
+
+
+def probe_lines(probed: dict | None, captioned: dict | None) -> list[str]:
+    """The report's lines for the probes (headline figures per model) and the caption scores."""
+    lines = []
+    if probed is not None and "skipped" in probed:
+        lines.append(f"  probes: skipped ({probed['skipped']})")
+    elif probed is not None:
+        names = [n for n in ("trained", "untrained") if n in probed]
+        lines.append(f"  probes on the frozen encoder ({probed['protocol']['train_split']} -> {probed['protocol']['test_split']})"
+                     + "".join(f"{n:>11}" for n in names))
+        for probe, k in PROBE_HEADLINE:
+            if any(k in probed[n].get(probe, {}) for n in names):
+                lines.append(f"    {probe + ' ' + k:<40}" + "".join(f"{probed[n].get(probe, {}).get(k, float('nan')):>11.3f}" for n in names))
+    if captioned is not None:
+        lines.append("  captions: " + (f"skipped ({captioned['skipped']})" if "skipped" in captioned else
+                     ", ".join(f"{k} {captioned[k]:.3f}" for k in ("bleu_4", "rouge_l", "cider_d"))))
+    return lines
