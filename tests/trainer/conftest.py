@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from tests.conftest import tiny_train_params
 from trainer.stages.train import run
@@ -19,12 +18,3 @@ def smoke_run(shard_folder, tmp_path_factory):
     p = replace(base, train=replace(base.train, optim=replace(base.train.optim, max_steps=3)))
     summary = run(p)
     return p, out, summary
-
-
-@pytest.fixture
-def one_torch_thread():
-    """Tiny models run fastest on one thread, and do not stall when other work holds the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

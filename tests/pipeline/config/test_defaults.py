@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from pipeline.config.params import ExcerptParams, Params, load_params
+from sedsynth.cli import TRAINER_SECTIONS  # the sections the data stages leave to the trainer
 from tests.conftest import ROOT
-
-TRAINER_SECTIONS = ("train", "evaluate", "ablations")
 
 
 def _differences(default: object, configured: object, key: str = "") -> list[str]:
