@@ -21,14 +21,13 @@ from dataclasses import replace
 import soundfile as sf
 import torch
 
-# Dense bf16 peak (TFLOP/s) by device name, for MFU.
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
-
-
 def _peak_tflops(name: str, override: float | None) -> float | None:
+    from trainer.precision import peak_bf16_flops
+
     if override:
         return override
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    peak = peak_bf16_flops(name)
+    return peak / 1e12 if peak else None
 
 
 def gpu_preset(params):

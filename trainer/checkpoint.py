@@ -145,10 +145,12 @@ def store_entry(path: str | Path, key: str, value: Any) -> None:
     path = Path(path)
     state = read(path, "checkpoint")
     state[key] = plain(value)
-    _write(path, state)
+    write_torch_file(path, state)
 
 
-def _write(path: Path, state: dict) -> None:
+def write_torch_file(path: Path, state: dict) -> None:
+    """``torch.save`` ``state`` to ``path`` through a temporary name and a rename (parent folders made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(state, tmp)
     os.replace(tmp, path)
@@ -199,7 +201,7 @@ def save(path: Path, model: nn.Module, optimizer, scheduler, step: int, epoch: i
         "config": plain(config),
         "metrics": plain(metrics or {}),
     }
-    _write(path, state)
+    write_torch_file(path, state)
 
 
 def restore(state: dict, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True, path: str | Path = "checkpoint") -> dict:

@@ -44,6 +44,16 @@ class CsvLog:
         write_atomic(self.path, buf.getvalue().encode("utf-8"))
 
 
+def step_progress(desc: str, total: int, initial: int = 0, disable: bool = False):
+    """A tqdm bar over optimizer steps; in a log (DVC, a cluster job) it redraws every 30 s instead of on every step."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    every = 0.1 if sys.stderr.isatty() else 30.0
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", disable=disable, dynamic_ncols=True, mininterval=every)
+
+
 def _number(text: str):
     try:
         value = float(text)

@@ -26,7 +26,6 @@ clips/s, FLOPs per step, MFU on CUDA), ``curves.png`` (the loss), ``config.json`
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import math
 import time
@@ -41,23 +40,22 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipeline.audio import AudioError, decode_mono
 from pipeline.figures import pyplot, save_png
-from pipeline.outputs import write_atomic, write_json
+from pipeline.outputs import write_json
 from pipeline.schema import Skip
 from trainer import distributed
 from trainer.config import PretrainParams
+from trainer.checkpoint import write_torch_file
 from trainer.encoders import AudioEncoder, build_encoder, pretrained_file
 from trainer.features import Fbank
-from trainer.logs import CsvLog, write_skips
+from trainer.logs import CsvLog, step_progress, write_skips
 from trainer.mae import PATCH, MaskedAutoencoder, encoder_state, flops_per_step, masked_mse, model_flops_utilisation
 from trainer.optim import lr_lambda
-from trainer.precision import autocast_for
+from trainer.precision import autocast_for, peak_bf16_flops
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".aif", ".aiff", ".mp3")
 # stage manifests that list a folder's audio (``audio_path`` relative to the folder), and their id column
 MANIFESTS = (("manifest.parquet", ("clip_id", "segment_id")), ("mixtures.parquet", ("mixture_id",)))
 HELDOUT_SPLITS = ("valid", "test")
-# dense bf16 tensor-core peak FLOP/s by GPU name, for the MFU in metrics.json (vendor data sheets, SXM parts)
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,7 @@ def run(params, out_dir: Path | None = None) -> dict:
                                      "heldout_left_out": left_out})
     log, skips = CsvLog(out / "pretrain_log.csv"), {}  # skips: path -> Skip, each file once
     log.rows = []
-    progress = _progress(m.steps)
+    progress = step_progress("pretrain", m.steps)
     step, clips_seen, first_loss, loss = 0, 0, None, float("nan")
     started = time.perf_counter()
     # the loop: one optimizer step per batch of decodable clips, until pretrain.steps
@@ -126,7 +124,7 @@ def run(params, out_dir: Path | None = None) -> dict:
     progress.close()
 
     # the outputs: the encoder's weights, the logs, metrics.json and curves.png
-    save_encoder(out / "checkpoints" / "encoder.pt", pretrained_file(
+    write_torch_file(out / "checkpoints" / "encoder.pt", pretrained_file(
         m.encoder, encoder_state(model), steps=step, loss=loss, seed=params.seed, mask_ratio=m.mask_ratio, crop_s=m.crop_s))
     write_skips(out / "skipped.csv", list(skips.values()))
     flops = flops_per_step(model, m.batch_size, m.crop_s)
@@ -280,21 +278,13 @@ def schedule(m: PretrainParams):
     return lambda step: warm_cosine(step) if step < m.warmup_steps else floor + (1 - floor) * warm_cosine(step)
 
 
-def save_encoder(path: Path, contents: dict) -> None:
-    """``torch.save`` ``contents`` to ``path`` through a temporary name and a rename."""
-    buf = io.BytesIO()
-    torch.save(contents, buf)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, buf.getvalue())
-
 
 def mfu(flops: int, step_s: float, device: torch.device) -> float | None:
-    """Model FLOPs utilisation against the GPU's dense bf16 peak (:data:`PEAK_BF16_FLOPS`); None on a
-    CPU or an unlisted GPU."""
+    """Model FLOPs utilisation against the GPU's dense bf16 peak (:func:`~trainer.precision.peak_bf16_flops`);
+    None on a CPU or an unlisted GPU."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    peak = peak_bf16_flops(torch.cuda.get_device_name(device))
     return round(model_flops_utilisation(flops, step_s, peak), 4) if peak else None
 
 
@@ -309,12 +299,3 @@ def plot_loss(rows: list[dict], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     save_png(fig, path, dpi=100)
-
-
-def _progress(total: int):
-    import sys
-
-    from tqdm.auto import tqdm
-
-    # In a log (DVC, a cluster job) redraw every 30 s instead of on every step.
-    return tqdm(total=total, desc="pretrain", unit="step", dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 30.0)

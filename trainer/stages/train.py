@@ -40,7 +40,7 @@ from trainer.config import TrainParams, current_train_section
 from trainer.data.stream import Batch, TrainStream, caption_texts, collate, make_stream
 from trainer.evaluation.calibration import calibrate_checkpoint
 from trainer.heldout import score
-from trainer.logs import CsvLog, plot_curves, write_skips
+from trainer.logs import CsvLog, plot_curves, step_progress, write_skips
 from trainer.model import build_model
 from trainer.objective import Objective
 from trainer.optim import lr_lambda, optimizer_for, passes_per_step
@@ -202,7 +202,7 @@ def start_logs(setup: Setup, step: int) -> Logs:
         if step == 0 and setup.valid_loader is not None:
             untrained = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
             valid_log.add({"epoch": 0, "step": 0, **untrained, "wall_s": 0.0})
-    return Logs(train_log, valid_log, _progress(setup.world, setup.total_steps, step), skipped_items=list(setup.stream.skips))
+    return Logs(train_log, valid_log, step_progress("train", setup.total_steps, step, disable=not setup.world.main), skipped_items=list(setup.stream.skips))
 
 
 def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batches_done: int,
@@ -414,13 +414,3 @@ def compatible(saved: dict, current: dict) -> list[str]:
     """Config keys that differ between a checkpoint and this run (beyond the resumable ones)."""
     a, b = _flat(saved), _flat(current)
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not k.removeprefix("train.").startswith(RESUMABLE_CHANGES))
-
-
-def _progress(world, total: int, initial: int):
-    import sys
-
-    from tqdm.auto import tqdm
-
-    # In a log (DVC, a cluster job) redraw every 30 s instead of on every step.
-    every = 0.1 if sys.stderr.isatty() else 30.0
-    return tqdm(total=total, initial=initial, desc="train", unit="step", disable=not world.main, dynamic_ncols=True, mininterval=every)
