@@ -27,6 +27,9 @@ from tqdm import tqdm
 from pipeline.config.params import ComputeParams
 
 SINGLE_THREADED_LIBRARIES = {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1}
+# A local worker's statistical profiler takes the GIL every 10 ms to walk the task's stack (for the
+# dashboard, which a local cluster here does not start); it cost the mix stage's workers about 15% CPU.
+QUIET_WORKERS = {"distributed.worker.profile.enabled": False}
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -46,7 +49,7 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
         # off glibc's adaptive mmap threshold: every large numpy temporary is then mapped and
         # unmapped afresh, and page faults tripled the system time of the stages. Keep the
         # one-thread-per-library settings only.
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": SINGLE_THREADED_LIBRARIES}):
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": SINGLE_THREADED_LIBRARIES, **QUIET_WORKERS}):
             cluster = LocalCluster(
                 n_workers=compute.workers,
                 threads_per_worker=1,

@@ -36,3 +36,17 @@ def test_started_workers_preload_and_serve_several_maps_in_order() -> None:
     pids = {pid for pid, _ in first + second}
     assert os.getpid() not in pids and len(pids) <= 2
     assert client.status == "closed"
+
+
+def _worker_settings(_: int) -> tuple[object, str | None, str | None]:
+    import dask
+
+    return dask.config.get("distributed.worker.profile.enabled"), os.environ.get("OMP_NUM_THREADS"), os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_local_workers_run_without_the_profiler_and_with_one_thread_per_library() -> None:
+    compute = ComputeParams(workers=2, chunk_size=1)
+    with Workers(compute) as workers:
+        settings = set(map_ordered(_worker_settings, range(2), compute, "test", workers=workers))
+    # the profiler would take the GIL every 10 ms; MALLOC_TRIM_THRESHOLD_ would disable glibc's adaptive mmap threshold
+    assert settings == {(False, "1", None)}
