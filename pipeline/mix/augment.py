@@ -39,6 +39,7 @@ SHOEBOX = "shoebox:"
 RIR_FILE = "file:"
 RIR_EXTENSIONS = (".wav", ".flac", ".ogg", ".aiff", ".aif")
 BROWNIAN_RMS_DBFS = -30.0
+BROWNIAN_SOURCE, BROWNIAN_AUTHOR, BROWNIAN_LICENSE = "Brownian noise", "generated", "CC0"  # a generated background's record
 BROWNIAN_LEAK = 0.999  # the integrator's leak: keeps the walk from drifting (a pole at 2.5 Hz at 16 kHz)
 RIR_TAIL_DB = -70.0
 KEPT_RESULTS = 32
@@ -242,9 +243,10 @@ def brownian_segment(k: int, num_samples: int, sample_rate_hz: int) -> Backgroun
     x = int16_to_float(brownian_noise(segment_id, num_samples))
     peak = float(np.max(np.abs(x)))
     return BackgroundSegment(
-        audio_path="", source_id="Brownian noise", source_path="", duration_s=num_samples / sample_rate_hz, num_samples=num_samples,
+        audio_path="", source_id=BROWNIAN_SOURCE, source_path="", duration_s=num_samples / sample_rate_hz, num_samples=num_samples,
         sample_rate_hz=sample_rate_hz, source_sample_rate_hz=sample_rate_hz, source_channels=1,
         rms_dbfs=float(power_db(float(np.mean(x.astype(np.float64) ** 2)))), peak_dbfs=float(20.0 * math.log10(max(peak, 1e-9))),
         loudness_lufs=float(integrated_lufs(x, sample_rate_hz)), envelope_frame_s=0.0, envelope_hop_s=0.0, envelope_db=(),
-        license="CC0", segment_id=segment_id, category="noise", offset_in_source_s=0.0, peak_to_median_db=0.0, author="generated",
+        license=BROWNIAN_LICENSE, segment_id=segment_id, category="noise", offset_in_source_s=0.0, peak_to_median_db=0.0,
+        author=BROWNIAN_AUTHOR,
     )

@@ -36,6 +36,7 @@ import pyarrow as pa
 from pipeline.config.mix_spec import MixSpec
 from pipeline.config.params import MixParams
 from pipeline.licenses import license_name, most_restrictive
+from pipeline.mix.augment import BROWNIAN, BROWNIAN_AUTHOR, BROWNIAN_LICENSE, BROWNIAN_SOURCE, is_brownian
 from pipeline.mix.jams_export import write_jams
 from pipeline.mix.layout import ATTRIBUTION, LICENSES, METADATA, MIXTURES, OCCURRENCES, SEGMENTS, TIMELINES
 from pipeline.mix.render import Sources
@@ -136,17 +137,21 @@ def license_summary(mixtures: pa.Table, occurrences: pa.Table, events: list[Even
     """(licenses.json content, attribution.csv bytes) for the sources the mixtures use.
 
     ``mixtures`` and ``occurrences``: the stage's tables (columns ``license``, ``split``,
-    ``background_id`` and ``clip_id`` are read).
+    ``background_id`` and ``clip_id`` are read). Generated Brownian-noise backgrounds (one
+    per mixture) share one row, ``brownian-*``, counting the mixtures that use one.
     """
     ev = {e.clip_id: e for e in events}
     bg = {b.segment_id: b for b in backgrounds}
     used_events = Counter(_column(occurrences, "clip_id"))
-    used_bgs = Counter(_column(mixtures, "background_id"))
+    used_bgs = Counter(BROWNIAN + "*" if is_brownian(sid) else sid for sid in _column(mixtures, "background_id"))
     rows = []
     for cid in sorted(used_events):
         e = ev[cid]
         rows.append(["event", cid, e.source_dataset, e.source_id, e.title, e.uploader, e.license, e.license_url, used_events[cid]])
     for sid in sorted(used_bgs):
+        if is_brownian(sid):
+            rows.append(["background", sid, "generated", BROWNIAN_SOURCE, "", BROWNIAN_AUTHOR, BROWNIAN_LICENSE, "", used_bgs[sid]])
+            continue
         b = bg[sid]
         url = b.license if "://" in b.license else ""
         rows.append(["background", sid, "ambience", b.source_id, b.source_path, b.author, license_name(b.license), url, used_bgs[sid]])

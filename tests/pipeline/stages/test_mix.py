@@ -99,6 +99,20 @@ def test_outputs_splits_and_licences(sources, tmp_path: Path) -> None:
     assert all(m.license in m.licenses and m.attribution for m in mixtures)
 
 
+def test_generated_noise_backgrounds_run_through_every_output(sources, tmp_path: Path) -> None:
+    """URBAN-SED's preset: every background is Brownian noise, which no manifest holds; the
+    licence summary, attribution and DCASE files still come out, the noise as one CC0 row."""
+    events_dir, backgrounds_dir = sources
+    out = tmp_path / "mix"
+    p = small(preset="urban-sed")
+    run(p, events_dir, backgrounds_dir, out)
+    mixtures, _, _ = tables(out)
+    assert mixtures and all(m.background_id.startswith("brownian-") for m in mixtures)
+    rows = (out / "attribution.csv").read_text().splitlines()
+    assert [r for r in rows if r.startswith("background,")] == [f"background,brownian-*,generated,Brownian noise,,generated,CC0,,{len(mixtures)}"]
+    assert (out / "metadata" / "train" / "events.tsv").exists()
+
+
 def test_allowed_licenses_filter_sources(sources, tmp_path: Path) -> None:
     events_dir, backgrounds_dir = sources
     out = tmp_path / "mix"
