@@ -226,7 +226,8 @@ def quantize_int16(x: np.ndarray) -> np.ndarray:
     """float32 in [-1, 1) -> int16, rounding and saturating at full scale."""
     y = np.multiply(x, np.float32(FULL_SCALE_INT16), dtype=np.float32)
     np.rint(y, out=y)
-    np.clip(y, -32768, 32767, out=y)
+    np.minimum(y, np.float32(32767), out=y)  # np.clip's bounds, without its Python-level checks
+    np.maximum(y, np.float32(-32768), out=y)
     return y.astype(np.int16)
 
 

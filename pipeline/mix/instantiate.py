@@ -269,18 +269,18 @@ def draw_mixture(ctx: MixContext, split: str, index: int, mixture_id: str, audio
         picks = rng.integers(len(pool), size=n_events)
 
     placed: list[tuple[int, int]] = []  # (onset, end) of every placed occurrence, in samples
-    occurrences: list[EventOccurrence] = []
+    drawn: list[dict] = []
     dropped = 0
     clips: dict[str, EventClip] = {}
     for event_index, pick in enumerate(picks):
         clip = pool[int(pick)]
         mine, lost = _draw_event(ctx, rng, mixture_id, event_index, clip, bg, num_samples, placed)
-        occurrences += mine
+        drawn += mine
         dropped += lost
         if mine:
             clips[clip.clip_id] = clip
-    occurrences.sort(key=lambda o: (o.onset_s, o.event_index, o.source_in_s))
-    occurrences = [replace(o, occurrence_index=i) for i, o in enumerate(occurrences)]
+    drawn.sort(key=lambda o: (o["onset_s"], o["event_index"], o["source_in_s"]))
+    occurrences = [EventOccurrence(occurrence_index=i, **o) for i, o in enumerate(drawn)]
     return Draw(_recipe(split, index, mixture_id, audio_path, num_samples, sr, spec.level_mode, bg, occurrences, clips, placed),
                 occurrences, bg.segment, clips, dropped)
 
@@ -353,8 +353,9 @@ def _event_level_db(span: np.ndarray, fades: tuple[int, int], aug: _Augmentation
 
 
 def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, event_index: int, clip: EventClip,
-                bg: _Background, num_samples: int, placed: list[tuple[int, int]]) -> tuple[list[EventOccurrence], int]:
-    """One event's occurrences (``occurrence_index`` still unset) and how many found no room.
+                bg: _Background, num_samples: int, placed: list[tuple[int, int]]) -> tuple[list[dict], int]:
+    """One event's occurrences (:class:`~pipeline.schema.EventOccurrence` fields but ``occurrence_index``,
+    set once the mixture's occurrences are in time order) and how many found no room.
 
     Draws, in this order: the span of the clip, SNR, fades, the role (whole, repeat, pieces)
     and an onset per occurrence; ``placed`` gains every placed occurrence.
@@ -379,7 +380,7 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
             ctx._levels[key] = _event_level_db(q[src_start : src_start + length], fades, aug, mode, sr)
         gain = bg.level_db + bg.gain_db + snr - ctx._levels[key]
     own: list[tuple[int, int]] = []
-    out: list[EventOccurrence] = []
+    out: list[dict] = []
     tail = tail_samples(aug.rir_id, sr)
     for s_start, s_len in spans:
         placed_len = stretched_length(s_len, aug.time_stretch_factor) if aug.stretch_method else s_len
@@ -394,8 +395,8 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
             window = bg.window[onset:end]
             level = level_db(window, "rms", sr) if window.shape[0] else -120.0
             occ_gain = level + bg.gain_db + snr - _event_level_db(q[s_start : s_start + s_len], (fade_in, fade_out), aug, "rms", sr)
-        out.append(EventOccurrence(
-            mixture_id=mixture_id, occurrence_index=-1, event_index=event_index, role=role, clip_id=clip.clip_id,
+        out.append(dict(
+            mixture_id=mixture_id, event_index=event_index, role=role, clip_id=clip.clip_id,
             label=clip.label, mid=clip.mid, source_in_s=s_start / sr, source_out_s=(s_start + s_len) / sr,
             onset_s=onset / sr, offset_s=min(end + tail, num_samples) / sr, fade_in_s=fade_in / sr, fade_out_s=fade_out / sr,
             gain_db=float(occ_gain), snr_db=snr, realised_snr_db=float("nan"), license=clip.license, **aug.__dict__,

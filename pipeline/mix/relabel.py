@@ -62,15 +62,18 @@ class Envelope:
         centres = origin_s + np.arange(db.shape[0]) * hop_s + frame_s / 2
         return cls(frame_s, hop_s, np.power(10.0, db / 10.0), db, centres, origin_s)
 
+    def __post_init__(self) -> None:
+        # The knots :meth:`at` interpolates on: the frame centres, and the signal's two edges
+        # holding the first and last frame's power (so a time between an edge and the nearest
+        # centre reads that frame, and a time outside the signal reads zero).
+        end = self.centres_s[-1] + self.frame_s / 2
+        object.__setattr__(self, "_knots_s", np.concatenate(([self.origin_s], self.centres_s, [end])))
+        object.__setattr__(self, "_knots_power", np.concatenate((self.power[:1], self.power, self.power[-1:])))
+
     def at(self, t_s: np.ndarray) -> np.ndarray:
-        """Power at times ``t_s`` (linear between frame centres, zero outside the frames)."""
-        out = np.interp(t_s, self.centres_s, self.power, left=0.0, right=0.0)
-        inside = (t_s >= self.origin_s) & (t_s <= self.centres_s[-1] + self.frame_s / 2)
-        edge = inside & (out == 0.0)  # between a signal edge and the first or last centre
-        if edge.any():
-            k = np.rint((t_s[edge] - self.origin_s - self.frame_s / 2) / self.hop_s).astype(int)
-            out[edge] = self.power[np.clip(k, 0, self.power.shape[0] - 1)]
-        return out
+        """Power at times ``t_s``: linear between frame centres, the edge frame's power between a
+        signal edge and its centre, zero outside the signal."""
+        return np.interp(t_s, self._knots_s, self._knots_power, left=0.0, right=0.0)
 
 
 def _runs(active: np.ndarray) -> np.ndarray:
@@ -79,22 +82,24 @@ def _runs(active: np.ndarray) -> np.ndarray:
     return edges.reshape(-1, 2)
 
 
+def smoothed_runs(active: np.ndarray, fill_gap_frames: int, drop_run_frames: int, span_frames: int) -> list[list[int]]:
+    """FLAM's two smoothing rules on one occurrence's frame activity, as ``[start, end)`` runs."""
+    runs: list[list[int]] = []
+    for start, end in _runs(active).tolist():  # gaps shorter than fill_gap_frames between runs are filled
+        if runs and start - runs[-1][1] < fill_gap_frames:
+            runs[-1][1] = end
+        else:
+            runs.append([start, end])
+    if active.shape[0] > span_frames:
+        runs = [r for r in runs if r[1] - r[0] >= drop_run_frames]
+    return runs
+
+
 def smooth(active: np.ndarray, fill_gap_frames: int, drop_run_frames: int, span_frames: int) -> np.ndarray:
-    """FLAM's two smoothing rules on one occurrence's frame activity."""
-    if not active.any():
-        return active
-    if active.all():  # one run: only the drop rule can apply
-        n = active.shape[0]
-        return np.zeros_like(active) if n > span_frames and n < drop_run_frames else active
-    out = active.copy()
-    runs = _runs(out)
-    for (_, end), (start, _) in zip(runs[:-1], runs[1:]):
-        if start - end < fill_gap_frames:
-            out[end:start] = True
-    if out.shape[0] > span_frames:
-        for start, end in _runs(out):
-            if end - start < drop_run_frames:
-                out[start:end] = False
+    """FLAM's two smoothing rules on one occurrence's frame activity (:func:`smoothed_runs` as a mask)."""
+    out = np.zeros_like(active)
+    for start, end in smoothed_runs(active, fill_gap_frames, drop_run_frames, span_frames):
+        out[start:end] = True
     return out
 
 
@@ -117,14 +122,14 @@ def occurrence_activity(
     if background is not None:
         offset_s, gain_db, bg_env = background
         other += bg_env.at(t + offset_s) * 10.0 ** ((gain_db + mixture_gain_db) / 10.0)
-    for o, env in rest:
-        inside = (t >= o.onset_s) & (t < o.offset_s)
-        if inside.any():
-            other[inside] += env.at(t[inside] - o.onset_s + o.source_in_s) * 10.0 ** ((o.gain_db + mixture_gain_db) / 10.0)
+    for o, env in rest:  # t rises: the frames inside [onset, offset) of another occurrence are one slice
+        i, j = np.searchsorted(t, (o.onset_s, o.offset_s), side="left")
+        if j > i:
+            other[i:j] += env.at(t[i:j] - o.onset_s + o.source_in_s) * 10.0 ** ((o.gain_db + mixture_gain_db) / 10.0)
     other_db = 10.0 * np.log10(np.maximum(other, 1e-30))
     loud = (own_db >= p.absolute_floor_db) & (own_db >= own_db.max() + p.relative_floor_db)
     active = loud & (own_db - other_db >= p.masked_below_snr_db)
-    active = smooth(
+    runs = smoothed_runs(
         active,
         fill_gap_frames=int(round(p.fill_gaps_below_s / hop)),
         drop_run_frames=int(round(p.drop_runs_below_s / hop)),
@@ -133,7 +138,7 @@ def occurrence_activity(
     power = envelope.power[first : last + 1]
     intervals = []
     n = frames.shape[0]
-    for a, b in _runs(active):
+    for a, b in runs:
         start, end = t[a], t[b - 1]
         # An edge next to quiet (not masked) frames, or at the span's edge, is a step in the
         # event's own energy: the edge frame's share of its neighbour's energy says where in

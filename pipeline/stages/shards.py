@@ -54,10 +54,12 @@ def _need(path: Path, stage: str) -> Path:
     return path
 
 
+_KEPT_PHRASE_FIELDS = tuple(f.name for f in dataclasses.fields(ShardPhrase) if f.name != "cluster_id")
+
+
 def shard_phrase(ph: LabelPhrase, cluster_id: int) -> ShardPhrase:
     """A caption phrase with its cluster: every field of the :class:`LabelPhrase` a shard row keeps, by name."""
-    kept = {f.name: getattr(ph, f.name) for f in dataclasses.fields(ShardPhrase) if f.name != "cluster_id"}
-    return ShardPhrase(**kept, cluster_id=cluster_id)
+    return ShardPhrase(**{name: getattr(ph, name) for name in _KEPT_PHRASE_FIELDS}, cluster_id=cluster_id)
 
 
 def build_rows(mix_dir: Path, seed: int, captions: dict[str, Caption], phrases: dict[str, list[LabelPhrase]],

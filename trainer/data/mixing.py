@@ -257,11 +257,20 @@ class MixingSource:
         return [self.row_of(self.mixture(i)) for i in range(piece.start, piece.stop)]
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _as_read(value):
     """A record as Parquet reads it back (dataclasses as dicts, tuples as lists), so a mixed row equals the shard row
     of the same mixture (as ``dataclasses.asdict`` would give, without its deep copies)."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _as_read(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (str, int, float)) or value is None:
+        return value
+    cls = type(value)
+    names = _FIELD_NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(cls):
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    if names is not None:
+        return {name: _as_read(getattr(value, name)) for name in names}
     if isinstance(value, dict):
         return {k: _as_read(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
