@@ -6,7 +6,8 @@ Two steps, so that the work grows in the workers and not in the main process. Pe
 JAMS files of its mixtures and its rows of the DCASE files (two fragments in the staging
 folder). Once per run (from the concatenated ``mixtures`` / ``occurrences`` / ``segments``
 tables, read column-wise, :func:`write_all`): the DCASE files joined from the fragments, the
-licences, the picture and the summary's counts. Output (all atomic):
+licences and the summary's counts. The picture (:func:`plot_timelines`) is drawn by the mix
+stage as one more task beside its partitions. Output (all atomic):
 
 - ``metadata/<split>/events.tsv``: ``filename onset offset event_label`` (DESED / DCASE
   task 4; relabeled, same-label segments merged; a mixture with no audible event has one row
@@ -33,6 +34,7 @@ from typing import Iterable, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from pipeline.audio import int16_to_float
 from pipeline.config.mix_spec import MixSpec
 from pipeline.config.params import MixParams
 from pipeline.licenses import license_name, most_restrictive
@@ -177,9 +179,13 @@ def license_summary(mixtures: pa.Table, occurrences: pa.Table, events: list[Even
     return summary, buf.getvalue().encode("utf-8")
 
 
-def plot_timelines(stage: Path, picks: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]],
-                   segments_of: dict[str, list[LabelSegment]], path: Path) -> None:
-    """Spectrogram over lanes per label: placed occurrences (light) and relabeled segments (dark), one pair of panels per mixture in ``picks``."""
+def plot_timelines(stage: Path | None, picks: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]],
+                   segments_of: dict[str, list[LabelSegment]], path: Path, audio_of: dict[str, np.ndarray] | None = None) -> None:
+    """Spectrogram over lanes per label: placed occurrences (light) and relabeled segments (dark), one pair of panels per mixture in ``picks``.
+
+    Each mixture's int16 samples come from ``audio_of`` (mixture id -> samples), else from its
+    FLAC file under ``stage``.
+    """
     if not picks:  # before the imports: matplotlib alone takes most of a second to import
         return
     import matplotlib
@@ -200,7 +206,10 @@ def plot_timelines(stage: Path, picks: list[MixtureRecipe], occurrences_of: dict
     for k, m in enumerate(picks):
         panels = rows[k].subgridspec(2, 1, height_ratios=[2, 1.2], hspace=0.06)
         ax_s, ax_l = fig.add_subplot(panels[0]), fig.add_subplot(panels[1])
-        x, sr = sf.read(stage / m.audio_path, dtype="float32")
+        if audio_of is not None:
+            x, sr = int16_to_float(audio_of[m.mixture_id]), m.sample_rate_hz  # the FLAC's samples, as sf.read gives them
+        else:
+            x, sr = sf.read(stage / m.audio_path, dtype="float32")
         n_fft = 1 << int(np.ceil(np.log2(0.032 * sr)))
         hop = n_fft // 4
         frames = np.lib.stride_tricks.sliding_window_view(np.pad(x, (0, n_fft)), n_fft)[::hop] * np.hanning(n_fft)
@@ -228,12 +237,25 @@ def plot_timelines(stage: Path, picks: list[MixtureRecipe], occurrences_of: dict
     save_png(fig, path, dpi=90)
 
 
+def timeline_rows(num_rows: int, count: int) -> np.ndarray:
+    """Rows of the run's mixtures table (splits in order, each by index) that the picture shows: ``count`` spread evenly."""
+    if num_rows == 0 or count <= 0:
+        return np.zeros(0, np.int64)
+    return np.unique(np.linspace(0, num_rows - 1, min(count, num_rows)).round()).astype(np.int64)
+
+
+def timeline_mixtures(mixtures_by_split: dict[str, int], count: int) -> list[tuple[str, int]]:
+    """``(split, index)`` of the mixtures :func:`timeline_picks` picks from a run of these counts, known before it is made."""
+    order = [(split, index) for split in SPLITS for index in range(mixtures_by_split.get(split, 0))]
+    return [order[r] for r in timeline_rows(len(order), count).tolist()]
+
+
 def timeline_picks(tables: dict[str, pa.Table], count: int) -> tuple[list[MixtureRecipe], dict, dict]:
     """(recipes, occurrences_of, segments_of) of ``count`` mixtures spread evenly over the run, as records."""
     mixtures = tables[MIXTURES]
-    if mixtures.num_rows == 0 or count <= 0:
+    rows = timeline_rows(mixtures.num_rows, count)
+    if rows.shape[0] == 0:
         return [], {}, {}
-    rows = np.unique(np.linspace(0, mixtures.num_rows - 1, min(count, mixtures.num_rows)).round()).astype(np.int64)
     recipes = from_table(mixtures.take(pa.array(rows)), MixtureRecipe)
     ids = {m.mixture_id for m in recipes}
 
@@ -246,16 +268,18 @@ def timeline_picks(tables: dict[str, pa.Table], count: int) -> tuple[list[Mixtur
 
 
 def write_all(stage: Path, tables: dict[str, pa.Table], fragments: dict[str, list[Path]], p: MixParams, spec: MixSpec,
-              events: list[EventClip], backgrounds: list[BackgroundSegment]) -> dict:
+              events: list[EventClip], backgrounds: list[BackgroundSegment], picture: bool = True) -> dict:
     """The run's exports from its three tables (keyed by file name) and its partitions' DCASE
     fragments (split -> prefixes, in order); returns the summary's counts. The tables are read
-    column-wise: only the pictured mixtures become records."""
+    column-wise: only the pictured mixtures become records. ``picture=False``: the timelines
+    picture is made elsewhere (the mix stage draws it in a worker while the partitions render)."""
     mixtures, occurrences, segments = tables[MIXTURES], tables[OCCURRENCES], tables[SEGMENTS]
     join_dcase_metadata(stage, fragments)
     licenses, attribution = license_summary(mixtures, occurrences, events, backgrounds)
     write_atomic(stage / LICENSES, (json.dumps(licenses, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     write_atomic(stage / ATTRIBUTION, attribution)
-    plot_timelines(stage, *timeline_picks(tables, p.export.timelines), stage / TIMELINES)
+    if picture:
+        plot_timelines(stage, *timeline_picks(tables, p.export.timelines), stage / TIMELINES)
     splits = Counter(_column(mixtures, "split"))
     return {
         "mixtures": mixtures.num_rows,

@@ -29,7 +29,8 @@ two splits.
 Work is cut into partitions of ``partition_size`` mixtures; each carries the resolved spec to
 its worker (:class:`MixRun`). A worker renders its partition's audio and writes everything that
 grows with the number of mixtures (FLAC, txt and JAMS files, its rows of the tables and of the
-DCASE files); the main process only joins them. With several workers, the workers boot while
+DCASE files); the main process only joins them. The timelines picture is one more task of
+the same map, drawn first from its mixtures made again, so it runs beside the partitions. With several workers, the workers boot while
 this process reads the manifests and decodes the sources into the bank. Each finished
 partition is kept in the hidden staging folder; a run that is killed and started again with
 the same inputs and params skips finished partitions and ends with the same bytes as an
@@ -60,7 +61,7 @@ from pipeline.mix import exports
 from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
 from pipeline.mix.instantiate import MixContext, instantiate
 from pipeline.mix.library import LIBRARY_DATASET, label_folders, write_libraries
-from pipeline.mix.layout import MIXTURES, OCCURRENCES, RECORDS, SEGMENTS, SPEC, audio_path, mixture_id
+from pipeline.mix.layout import MIXTURES, OCCURRENCES, RECORDS, SEGMENTS, SPEC, TIMELINES, audio_path, mixture_id
 from pipeline.outputs import (
     MANIFEST,
     SKIPPED,
@@ -327,6 +328,18 @@ class Partition:
     count: int
 
 
+@dataclass(frozen=True)
+class Timelines:
+    """The picture of a run (``timelines.png``): drawn by a worker beside the partitions, from
+    its mixtures made again (the same bytes as their partitions'), so no one waits for it at the end."""
+
+    run: MixRun
+    mixtures: tuple[tuple[str, int], ...]  # (split, index) of each pictured mixture
+
+
+TIMELINES_PART = "timelines.png"  # the picture in the staging folder's parts, until the run is joined
+
+
 @lru_cache(maxsize=2)
 def load_context(run: MixRun) -> MixContext:
     """The worker's context for one run, built once per process from ``run`` and the staging folder's plan."""
@@ -367,6 +380,21 @@ def render_partition(part: Partition) -> dict:
         write_manifest(parts / f"{part.key}.{name}", records, RECORDS[name])
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})
     return {"dropped_occurrences": dropped}
+
+
+def draw_timelines(task: Timelines) -> dict:
+    """Make the pictured mixtures again and draw them into the staging folder's parts."""
+    ctx = load_context(task.run)
+    made = [instantiate(ctx, split, index, mixture_id(split, index), audio_path(split, index)) for split, index in task.mixtures]
+    exports.plot_timelines(None, [m.recipe for m in made], {m.recipe.mixture_id: m.occurrences for m in made},
+                           {m.recipe.mixture_id: m.segments for m in made}, Path(task.run.stage_dir) / PARTS / TIMELINES_PART,
+                           audio_of={m.recipe.mixture_id: m.audio for m in made})
+    return {}
+
+
+def run_task(task: Partition | Timelines) -> dict:
+    """One unit of the stage's map: a partition, or the picture."""
+    return draw_timelines(task) if isinstance(task, Timelines) else render_partition(task)
 
 
 def plan_partitions(p: MixParams, run: MixRun) -> list[Partition]:
@@ -442,7 +470,9 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         pending = [pt for pt in partitions if not (stage / PARTS / f"{pt.key}.done.json").exists()]
         if resumed:
             print(f"mix: resuming: {len(partitions) - len(pending)} of {len(partitions)} partitions already done")
-        map_ordered(render_partition, pending, compute, desc="mix partitions", workers=workers)
+        pictured = tuple(exports.timeline_mixtures(dataclasses.asdict(p.mixtures), p.export.timelines))
+        picture = [Timelines(mix_run, pictured)] if pictured and not (stage / PARTS / TIMELINES_PART).exists() else []
+        map_ordered(run_task, picture + pending, compute, desc="mix partitions", workers=workers)  # the picture first: no tail
         workers.begin_close()  # the cluster shuts down while this process joins the partitions
 
         tables = {}
@@ -454,7 +484,9 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         write_skips(stage / SKIPPED, skips)
         write_json(stage / SPEC, spec.to_dict())
         fragments = {split: [stage / PARTS / pt.key for pt in partitions if pt.split == split] for split in SPLITS}
-        summary = exports.write_all(stage, tables, fragments, p, spec, events, backgrounds)
+        summary = exports.write_all(stage, tables, fragments, p, spec, events, backgrounds, picture=False)
+        if (stage / PARTS / TIMELINES_PART).exists():
+            (stage / PARTS / TIMELINES_PART).replace(stage / TIMELINES)
         if folders.library_dir is not None:
             shutil.rmtree(stage / SOURCES, ignore_errors=True)  # left by a run killed after this move
             folders.library_dir.rename(stage / SOURCES)
