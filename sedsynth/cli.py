@@ -318,7 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
     abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants (or an extra row), or write the table")
     abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
-                                                "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075)")
+                                                "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075), "
+                                                "mae_init (the pretrain stage's encoder), captioning_only (CaptionStew's "
+                                                "captioning-only encoder)")
     abl.add_argument("--queue", action="store_true",
                      help="queue the variants (default: Table 5's five) as DVC experiments of the pipeline, for `dvc queue start`")
     abl.add_argument("--table", action="store_true",
