@@ -335,6 +335,22 @@ def test_the_timelines_picture_draws_one_collection_per_lane_and_kind(sources, t
         assert not ax.patches and lanes <= len(ax.collections) <= 2 * lanes
 
 
+def test_the_picture_drawn_beside_the_partitions_equals_one_drawn_from_the_stored_run(sources, tmp_path: Path) -> None:
+    """The stage draws timelines.png in its map from the pictured mixtures made again; drawn after
+    the run from the stored tables and FLAC files it is the same PNG, and the picks are the ones
+    known before the run."""
+    from pipeline.mix import exports
+
+    out = tmp_path / "mix"
+    p = small(workers=2)
+    run(p, *sources, out)
+    tables_ = {name: pq.read_table(out / name) for name in ("mixtures.parquet", "occurrences.parquet", "segments.parquet")}
+    picks, occurrences_of, segments_of = exports.timeline_picks(tables_, p.mix.export.timelines)
+    assert [(m.split, m.index) for m in picks] == exports.timeline_mixtures({"train": 24, "valid": 6, "test": 6}, p.mix.export.timelines)
+    exports.plot_timelines(out, picks, occurrences_of, segments_of, tmp_path / "again.png")
+    assert (tmp_path / "again.png").read_bytes() == (out / "timelines.png").read_bytes()
+
+
 def test_the_main_process_reads_and_summarises_without_importing_pandas(sources, tmp_path: Path) -> None:
     """pq.read_table and Arrow's to_numpy import pandas (about 0.5 s): the manifests and the run's
     tables are read, and the summary made, without them."""
