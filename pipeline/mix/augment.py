@@ -214,6 +214,27 @@ def room_files(folder: str) -> list[str]:
     return [f"{RIR_FILE}{p.as_posix()}" for p in files]
 
 
+def usable_rooms(folder: str, sample_rate_hz: int) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """A folder's impulse-response files, checked: ``(room ids that load, [(id, reason, detail)] of those that do not)``.
+
+    A file that does not decode is ``unreadable``; one with no energy (or a non-finite one) is
+    ``silent``. Every mixer of a run (the stage's workers, a training source) makes the same
+    check, so they draw from the same list of rooms.
+    """
+    good, bad = [], []
+    for rid in room_files(folder):
+        try:
+            rir_samples(rid, sample_rate_hz)
+        except AugmentError as err:
+            bad.append((rid, "silent" if "silent" in str(err) else "unreadable", str(err)))
+        else:
+            good.append(rid)
+    if not good:
+        raise AugmentError(f"mix.spec.reverb.rirs: no file of {folder} is a usable impulse response "
+                           f"({len(bad)} rejected, e.g. {bad[0][2]}); fix or replace them, or set rirs: null for simulated rooms")
+    return good, bad
+
+
 def is_brownian(segment_id: str) -> bool:
     return segment_id.startswith(BROWNIAN)
 

@@ -36,7 +36,7 @@ from pipeline.config.params import RelabelParams
 from pipeline.licenses import license_name, most_restrictive
 from pipeline.loudness import integrated_lufs, power_db
 from pipeline.loudness import a_weighted_envelope
-from pipeline.mix.augment import brownian_noise, brownian_segment, is_brownian, draw_room, room_files, stretch, stretched_length, tail_samples, varispeed_semitones
+from pipeline.mix.augment import brownian_noise, brownian_segment, is_brownian, draw_room, stretch, stretched_length, tail_samples, usable_rooms, varispeed_semitones
 from pipeline.mix.relabel import Envelope, occurrence_envelopes, relabel
 from pipeline.mix.render import Sources, apply_fades, apply_gain, heard_background, is_augmented, mix_components, occurrence_signal
 from pipeline.schema import (
@@ -69,10 +69,11 @@ class MixContext:
     _pools: dict[str, list[tuple[float, list[EventClip]]]] = field(default_factory=dict)
 
     def rooms(self) -> list[str]:
-        """The run's rooms: the files of ``reverb.rirs``, or ``reverb.rooms`` simulated rooms drawn from the seed."""
+        """The run's rooms: the usable files of ``reverb.rirs`` (:func:`~pipeline.mix.augment.usable_rooms`),
+        or ``reverb.rooms`` simulated rooms drawn from the seed."""
         if self._rooms is None:
             rev = self.spec.reverb
-            self._rooms = room_files(rev.rirs) if rev.rirs else [
+            self._rooms = usable_rooms(rev.rirs, self.sources.sample_rate_hz)[0] if rev.rirs else [
                 draw_room(np.random.default_rng([self.seed, ROOM_STREAM, k]), rev.room_size_m, rev.rt60_s) for k in range(rev.rooms)
             ]
         return self._rooms

@@ -58,6 +58,7 @@ from pipeline.config.mix_spec import MixSpec, resolve_spec
 from pipeline.config.params import MixParams, Params, RelabelParams
 from pipeline.licenses import license_name
 from pipeline.mix import exports
+from pipeline.mix.augment import RIR_FILE, AugmentError, usable_rooms
 from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
 from pipeline.mix.instantiate import MixContext, instantiate
 from pipeline.mix.library import LIBRARY_DATASET, label_folders, write_libraries
@@ -397,6 +398,22 @@ def run_task(task: Partition | Timelines) -> dict:
     return draw_timelines(task) if isinstance(task, Timelines) else render_partition(task)
 
 
+def room_digests(spec: MixSpec) -> tuple[dict[str, str], list[Skip]]:
+    """The impulse-response files a run may use (``reverb.rirs``, when reverb is on): ``(room id ->
+    sha256 of the file, skips)``. A file that does not load is skipped with its reason, as the
+    workers skip it; none usable stops the run."""
+    rev = spec.reverb
+    if not rev.rirs or (rev.probability <= 0 and rev.background_probability <= 0):
+        return {}, []
+    try:
+        good, bad = usable_rooms(rev.rirs, spec.sample_rate_hz)
+    except AugmentError as e:
+        raise MixError(f"mix: {e}") from None
+    path = lambda rid: rid[len(RIR_FILE):]  # noqa: E731
+    return ({rid: file_sha256(Path(path(rid))) for rid in good},
+            [Skip(path(rid), path(rid), reason, f"impulse response: {detail}") for rid, reason, detail in bad])
+
+
 def plan_partitions(p: MixParams, run: MixRun) -> list[Partition]:
     out = []
     for split in SPLITS:
@@ -429,6 +446,8 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         if sum(dataclasses.asdict(p.mixtures).values()) == 0:
             raise MixError("mix: mix.mixtures asks for 0 mixtures in every split; set mix.mixtures.train, valid or test to the number to make")
         event_pools, bg_pools = assign_splits(events, backgrounds, p, spec, params.seed)
+        rooms, room_skips = room_digests(spec)
+        skips = skips + room_skips
     except MixError as e:
         if folders.library_dir is not None:
             shutil.rmtree(folders.library_dir, ignore_errors=True)
@@ -446,6 +465,7 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         "background_pools": {s: [b.segment_id for b in bg_pools[s]] for s in SPLITS},
         "inputs": {"events": file_sha256(events_dir / MANIFEST), "backgrounds": file_sha256(backgrounds_dir / MANIFEST)},
         "export": {"txt": p.export.txt, "jams": p.export.jams},  # written by the partitions
+        "rooms": rooms,  # impulse-response file -> sha256: a resumed run never mixes in partitions of other files
         "partition_files": list(PARTITION_FILES),
     }
     plan_bytes = json.dumps(plan, sort_keys=True).encode("utf-8")
@@ -493,7 +513,8 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
             summary["libraries"] = folders.libraries
         summary.update({"skipped": len(skips), "skipped_by_reason": dict(sorted(Counter(x.reason for x in skips).items())),
                         "license_filter": {"allowed": list(p.allowed_licenses), "dropped": license_drops},
-                        "dropped_occurrences": dropped, "preset": p.preset, "sample_rate_hz": spec.sample_rate_hz})
+                        "dropped_occurrences": dropped, "preset": p.preset, "sample_rate_hz": spec.sample_rate_hz,
+                        **({"room_files": rooms} if rooms else {})})
         write_json(stage / SUMMARY, summary)
         shutil.rmtree(stage / PARTS, ignore_errors=True)
         shutil.rmtree(bank, ignore_errors=True)

@@ -113,6 +113,28 @@ def test_generated_noise_backgrounds_run_through_every_output(sources, tmp_path:
     assert (out / "metadata" / "train" / "events.tsv").exists()
 
 
+def test_a_room_folder_is_checked_hashed_and_its_bad_files_reported(sources, tmp_path: Path) -> None:
+    """mix.spec.reverb.rirs: a file that does not decode and a silent one are skipped with their
+    reasons; the mixtures use only the usable room; the summary names it with its sha256."""
+    import hashlib
+
+    rooms = tmp_path / "rooms"
+    rooms.mkdir()
+    n = np.arange(4000)
+    h = np.exp(-n / 800.0) * np.random.default_rng(0).choice([-1.0, 1.0], n.shape[0])
+    sf.write(rooms / "hall.wav", h.astype(np.float32), 16000, subtype="FLOAT")
+    sf.write(rooms / "dead.wav", np.zeros(4000, np.float32), 16000, subtype="FLOAT")
+    (rooms / "broken.wav").write_bytes(b"RIFF not a wave file")
+    out = tmp_path / "mix"
+    summary = run(small(spec={"reverb": {"probability": 1.0, "rirs": str(rooms)}}), *sources, out)
+    skipped = {row.split(",")[0]: row.split(",")[2] for row in (out / "skipped.csv").read_text().splitlines()[1:]}
+    assert skipped[str(rooms / "dead.wav")] == "silent" and skipped[str(rooms / "broken.wav")] == "unreadable"
+    hall = f"file:{rooms / 'hall.wav'}"
+    assert summary["room_files"] == {hall: hashlib.sha256((rooms / "hall.wav").read_bytes()).hexdigest()}
+    _, occurrences, _ = tables(out)
+    assert occurrences and {o.rir_id for o in occurrences} == {hall}
+
+
 def test_allowed_licenses_filter_sources(sources, tmp_path: Path) -> None:
     events_dir, backgrounds_dir = sources
     out = tmp_path / "mix"
