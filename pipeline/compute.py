@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -30,6 +31,7 @@ SINGLE_THREADED_LIBRARIES = {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBL
 # A local worker's statistical profiler takes the GIL every 10 ms to walk the task's stack (for the
 # dashboard, which a local cluster here does not start); it cost the mix stage's workers about 15% CPU.
 QUIET_WORKERS = {"distributed.worker.profile.enabled": False}
+NANNY_ENVIRON = (*SINGLE_THREADED_LIBRARIES, "PYTHONHASHSEED", "MALLOC_TRIM_THRESHOLD_")  # what a nanny may set in this process
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -49,7 +51,8 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
         # off glibc's adaptive mmap threshold: every large numpy temporary is then mapped and
         # unmapped afresh, and page faults tripled the system time of the stages. Keep the
         # one-thread-per-library settings only.
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": SINGLE_THREADED_LIBRARIES, **QUIET_WORKERS}):
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": SINGLE_THREADED_LIBRARIES, **QUIET_WORKERS}), \
+                _environ_kept(NANNY_ENVIRON):
             cluster = LocalCluster(
                 n_workers=compute.workers,
                 threads_per_worker=1,
@@ -65,6 +68,23 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
     else:
         with Client(compute.scheduler) as client:
             yield client
+
+
+@contextmanager
+def _environ_kept(names: tuple[str, ...]) -> Iterator[None]:
+    """Put back these environment variables as they were: a local cluster's nanny runs in this
+    process and sets its workers' variables in ``os.environ`` before spawning them, where they
+    would stay (one thread each for this process's later libraries, or MALLOC_TRIM_THRESHOLD_
+    for the workers of the next cluster)."""
+    before = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def runs_in_process(compute: ComputeParams) -> bool:

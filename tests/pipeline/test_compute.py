@@ -44,9 +44,15 @@ def _worker_settings(_: int) -> tuple[object, str | None, str | None]:
     return dask.config.get("distributed.worker.profile.enabled"), os.environ.get("OMP_NUM_THREADS"), os.environ.get("MALLOC_TRIM_THRESHOLD_")
 
 
-def test_local_workers_run_without_the_profiler_and_with_one_thread_per_library() -> None:
+def test_local_workers_run_without_the_profiler_and_with_one_thread_per_library(monkeypatch) -> None:
+    # a cluster started with dask's defaults earlier in this process leaves MALLOC_TRIM_THRESHOLD_ in
+    # os.environ (its nanny sets it there); this process's environment, as a fresh run has it:
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     compute = ComputeParams(workers=2, chunk_size=1)
     with Workers(compute) as workers:
         settings = set(map_ordered(_worker_settings, range(2), compute, "test", workers=workers))
     # the profiler would take the GIL every 10 ms; MALLOC_TRIM_THRESHOLD_ would disable glibc's adaptive mmap threshold
     assert settings == {(False, "1", None)}
+    # and this process's environment is as it was: the workers' settings stayed in the workers
+    assert "OMP_NUM_THREADS" not in os.environ and "MALLOC_TRIM_THRESHOLD_" not in os.environ
