@@ -43,6 +43,7 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
         shutil.copytree(ROOT / package, work / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "configs", work / "configs")
     params = yaml.safe_load((work / "params.yaml").read_text())
+    params["compute"]["workers"] = 1  # tiny data: no cluster to boot per stage (the lock test runs the default's 2 workers under DVC)
     params["corpus"]["fsd50k_clips"] = 60
     params["corpus"]["ambience_recordings"] = 8
     params["clip"]["plot_examples"] = 2
