@@ -79,7 +79,14 @@ OURS = (("t2a_r1", "T2A R@1", "AC-T2A", 100.0), ("a2t_r1", "A2T R@1", "AC-A2T", 
         ("psds1", "PSDS1", "DESED", 1.0), (PSDS1_ALPHA_ST0_KEY, "PSDS1 (alpha_st 0)", "DESED", 1.0),
         ("psds2", "PSDS2", "TAG", 1.0), ("auroc", "AUROC", "UrbanSED", 1.0),
         ("alignment", "Spearman", "TAG", 1.0), ("zero_shot_accuracy", "Zero-shot acc", "US8K", 100.0))
-OPTIONAL = {PSDS1_ALPHA_ST0_KEY}  # a column only when some run's metrics have the key
+# The encoder's own measures (no paper column): CaptionStew's linear probes on frozen features and
+# the captioning decoder's CIDEr-D, read from the evaluation's ``probes`` and ``captions`` sections.
+ENCODER = (("probe_clip_mean_accuracy", "Probe clip acc (mean)", None, 100.0),
+           ("probe_clip_attention_accuracy", "Probe clip acc (attention)", None, 100.0),
+           ("probe_frame_auroc", "Probe frame AUROC", None, 1.0), ("probe_segment_f1", "Probe segment F1", None, 1.0),
+           ("caption_cider_d", "CIDEr-D", None, 1.0))
+OURS = OURS + ENCODER
+OPTIONAL = {PSDS1_ALPHA_ST0_KEY, *(key for key, _, _, _ in ENCODER)}  # a column only when some run's metrics have the key
 TOLERANCE = {"AC-T2A": 1.0, "AC-A2T": 1.0, "US8K": 1.0}  # paper changes smaller than this count as "same"
 WITHIN_NOISE = "within noise"
 BEFORE_SEEDS = "before seeds"  # the seeds cell of a variant read from its folder or experiment of before seeds
@@ -191,7 +198,7 @@ def queue_experiments(params: Params, variants: list[str], repo: Path | str = ".
 
 
 def experiment_metrics(params: Params, repo: Path | str = ".") -> dict[str, dict]:
-    """Experiment name -> its ``test.trained`` metrics, for the DVC experiments on the current commit.
+    """Experiment name -> its metrics (:func:`run_metrics`), for the DVC experiments on the current commit.
 
     Read from ``dvc exp show --json``; queued, running and failed experiments, and a folder
     that is not a DVC project in git, give nothing. The variants' experiments bear the names
@@ -210,7 +217,7 @@ def experiment_metrics(params: Params, repo: Path | str = ".") -> dict[str, dict
                 data = (rev.get("data") or {}).get("metrics", {}).get(metrics_path, {}).get("data")
                 name = rev.get("name")
                 if name and not rev.get("error") and data and "trained" in data.get("test", {}):
-                    found[name] = data["test"]["trained"]
+                    found[name] = run_metrics(data)
     return found
 
 
@@ -234,8 +241,23 @@ class Run:
     source: str
 
 
+def run_metrics(evaluation: dict) -> dict:
+    """An evaluation's ``metrics.json`` -> the table's metrics: its ``test.trained`` section, and
+    the trained encoder's linear probes and captioning scores (:data:`ENCODER`) where it has them."""
+    out = dict(evaluation["test"]["trained"])
+    probes = (evaluation.get("probes") or {}).get("trained") or {}
+    for key, section, field in (("probe_clip_mean_accuracy", "clip_mean", "top1_accuracy"),
+                                ("probe_clip_attention_accuracy", "clip_attention", "top1_accuracy"),
+                                ("probe_frame_auroc", "frame", "frame_auroc_macro"), ("probe_segment_f1", "frame", "segment_f1")):
+        if field in (probes.get(section) or {}):
+            out[key] = probes[section][field]
+    if "cider_d" in (evaluation.get("captions") or {}):
+        out["caption_cider_d"] = evaluation["captions"]["cider_d"]
+    return out
+
+
 def _read_metrics(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))["test"]["trained"]
+    return run_metrics(json.loads(path.read_text(encoding="utf-8")))
 
 
 def variant_runs(out_dir: Path | str, variant: str, seeds: tuple[int, ...] | list[int],
@@ -350,6 +372,9 @@ def table(out_dir: Path, experiments: dict[str, dict] | None = None,
         for key, label, paper_col, _ in shown if v != "full" else ():
             tol = TOLERANCE.get(paper_col, 0.01)
             a = our_direction(spreads[v][key], spreads["full"][key], tol)
+            if paper_col is None:  # the encoder's own measures: no paper number
+                checks.append(f"{label} {a}")
+                continue
             paper_delta = PAPER.get(v, NO_PAPER)[PAPER_COLUMNS.index(paper_col)] - PAPER["full"][PAPER_COLUMNS.index(paper_col)]
             b = _direction(paper_delta, tol) if math.isfinite(paper_delta) else a  # an extra row: no paper direction
             checks.append(f"{label} {a}{'' if a == b else f' (paper {b})'}")
@@ -395,7 +420,12 @@ def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
                  "(ablations.seeds) and their range min-max in brackets; (n=k/N) after a method run for k of its N seeds so far, "
                  "n=k after a value that only k of the row's runs have. R@1 and zero-shot accuracy in %, PSDS1 (alpha_st 1), "
                  + ("PSDS1 (alpha_st 0, no penalty for instability across classes), " if "PSDS1 (alpha_st 0)" in labels else "")
-                 + "PSDS2 with sed_scores_eval, segment AUROC, FLAM's Spearman alignment. Paper: FineLAP Table 5"
+                 + "PSDS2 with sed_scores_eval, segment AUROC, FLAM's Spearman alignment"
+                 + ("; linear probes on the frozen encoder (CaptionStew's protocol: held-out event clips, accuracy in %, "
+                    "mean and attention pooling; frame probe on the test mixtures: macro AUROC, segment F1)"
+                    if any(label.startswith("Probe") for label in labels) else "")
+                 + ("; CIDEr-D of the captioning decoder on the test captions" if "CIDEr-D" in labels else "")
+                 + ". Paper: FineLAP Table 5"
                  + ("; rows beside it (+) have no paper numbers." if any(r["variant"] not in TABLE5 for r in rows) else "."))
     lines.append("")
     lines.append("Direction of each change against the full model, judged on the means (ours; the paper's where it differs); "

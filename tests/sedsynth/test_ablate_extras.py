@@ -98,3 +98,31 @@ def test_a_captioning_only_encoder_is_a_valid_run():
     params = load_params(ROOT / "params.yaml")
     p = ablations.variant_params(params, "captioning_only", params.ablations.seeds[0])
     assert (p.train.loss.clip_weight, p.train.loss.frame_weight, p.train.loss.caption_weight) == (0.0, 0.0, 1.0)
+
+
+def _write_encoder(out, variant: str, seed: int, clip_mean: float, frame_auroc: float, cider: float | None) -> None:
+    m = {"psds1": 0.2, "psds2": 0.4, "auroc": 0.9, "alignment": 0.5, "t2a_r1": 0.3, "a2t_r1": 0.35, "zero_shot_accuracy": 0.5}
+    probes = {"trained": {"clip_mean": {"top1_accuracy": clip_mean}, "clip_attention": {"top1_accuracy": clip_mean + 0.01},
+                          "frame": {"frame_auroc_macro": frame_auroc, "segment_f1": frame_auroc - 0.3}}}
+    data = {"test": {"trained": m}, "probes": probes} | ({"captions": {"cider_d": cider}} if cider is not None else {})
+    folder = ablations.run_dir(out, variant, seed) / "evaluation"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.json").write_text(json.dumps(data))
+
+
+def test_the_encoders_linear_probes_and_cider_d_are_columns_with_their_spread(tmp_path):
+    """CaptionStew's comparison: contrastive-only against captioning-only encoders under the linear probe."""
+    for seed, (acc, auroc) in zip(SEEDS[:2], ((0.90, 0.95), (0.94, 0.97))):
+        _write_encoder(tmp_path, "full", seed, acc, auroc, None)
+        _write_encoder(tmp_path, "no_frame_loss", seed, acc - 0.1, auroc - 0.2, None)
+        _write_encoder(tmp_path, "captioning_only", seed, acc - 0.3, auroc - 0.1, 0.5 + seed - SEEDS[0])
+    text = ablations.write_table(tmp_path, variants=["no_frame_loss", "captioning_only"])
+    rows = _rows(tmp_path)
+    assert float(rows["full"]["Probe clip acc (mean) mean"]) == pytest.approx(92.0)
+    assert float(rows["captioning_only"]["Probe clip acc (mean) min"]) == pytest.approx(60.0)
+    assert float(rows["captioning_only"]["Probe frame AUROC max"]) == pytest.approx(0.87)
+    assert float(rows["captioning_only"]["CIDEr-D mean"]) == pytest.approx(1.0) and rows["full"]["CIDEr-D n"] == "0"
+    assert "Probe clip acc (mean) down" in rows["captioning_only"]["direction vs full"]
+    assert "linear probes on the frozen encoder" in text and "CIDEr-D of the captioning decoder" in text
+    header = text.splitlines()[0]
+    assert "| Probe clip acc (mean) | Probe clip acc (attention) | Probe frame AUROC | Probe segment F1 | CIDEr-D |" in header
