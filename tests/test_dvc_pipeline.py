@@ -153,7 +153,9 @@ def _check_experiments(work: Path, baseline: dict) -> None:
     from sedsynth import ablate as ablations
 
     params = load_params(work / "params.yaml")
-    assert ablations.experiment_metrics(params, work)["f1-low"] == evaluated["test"]["trained"]
+    read = ablations.experiment_metrics(params, work)["f1-low"]  # the table's metrics: test.trained and the encoder's probes
+    assert read == ablations.run_metrics(evaluated) and read.items() >= evaluated["test"]["trained"].items()
+    assert "probe_frame_auroc" in read
     queued = subprocess.run([sys.executable, "-m", "sedsynth", "ablate", "--queue", "no_frame_loss", "--seed", "1235"], cwd=work,
                             env=_env(), capture_output=True, text=True, timeout=300)
     assert queued.returncode == 0, queued.stdout + queued.stderr
