@@ -81,12 +81,16 @@ OURS = (("t2a_r1", "T2A R@1", "AC-T2A", 100.0), ("a2t_r1", "A2T R@1", "AC-A2T", 
         ("alignment", "Spearman", "TAG", 1.0), ("zero_shot_accuracy", "Zero-shot acc", "US8K", 100.0))
 # The encoder's own measures (no paper column): CaptionStew's linear probes on frozen features and
 # the captioning decoder's CIDEr-D, read from the evaluation's ``probes`` and ``captions`` sections.
-ENCODER = (("probe_clip_mean_accuracy", "Probe clip acc (mean)", None, 100.0),
-           ("probe_clip_attention_accuracy", "Probe clip acc (attention)", None, 100.0),
-           ("probe_frame_auroc", "Probe frame AUROC", None, 1.0), ("probe_segment_f1", "Probe segment F1", None, 1.0),
-           ("caption_cider_d", "CIDEr-D", None, 1.0))
+ENCODER_METRICS = {  # key -> (column, scale, where it is in an evaluation's metrics.json)
+    "probe_clip_mean_accuracy": ("Probe clip acc (mean)", 100.0, ("probes", "trained", "clip_mean", "top1_accuracy")),
+    "probe_clip_attention_accuracy": ("Probe clip acc (attention)", 100.0, ("probes", "trained", "clip_attention", "top1_accuracy")),
+    "probe_frame_auroc": ("Probe frame AUROC", 1.0, ("probes", "trained", "frame", "frame_auroc_macro")),
+    "probe_segment_f1": ("Probe segment F1", 1.0, ("probes", "trained", "frame", "segment_f1")),
+    "caption_cider_d": ("CIDEr-D", 1.0, ("captions", "cider_d")),
+}
+ENCODER = tuple((key, label, None, scale) for key, (label, scale, _) in ENCODER_METRICS.items())
 OURS = OURS + ENCODER
-OPTIONAL = {PSDS1_ALPHA_ST0_KEY, *(key for key, _, _, _ in ENCODER)}  # a column only when some run's metrics have the key
+OPTIONAL = {PSDS1_ALPHA_ST0_KEY, *ENCODER_METRICS}  # a column only when some run's metrics have the key
 TOLERANCE = {"AC-T2A": 1.0, "AC-A2T": 1.0, "US8K": 1.0}  # paper changes smaller than this count as "same"
 WITHIN_NOISE = "within noise"
 BEFORE_SEEDS = "before seeds"  # the seeds cell of a variant read from its folder or experiment of before seeds
@@ -245,14 +249,12 @@ def run_metrics(evaluation: dict) -> dict:
     """An evaluation's ``metrics.json`` -> the table's metrics: its ``test.trained`` section, and
     the trained encoder's linear probes and captioning scores (:data:`ENCODER`) where it has them."""
     out = dict(evaluation["test"]["trained"])
-    probes = (evaluation.get("probes") or {}).get("trained") or {}
-    for key, section, field in (("probe_clip_mean_accuracy", "clip_mean", "top1_accuracy"),
-                                ("probe_clip_attention_accuracy", "clip_attention", "top1_accuracy"),
-                                ("probe_frame_auroc", "frame", "frame_auroc_macro"), ("probe_segment_f1", "frame", "segment_f1")):
-        if field in (probes.get(section) or {}):
-            out[key] = probes[section][field]
-    if "cider_d" in (evaluation.get("captions") or {}):
-        out["caption_cider_d"] = evaluation["captions"]["cider_d"]
+    for key, (_, _, path) in ENCODER_METRICS.items():
+        value = evaluation
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            out[key] = value
     return out
 
 

@@ -49,6 +49,10 @@ class AugmentError(ValueError):
     """An augmentation that cannot be applied (a missing room file, a library not installed)."""
 
 
+class SilentRoom(AugmentError):
+    """An impulse response with no energy (or a non-finite one)."""
+
+
 def stretched_length(num_samples: int, factor: float) -> int:
     """Samples after a time stretch by ``factor`` (output duration / input duration)."""
     return max(1, int(round(num_samples * factor)))
@@ -137,7 +141,7 @@ def _rir(rir_id: str, sample_rate_hz: int) -> np.ndarray:
     if rir_id.startswith(SHOEBOX):
         h = _simulate(rir_id, sample_rate_hz)
     elif rir_id.startswith(RIR_FILE):
-        path = Path(rir_id[len(RIR_FILE):])
+        path = room_file(rir_id)
         try:
             h = decode_mono(path, sample_rate_hz).astype(np.float64)
         except Exception as err:  # noqa: BLE001 - any decoding failure is the same advice
@@ -150,7 +154,7 @@ def _rir(rir_id: str, sample_rate_hz: int) -> np.ndarray:
 def _trimmed_unit_energy(h: np.ndarray, rir_id: str) -> np.ndarray:
     energy = float(np.dot(h, h))
     if not math.isfinite(energy) or energy <= 0.0:
-        raise AugmentError(f"room impulse response {rir_id} is silent or not finite; remove it from the room folder")
+        raise SilentRoom(f"room impulse response {rir_id} is silent or not finite; remove it from the room folder")
     start = int(np.flatnonzero(np.abs(h) > 0)[0])
     h = h[start:] / math.sqrt(energy)  # onset at sample 0: the direct sound is not delayed
     remaining = np.cumsum((h * h)[::-1])[::-1]  # Schroeder's backward integral, total 1
@@ -214,6 +218,11 @@ def room_files(folder: str) -> list[str]:
     return [f"{RIR_FILE}{p.as_posix()}" for p in files]
 
 
+def room_file(rir_id: str) -> Path:
+    """The impulse-response file a ``file:`` room id names."""
+    return Path(rir_id[len(RIR_FILE):])
+
+
 def usable_rooms(folder: str, sample_rate_hz: int) -> tuple[list[str], list[tuple[str, str, str]]]:
     """A folder's impulse-response files, checked: ``(room ids that load, [(id, reason, detail)] of those that do not)``.
 
@@ -226,7 +235,7 @@ def usable_rooms(folder: str, sample_rate_hz: int) -> tuple[list[str], list[tupl
         try:
             rir_samples(rid, sample_rate_hz)
         except AugmentError as err:
-            bad.append((rid, "silent" if "silent" in str(err) else "unreadable", str(err)))
+            bad.append((rid, "silent" if isinstance(err, SilentRoom) else "unreadable", str(err)))
         else:
             good.append(rid)
     if not good:

@@ -40,7 +40,7 @@ from pipeline.config.params import MixParams
 from pipeline.licenses import license_name, most_restrictive
 from pipeline.mix.augment import BROWNIAN, BROWNIAN_AUTHOR, BROWNIAN_LICENSE, BROWNIAN_SOURCE, is_brownian
 from pipeline.mix.jams_export import write_jams
-from pipeline.mix.layout import ATTRIBUTION, LICENSES, METADATA, MIXTURES, OCCURRENCES, SEGMENTS, TIMELINES
+from pipeline.mix.layout import ATTRIBUTION, LICENSES, METADATA, MIXTURES, OCCURRENCES, SEGMENTS
 from pipeline.mix.render import Sources
 from pipeline.outputs import write_atomic
 from pipeline.schema import SPLITS, BackgroundSegment, EventClip, EventOccurrence, LabelSegment, MixtureRecipe, from_table
@@ -268,18 +268,16 @@ def timeline_picks(tables: dict[str, pa.Table], count: int) -> tuple[list[Mixtur
 
 
 def write_all(stage: Path, tables: dict[str, pa.Table], fragments: dict[str, list[Path]], p: MixParams, spec: MixSpec,
-              events: list[EventClip], backgrounds: list[BackgroundSegment], picture: bool = True) -> dict:
+              events: list[EventClip], backgrounds: list[BackgroundSegment]) -> dict:
     """The run's exports from its three tables (keyed by file name) and its partitions' DCASE
     fragments (split -> prefixes, in order); returns the summary's counts. The tables are read
-    column-wise: only the pictured mixtures become records. ``picture=False``: the timelines
-    picture is made elsewhere (the mix stage draws it in a worker while the partitions render)."""
+    column-wise, never as records. The timelines picture is not among them: the mix stage draws
+    it in a worker while the partitions render (:func:`plot_timelines`)."""
     mixtures, occurrences, segments = tables[MIXTURES], tables[OCCURRENCES], tables[SEGMENTS]
     join_dcase_metadata(stage, fragments)
     licenses, attribution = license_summary(mixtures, occurrences, events, backgrounds)
     write_atomic(stage / LICENSES, (json.dumps(licenses, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     write_atomic(stage / ATTRIBUTION, attribution)
-    if picture:
-        plot_timelines(stage, *timeline_picks(tables, p.export.timelines), stage / TIMELINES)
     splits = Counter(_column(mixtures, "split"))
     return {
         "mixtures": mixtures.num_rows,

@@ -30,8 +30,9 @@ Work is cut into partitions of ``partition_size`` mixtures; each carries the res
 its worker (:class:`MixRun`). A worker renders its partition's audio and writes everything that
 grows with the number of mixtures (FLAC, txt and JAMS files, its rows of the tables and of the
 DCASE files); the main process only joins them. The timelines picture is one more task of
-the same map, drawn first from its mixtures made again, so it runs beside the partitions. With several workers, the workers boot while
-this process reads the manifests and decodes the sources into the bank. Each finished
+the same map, drawn first from its mixtures made again, so it runs beside the partitions.
+With several workers, the workers boot while this process reads the manifests and decodes
+the sources into the bank. Each finished
 partition is kept in the hidden staging folder; a run that is killed and started again with
 the same inputs and params skips finished partitions and ends with the same bytes as an
 uninterrupted run.
@@ -58,7 +59,7 @@ from pipeline.config.mix_spec import MixSpec, resolve_spec
 from pipeline.config.params import MixParams, Params, RelabelParams
 from pipeline.licenses import license_name
 from pipeline.mix import exports
-from pipeline.mix.augment import RIR_FILE, AugmentError, usable_rooms
+from pipeline.mix.augment import AugmentError, room_file, usable_rooms
 from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
 from pipeline.mix.instantiate import MixContext, instantiate
 from pipeline.mix.library import LIBRARY_DATASET, label_folders, write_libraries
@@ -409,9 +410,8 @@ def room_digests(spec: MixSpec) -> tuple[dict[str, str], list[Skip]]:
         good, bad = usable_rooms(rev.rirs, spec.sample_rate_hz)
     except AugmentError as e:
         raise MixError(f"mix: {e}") from None
-    path = lambda rid: rid[len(RIR_FILE):]  # noqa: E731
-    return ({rid: file_sha256(Path(path(rid))) for rid in good},
-            [Skip(path(rid), path(rid), reason, f"impulse response: {detail}") for rid, reason, detail in bad])
+    return ({rid: file_sha256(room_file(rid)) for rid in good},
+            [Skip(str(room_file(rid)), str(room_file(rid)), reason, f"impulse response: {detail}") for rid, reason, detail in bad])
 
 
 def plan_partitions(p: MixParams, run: MixRun) -> list[Partition]:
@@ -504,7 +504,7 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
         write_skips(stage / SKIPPED, skips)
         write_json(stage / SPEC, spec.to_dict())
         fragments = {split: [stage / PARTS / pt.key for pt in partitions if pt.split == split] for split in SPLITS}
-        summary = exports.write_all(stage, tables, fragments, p, spec, events, backgrounds, picture=False)
+        summary = exports.write_all(stage, tables, fragments, p, spec, events, backgrounds)
         if (stage / PARTS / TIMELINES_PART).exists():
             (stage / PARTS / TIMELINES_PART).replace(stage / TIMELINES)
         if folders.library_dir is not None:
