@@ -124,7 +124,7 @@ def main(args: argparse.Namespace, params: Params) -> int:
         from benchmarks.mix import bench_mix, print_figures
 
         workers = [int(w) for w in args.workers.split(",")]
-        print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures))
+        print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures, args.repeat))
     elif args.what == "shards":
         from benchmarks.shards import bench_shards
         from benchmarks.shards import print_figures as print_shards

@@ -13,3 +13,13 @@ def test_the_report_states_the_two_worker_ratio_and_the_100k_time(capsys) -> Non
     out = capsys.readouterr().out
     assert "2 workers / 1 worker: 1.85x the rate (target >= 1.8x)" in out
     assert "100k mixtures on 2 workers at this rate: 9.0 min (target <= 6)" in out
+
+
+def test_repeated_passes_report_the_best_and_list_every_pass(capsys) -> None:
+    one = {"seconds": 9.0, "mixtures_per_s": 111.1, "mixtures_per_s_per_core": 111.1, "peak_rss_mib": 300.0, "pass_seconds": [10.0, 9.0]}
+    two = {"seconds": 5.0, "mixtures_per_s": 200.0, "mixtures_per_s_per_core": 100.0, "peak_rss_mib": 700.0, "pass_seconds": [5.0, 5.6]}
+    print_figures({"mixtures": 1000, "preset": "finelap", "repeat": 2, "runs": {1: one, 2: two}, "scaper": {"mixtures": 0}})
+    out = capsys.readouterr().out
+    assert "(best of 2 interleaved passes)" in out
+    assert "(passes: 10.0, 9.0 s)" in out and "(passes: 5.0, 5.6 s)" in out
+    assert "2 workers / 1 worker: 1.80x the rate" in out
