@@ -125,15 +125,12 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
     with tempfile.TemporaryDirectory(prefix="sedsynth-bench-mix-") as tmp_name:
         tmp = Path(tmp_name)
         events_dir, backgrounds_dir = _sources(params, tmp)
+        mix = dataclasses.replace(params.mix, mixtures=MixtureCounts(train=mixtures, valid=0, test=0),
+                                  export=dataclasses.replace(params.mix.export, jams=False, timelines=0))
+        configs = {w: dataclasses.replace(params, compute=dataclasses.replace(params.compute, workers=w), mix=mix) for w in workers}
         passes: dict[int, list[tuple[float, float]]] = {w: [] for w in workers}  # worker count -> [(seconds, peak MiB)]
         for _ in range(max(1, repeat)):
-            for w in workers:
-                p = dataclasses.replace(
-                    params,
-                    compute=dataclasses.replace(params.compute, workers=w),
-                    mix=dataclasses.replace(params.mix, mixtures=MixtureCounts(train=mixtures, valid=0, test=0),
-                                            export=dataclasses.replace(params.mix.export, jams=False, timelines=0)),
-                )
+            for w, p in configs.items():
                 out = tmp / f"mix-{w}"
                 os.sync()
                 with PeakMemory() as mem:
