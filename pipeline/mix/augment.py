@@ -17,7 +17,7 @@ of the recipe and the sources (:mod:`pipeline.mix.render`):
   generator seeded by ``k`` alone, at -30 dBFS RMS.
 
 Input and output samples are float32 (int16 for generated backgrounds, as stored sources are).
-Simulated rooms, impulse-response files and noise are made once per process and kept.
+Simulated rooms, impulse-response files (with their spectra) and noise are made once per process and kept.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ BROWNIAN_SOURCE, BROWNIAN_AUTHOR, BROWNIAN_LICENSE = "Brownian noise", "generate
 BROWNIAN_LEAK = 0.999  # the integrator's leak: keeps the walk from drifting (a pole at 2.5 Hz at 16 kHz)
 RIR_TAIL_DB = -70.0
 KEPT_RESULTS = 32
+KEPT_SPECTRA = 16  # FFT sizes per room (about 1 MiB each at 16 kHz for the longest events)
+FFT_MANTISSAS = (8, 9, 10, 12, 15)  # FFT sizes m * 2**k: at most 25% above the length needed
 
 
 class AugmentError(ValueError):
@@ -65,8 +67,8 @@ def varispeed_semitones(factor: float) -> float:
 
 def _kept(fn):
     """Keep ``fn``'s results for the last few inputs, keyed by the samples' digest and the other
-    arguments: the level measured when a mixture is drawn, its rendering and the repeats of one
-    event then stretch or convolve the same samples once. Callers get a copy."""
+    arguments: the level measured when a mixture is drawn and its rendering then stretch the same
+    samples once. Callers get a copy."""
     kept: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
     def wrapper(x: np.ndarray, *args):
@@ -110,17 +112,46 @@ def _stretch(x: np.ndarray, sample_rate_hz: int, factor: float, semitones: float
     return y[:n] if y.shape[0] >= n else np.concatenate([y, np.zeros(n - y.shape[0], np.float32)])
 
 
-def reverberate(x: np.ndarray, rir: np.ndarray, wet_db: float, dry_db: float) -> np.ndarray:
-    """Dry at ``dry_db`` plus wet (``x`` convolved with ``rir``) at ``wet_db``: ``len(x) + len(rir) - 1`` float32 samples."""
-    return _reverberate(x, rir.tobytes(), wet_db, dry_db)
+class Room:
+    """An impulse response as convolution uses it: ``samples`` (float64, unit energy, cut at its
+    -70 dB tail) and its float32 spectra at the FFT sizes convolutions have needed (the last
+    :data:`KEPT_SPECTRA` kept, so a room's spectrum is computed once per size, not per event)."""
+
+    def __init__(self, samples: np.ndarray):
+        self.samples = samples
+        self._taps = samples.astype(np.float32)
+        self._spectra: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def spectrum(self, size: int) -> np.ndarray:
+        """The real FFT of the impulse response zero-padded to ``size`` samples (complex64)."""
+        if size in self._spectra:
+            self._spectra.move_to_end(size)
+        else:
+            from scipy.fft import rfft
+
+            self._spectra[size] = rfft(self._taps, size)
+            if len(self._spectra) > KEPT_SPECTRA:
+                self._spectra.popitem(last=False)
+        return self._spectra[size]
 
 
-@_kept
-def _reverberate(x: np.ndarray, rir_bytes: bytes, wet_db: float, dry_db: float) -> np.ndarray:
-    from scipy.signal import oaconvolve  # imported when first needed: scipy.signal takes about 2 s to import
+def fft_size(n: int) -> int:
+    """The smallest ``m * 2**k >= n`` with ``m`` in :data:`FFT_MANTISSAS`: fast sizes (factors 2, 3
+    and 5), few enough per octave that a room's spectra are reused across event lengths."""
+    k = max(0, (n - 1).bit_length() - 4)
+    return min(m << j for m in FFT_MANTISSAS for j in (k, k + 1) if m << j >= n)
 
-    rir = np.frombuffer(rir_bytes, dtype=np.float64)
-    wet = oaconvolve(x, rir.astype(np.float32))  # float32 in, float32 FFTs out
+
+def reverberate(x: np.ndarray, room: Room, wet_db: float, dry_db: float) -> np.ndarray:
+    """Dry at ``dry_db`` plus wet (``x`` convolved with the room) at ``wet_db``: ``len(x) + len(room) - 1`` float32 samples.
+
+    One float32 FFT convolution at :func:`fft_size`, with the room's kept spectrum.
+    """
+    from scipy.fft import irfft, rfft
+
+    n = x.shape[0] + room.samples.shape[0] - 1
+    size = fft_size(n)
+    wet = irfft(rfft(x, size) * room.spectrum(size), size)[:n]
     wet *= np.float32(10.0 ** (wet_db / 20.0))
     wet[: x.shape[0]] += x * np.float32(10.0 ** (dry_db / 20.0))
     return wet
@@ -128,7 +159,7 @@ def _reverberate(x: np.ndarray, rir_bytes: bytes, wet_db: float, dry_db: float) 
 
 def rir_samples(rir_id: str, sample_rate_hz: int) -> np.ndarray:
     """The impulse response an id names, at ``sample_rate_hz``, unit energy, cut at its -70 dB tail (float64)."""
-    return _rir(rir_id, sample_rate_hz)
+    return load_room(rir_id, sample_rate_hz).samples
 
 
 def tail_samples(rir_id: str, sample_rate_hz: int) -> int:
@@ -137,7 +168,8 @@ def tail_samples(rir_id: str, sample_rate_hz: int) -> int:
 
 
 @lru_cache(maxsize=64)
-def _rir(rir_id: str, sample_rate_hz: int) -> np.ndarray:
+def load_room(rir_id: str, sample_rate_hz: int) -> Room:
+    """The :class:`Room` an id names at ``sample_rate_hz`` (simulated or read once per process)."""
     if rir_id.startswith(SHOEBOX):
         h = _simulate(rir_id, sample_rate_hz)
     elif rir_id.startswith(RIR_FILE):
@@ -148,7 +180,7 @@ def _rir(rir_id: str, sample_rate_hz: int) -> np.ndarray:
             raise AugmentError(f"room impulse response {path}: {err}; check mix.spec.reverb.rirs") from err
     else:
         raise AugmentError(f"unknown room id {rir_id!r}: rooms are 'shoebox:...' or 'file:<path>'")
-    return _trimmed_unit_energy(h, rir_id)
+    return Room(_trimmed_unit_energy(h, rir_id))
 
 
 def _trimmed_unit_energy(h: np.ndarray, rir_id: str) -> np.ndarray:
@@ -255,7 +287,7 @@ def brownian_noise(segment_id: str, num_samples: int) -> np.ndarray:
         k = int(segment_id[len(BROWNIAN):])
     except ValueError as err:
         raise AugmentError(f"malformed Brownian background id {segment_id!r}") from err
-    from scipy.signal import lfilter  # see _reverberate
+    from scipy.signal import lfilter  # imported when first needed: scipy.signal takes about 2 s to import
 
     white = np.random.default_rng([k]).standard_normal(num_samples)
     walk = lfilter([1.0], [1.0, -BROWNIAN_LEAK], white)

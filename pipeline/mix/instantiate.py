@@ -470,10 +470,14 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
     clip_envelopes = {clip_id: ctx.envelope(c) for clip_id, c in clips.items()}
     as_recorded = iter(occurrence_envelopes([o for o in occurrences if not is_augmented(o)], clip_envelopes, ctx.sources))
     judged, envelopes = [], []
+    measured: dict[tuple[int, int], Envelope] = {}  # repeats of an augmented event share their kept samples: measured once
     for i, o in enumerate(occurrences):  # an augmented occurrence is judged on its samples as heard, its reverb tail included
         if is_augmented(o):
             x = heard[1][i] if heard is not None else occurrence_signal(ctx.sources, o)
-            envelopes.append(_heard_envelope(x, sr, clip_envelopes[o.clip_id]))
+            same = (x.__array_interface__["data"][0], x.shape[0]) if not x.flags.writeable else (-i - 1, 0)
+            if same not in measured:
+                measured[same] = _heard_envelope(x, sr, clip_envelopes[o.clip_id])
+            envelopes.append(measured[same])
             judged.append(replace(o, source_in_s=0.0, source_out_s=x.shape[0] / sr, gain_db=0.0))
         else:
             envelopes.append(next(as_recorded))
@@ -487,8 +491,8 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
 
 
 def _heard_envelope(x: np.ndarray, sr: int, like: Envelope) -> Envelope:
-    """The envelope of float32 samples as heard (gain included), on ``like``'s frame geometry."""
-    env = a_weighted_envelope(x, sr, like.frame_s, like.hop_s)
+    """The envelope of float32 samples as heard (gain included), on ``like``'s frame geometry (float32 transforms)."""
+    env = a_weighted_envelope(x, sr, like.frame_s, like.hop_s, single=True)
     return Envelope.from_db(env.frame_s, env.hop_s, env.energy_db)
 
 

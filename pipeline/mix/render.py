@@ -16,14 +16,19 @@ added in place, then the whole sum times the mixture gain. The augmentations are
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import lru_cache
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
 from pipeline.audio import FULL_SCALE_INT16, int16_to_float, quantize_int16
-from pipeline.mix.augment import brownian_noise, is_brownian, reverberate, rir_samples, stretch
+from pipeline.mix.augment import brownian_noise, is_brownian, load_room, reverberate, stretch
 from pipeline.schema import EventOccurrence, MixtureRecipe
+
+KEPT_HEARD = 32  # augmented signals kept per source reader (repeats of one event, re-rendering for relabeling)
+_heard: WeakKeyDictionary = WeakKeyDictionary()  # source reader -> OrderedDict(recipe values -> read-only float32 samples)
 
 
 class Sources(Protocol):
@@ -65,13 +70,33 @@ def background_signal(sources: Sources, segment_id: str, offset_s: float, gain_d
     return out
 
 
+def kept_heard(sources: Sources, key: tuple, make: Callable[[], np.ndarray]) -> np.ndarray:
+    """``make()``, kept for the source reader under ``key`` (the recipe values that fix the samples):
+    an augmented signal is made once however often it is placed or judged. Read-only."""
+    kept = _heard.setdefault(sources, OrderedDict())
+    if key in kept:
+        kept.move_to_end(key)
+    else:
+        x = make()
+        x.setflags(write=False)
+        kept[key] = x
+        if len(kept) > KEPT_HEARD:
+            kept.popitem(last=False)
+    return kept[key]
+
+
 def heard_background(recipe: MixtureRecipe, sources: Sources) -> np.ndarray:
-    """The background as it sounds in the mixture: its window at its gain, in its room if it has one."""
-    x = background_signal(sources, recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples)
-    if recipe.background_rir_id:
-        room = rir_samples(recipe.background_rir_id, sources.sample_rate_hz)
-        x = reverberate(x, room, recipe.background_wet_db, recipe.background_dry_db)[: recipe.num_samples]
-    return x
+    """The background as it sounds in the mixture: its window at its gain, in its room if it has one
+    (then read-only)."""
+    def dry() -> np.ndarray:
+        return background_signal(sources, recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples)
+
+    if not recipe.background_rir_id:
+        return dry()
+    key = ("background", recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples,
+           recipe.background_rir_id, recipe.background_wet_db, recipe.background_dry_db)
+    room = load_room(recipe.background_rir_id, sources.sample_rate_hz)
+    return kept_heard(sources, key, lambda: reverberate(dry(), room, recipe.background_wet_db, recipe.background_dry_db)[: recipe.num_samples])
 
 
 def is_augmented(occ: EventOccurrence) -> bool:
@@ -81,21 +106,29 @@ def is_augmented(occ: EventOccurrence) -> bool:
 
 def occurrence_signal(sources: Sources, occ: EventOccurrence) -> np.ndarray:
     """One occurrence as it sounds in the mixture: the source span, gain, pitch and stretch,
-    fades (each at most half of it), room; ``offset_s - onset_s`` long."""
+    fades (each at most half of it), room; ``offset_s - onset_s`` long (read-only if augmented)."""
     sr = sources.sample_rate_hz
     start = samples(occ.source_in_s, sr)
     length = samples(occ.offset_s, sr) - samples(occ.onset_s, sr)
     if not is_augmented(occ):
         x = _scaled(sources.event(occ.clip_id)[start : start + length], occ.gain_db)
         return apply_fades(x, samples(occ.fade_in_s, sr), samples(occ.fade_out_s, sr))
-    x = int16_to_float(sources.event(occ.clip_id)[start : samples(occ.source_out_s, sr)])
+    key = ("event", occ.clip_id, occ.source_in_s, occ.source_out_s, occ.stretch_method, occ.time_stretch_factor,
+           occ.pitch_shift_semitones, occ.gain_db, occ.fade_in_s, occ.fade_out_s, occ.rir_id, occ.reverb_wet_db, occ.reverb_dry_db)
+    return kept_heard(sources, key, lambda: _augmented(sources, occ))[:length]
+
+
+def _augmented(sources: Sources, occ: EventOccurrence) -> np.ndarray:
+    """An augmented occurrence's whole signal: its span, pitch and stretch, gain, fades, room (with the whole tail)."""
+    sr = sources.sample_rate_hz
+    x = int16_to_float(sources.event(occ.clip_id)[samples(occ.source_in_s, sr) : samples(occ.source_out_s, sr)])
     if occ.stretch_method:
         x = stretch(x, sr, occ.time_stretch_factor, occ.pitch_shift_semitones, occ.stretch_method)
     x *= np.float32(db_to_gain(occ.gain_db))
     x = apply_fades(x, samples(occ.fade_in_s, sr), samples(occ.fade_out_s, sr))
     if occ.rir_id:
-        x = reverberate(x, rir_samples(occ.rir_id, sr), occ.reverb_wet_db, occ.reverb_dry_db)
-    return x[:length]
+        x = reverberate(x, load_room(occ.rir_id, sr), occ.reverb_wet_db, occ.reverb_dry_db)
+    return x
 
 
 def apply_fades(x: np.ndarray, fade_in: int, fade_out: int) -> np.ndarray:

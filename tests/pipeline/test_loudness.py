@@ -45,6 +45,17 @@ def test_envelope_of_a_1khz_tone_is_its_mean_square() -> None:
     assert len(env.energy_db) == 50
 
 
+def test_single_precision_envelope_is_the_double_one_within_its_rounding() -> None:
+    sr = 16000
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(3 * sr) * np.exp(-np.arange(3 * sr) / sr) * 0.3).astype(np.float32)  # 26 dB of decay
+    double = np.array(a_weighted_envelope(x, sr, 0.04, 0.02).energy_db)
+    single = np.array(a_weighted_envelope(x, sr, 0.04, 0.02, single=True).energy_db)
+    assert single.shape == double.shape
+    assert np.max(np.abs(single - double)) <= 0.0100001  # at most one step of the 0.01 dB rounding
+    assert np.mean(single == double) > 0.95
+
+
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 3000), hop=st.integers(1, 200), per_frame=st.integers(1, 4))
 def test_frame_mean_square_matches_naive_framing(n: int, hop: int, per_frame: int) -> None:

@@ -17,7 +17,7 @@ from pipeline.config.params import RelabelParams
 from pipeline.loudness import a_weighted_envelope
 from pipeline.mix import augment
 from pipeline.mix.instantiate import MixContext, instantiate, relabel_mixture
-from pipeline.mix.render import render
+from pipeline.mix.render import occurrence_signal, render
 from pipeline.schema import SPLITS, EventOccurrence, MixtureRecipe
 from tests.pipeline.mix.test_instantiate import SR, MemorySources, background_segment, bank, event_clip
 
@@ -66,11 +66,36 @@ def test_reverberate_is_dry_plus_convolution() -> None:
     rng = np.random.default_rng(3)
     x = rng.standard_normal(4000).astype(np.float32) * 0.1
     h = np.exp(-np.arange(800) / 150.0) * rng.standard_normal(800)
-    y = augment.reverberate(x, h, wet_db=-6.0, dry_db=-3.0)
+    y = augment.reverberate(x, augment.Room(h), wet_db=-6.0, dry_db=-3.0)
     expected = np.convolve(x.astype(np.float64), h) * 10 ** (-6 / 20)
     expected[:4000] += x * 10 ** (-3 / 20)
     assert y.shape[0] == 4000 + 800 - 1 and y.dtype == np.float32
     np.testing.assert_allclose(y, expected, atol=2e-5)
+
+
+def test_fft_sizes_are_fast_and_at_most_a_quarter_above_the_length() -> None:
+    lengths = [1, 2, 7, 8, 9, 17, 1000, 4097, 60000, 61441, 160000 + 15000, *np.random.default_rng(0).integers(1, 10**6, 500).tolist()]
+    for n in lengths:
+        size = augment.fft_size(n)
+        m = size
+        while m % 2 == 0:
+            m //= 2
+        assert size >= n and (size <= 1.25 * n or size <= 8), (n, size)
+        assert m in (1, 3, 5, 9, 15), (n, size)  # 2, 3 and 5 only
+    sizes = {augment.fft_size(n) for n in range(16000, 128000)}  # 1-8 s at 16 kHz: a room keeps few spectra
+    assert len(sizes) <= 16
+
+
+def test_a_rooms_kept_spectrum_convolves_as_a_fresh_room_does() -> None:
+    rng = np.random.default_rng(5)
+    h = np.exp(-np.arange(3000) / 400.0) * rng.standard_normal(3000)
+    room = augment.Room(h)
+    x, y = (rng.standard_normal(n).astype(np.float32) * 0.1 for n in (20000, 21000))  # one FFT size for both
+    assert augment.fft_size(x.shape[0] + 2999) == augment.fft_size(y.shape[0] + 2999)
+    first = augment.reverberate(x, room, 0.0, 0.0)
+    assert room.spectrum(augment.fft_size(x.shape[0] + 2999)) is room.spectrum(augment.fft_size(y.shape[0] + 2999))
+    assert np.array_equal(augment.reverberate(y, room, 0.0, 0.0), augment.reverberate(y, augment.Room(h), 0.0, 0.0))
+    assert np.array_equal(first, augment.reverberate(x, augment.Room(h), 0.0, 0.0))
 
 
 def test_room_files_are_unit_energy_and_cut_at_the_inaudible_tail(tmp_path) -> None:
@@ -128,8 +153,7 @@ AUGMENTED = {
 def test_augmented_recipes_re_render_identically(name: str) -> None:
     first = [instantiate(_context(AUGMENTED[name]), "train", i, f"m{i}", "x") for i in range(3)]
     augment._stretch.kept.clear()
-    augment._reverberate.kept.clear()
-    augment._rir.cache_clear()
+    augment.load_room.cache_clear()
     ctx = _context(AUGMENTED[name])
     for i, m in enumerate(first):
         assert any(augment.is_brownian(m.recipe.background_id) or o.stretch_method or o.rir_id for o in m.occurrences)
@@ -137,6 +161,20 @@ def test_augmented_recipes_re_render_identically(name: str) -> None:
         again = instantiate(ctx, "train", i, f"m{i}", "x")  # a fresh worker: the same recipe and samples
         assert again.recipe == m.recipe and again.occurrences == m.occurrences and again.segments == m.segments
         assert np.array_equal(again.audio, m.audio)
+
+
+def test_repeats_of_a_reverberated_event_are_made_once_and_judged_as_a_fresh_render_judges_them() -> None:
+    ctx = _context({**AUGMENTED["reverb"], "repetition": {"probability": 1.0, "count": ["const", 3]}})
+    m = next(m for m in (instantiate(ctx, "train", i, f"m{i}", "x") for i in range(8)) if any(o.role == "repeat" for o in m.occurrences))
+    repeats = [o for o in m.occurrences if o.role == "repeat" and o.rir_id]
+    parts = [occurrence_signal(ctx.sources, o) for o in repeats]
+    assert all(not x.flags.writeable for x in parts)  # kept samples cannot be changed by a caller
+    assert len({x.__array_interface__["data"][0] for x in parts}) == 1  # one event, one convolution
+    # a fresh worker without the kept signals (replay: relabeling renders again) judges the same labels
+    fresh = _context({**AUGMENTED["reverb"], "repetition": {"probability": 1.0, "count": ["const", 3]}})
+    clips = {o.clip_id: c for c in bank()[1] for o in m.occurrences if c.clip_id == o.clip_id}
+    segment = next(b for b in bank()[2] if b.segment_id == m.recipe.background_id)
+    assert relabel_mixture(fresh, m.recipe, m.occurrences, segment, clips) == m.segments
 
 
 def test_stretched_occurrences_sound_for_their_stretched_length() -> None:
