@@ -26,6 +26,7 @@ import dask
 from tqdm import tqdm
 
 from pipeline.config.params import ComputeParams
+from pipeline.determinism import VARIABLE, baseline_group, numpy_kernels
 
 SINGLE_THREADED_LIBRARIES = {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1}
 # A local worker's statistical profiler takes the GIL every 10 ms to walk the task's stack (for the
@@ -67,7 +68,21 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
             cluster.close()
     else:
         with Client(compute.scheduler) as client:
+            _check_kernels(client, compute.scheduler)
             yield client
+
+
+def _check_kernels(client, scheduler: str) -> None:
+    """Refuse a remote cluster whose workers' numpy kernels differ from this process's: the
+    bytes of an item would depend on the worker that made it (:mod:`pipeline.determinism`)."""
+    here = numpy_kernels()
+    off = {worker: kernels for worker, kernels in client.run(numpy_kernels).items() if kernels != here}
+    if off:
+        worker, kernels = next(iter(off.items()))
+        raise RuntimeError(
+            f"compute.scheduler {scheduler}: {len(off)} workers use numpy kernels {kernels!r} (e.g. {worker}) where this "
+            f"process uses {here!r}, so their outputs would differ in the last bits; start the workers with "
+            f"{VARIABLE}={baseline_group() or '<numpy baseline>'} in their environment, as `sedsynth` sets it for itself")
 
 
 @contextmanager

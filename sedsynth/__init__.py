@@ -1,1 +1,9 @@
-"""The ``sedsynth`` command above the two packages: ``pipeline`` (the data stages) and ``trainer``."""
+"""The ``sedsynth`` command above the two packages: ``pipeline`` (the data stages) and ``trainer``.
+
+Importing it pins numpy's run-time kernels to its baseline (before numpy is imported), so every
+stage writes the same bytes on every x86-64 CPU: see :mod:`pipeline.determinism`.
+"""
+
+from pipeline.determinism import pin_numpy_kernels
+
+pin_numpy_kernels()
