@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the project root
 
+import sedsynth  # noqa: F401,E402 - before numpy: the tests run on the kernels the command pins (pipeline.determinism)
+
 import numpy as np
 import pytest
 import soundfile as sf

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline import determinism
-from pipeline.compute import _check_kernels, _environ_kept
+from pipeline.compute import _check_kernels
 
 PINNABLE = determinism.baseline_group() is not None
 KERNELS = "from pipeline.determinism import numpy_kernels; import numpy; print(numpy_kernels())"
@@ -53,16 +53,20 @@ def test_remote_workers_with_other_kernels_are_refused_with_the_fix() -> None:
         _check_kernels(_Cluster([here, other]), "tcp://scheduler:8786")
 
 
-@pytest.mark.skipif(not PINNABLE or determinism.numpy_kernels() == "baseline",
-                    reason="needs a CPU with kernels above numpy's baseline, and numpy >= 2.4 on x86-64")
-def test_real_workers_started_without_the_pin_are_refused() -> None:
-    import dask
+def test_the_tests_run_on_the_commands_kernels() -> None:
+    """Tests compare in-process runs with `sedsynth` subprocesses: both must use the same kernels."""
+    assert determinism.numpy_kernels() == _kernels_in_fresh_python(f"import sedsynth; {KERNELS}")
+
+
+FASTEST = _kernels_in_fresh_python(KERNELS) if PINNABLE else "baseline"  # numpy's own choice on this CPU
+
+
+@pytest.mark.skipif(FASTEST == "baseline", reason="needs a CPU with kernels above numpy's baseline, and numpy >= 2.4 on x86-64")
+def test_real_workers_started_without_the_pin_are_refused(monkeypatch) -> None:
     from distributed import Client, LocalCluster
 
-    # set before the worker process starts (a nanny's ``env`` is applied after it has loaded numpy)
-    pinned = {"distributed.nanny.pre-spawn-environ": {determinism.VARIABLE: determinism.baseline_group()}}
-    with _environ_kept((determinism.VARIABLE,)), dask.config.set(pinned), \
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
-        assert set(client.run(determinism.numpy_kernels).values()) == {"baseline"}
+    monkeypatch.setenv(determinism.VARIABLE, FASTEST)  # the workers' environment: numpy's own choice (this process has loaded numpy)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+        assert set(client.run(determinism.numpy_kernels).values()) == {FASTEST}
         with pytest.raises(RuntimeError, match="differ in the last bits"):
-            _check_kernels(client, cluster.scheduler_address)  # this test process uses the faster kernels
+            _check_kernels(client, cluster.scheduler_address)  # this process runs on the baseline kernels
