@@ -49,9 +49,7 @@ def pin_numpy_kernels() -> bool:
 def numpy_kernels() -> str:
     """The kernel groups above the baseline this process's numpy uses: ``"baseline"`` when pinned
     (or on a CPU without them), else their names, e.g. ``"X86_V3 X86_V4"``."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
-    except ImportError:  # numpy < 2 keeps the table in numpy.core
-        from numpy.core._multiarray_umath import __cpu_features__ as features
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+
     used = [g for g in DISPATCHED if features.get(g)]
     return " ".join(used) or "baseline"

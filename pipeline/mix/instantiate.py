@@ -474,10 +474,13 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
     for i, o in enumerate(occurrences):  # an augmented occurrence is judged on its samples as heard, its reverb tail included
         if is_augmented(o):
             x = heard[1][i] if heard is not None else occurrence_signal(ctx.sources, o)
-            same = (x.__array_interface__["data"][0], x.shape[0]) if not x.flags.writeable else (-i - 1, 0)
-            if same not in measured:
-                measured[same] = _heard_envelope(x, sr, clip_envelopes[o.clip_id])
-            envelopes.append(measured[same])
+            if x.flags.writeable:  # not a kept signal: its own samples
+                envelopes.append(_heard_envelope(x, sr, clip_envelopes[o.clip_id]))
+            else:
+                same = (x.__array_interface__["data"][0], x.shape[0])
+                if same not in measured:
+                    measured[same] = _heard_envelope(x, sr, clip_envelopes[o.clip_id])
+                envelopes.append(measured[same])
             judged.append(replace(o, source_in_s=0.0, source_out_s=x.shape[0] / sr, gain_db=0.0))
         else:
             envelopes.append(next(as_recorded))

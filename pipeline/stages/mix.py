@@ -410,8 +410,10 @@ def room_digests(spec: MixSpec) -> tuple[dict[str, str], list[Skip]]:
         good, bad = usable_rooms(rev.rirs, spec.sample_rate_hz)
     except AugmentError as e:
         raise MixError(f"mix: {e}") from None
-    skips = [Skip(path, path, reason, f"impulse response: {detail}") for path, reason, detail in
-             ((str(room_file(rid)), reason, detail) for rid, reason, detail in bad)]
+    skips = []
+    for rid, reason, detail in bad:
+        path = str(room_file(rid))
+        skips.append(Skip(path, path, reason, f"impulse response: {detail}"))
     return {rid: file_sha256(room_file(rid)) for rid in good}, skips
 
 
