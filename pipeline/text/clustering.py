@@ -7,6 +7,16 @@ and per cluster the relations a negative sampler must respect (:func:`cluster_ro
 
 FineLAP 5.2 / Algorithm 1: a cluster's centroid is the normalised mean of its alternative
 phrases' embeddings, and a phrase belongs to the nearest centroid by cosine.
+
+The same bytes on every x86-64 CPU: the encoder runs in float64. In float32 the CPU's matrix
+kernels (MKL and oneDNN pick AVX2, AVX-512 or AMX code at run time) and the padding of each
+batch move an embedding by about 2e-7, which turns the sixth decimal of about one stored cosine
+in ten (a Sapphire Rapids machine wrote 79 of 837 phrase cosines 1e-6 apart from an AMD one).
+In float64 the same causes move it by about 3e-16, and every value derived from it (centroids,
+cosines, the ``min_similarity`` and ``near_synonym_similarity`` thresholds, nearest-centroid
+order) is float64 as well, so a stored cosine, rounded to 6 places, turns only when it lies
+within about 1e-15 of a rounding boundary: odds of about 1e-9 per value. Equal cosines go to
+the lower cluster id (a stable sort).
 """
 
 from __future__ import annotations
@@ -67,7 +77,11 @@ def _closure(links: list[list[int]]) -> list[tuple[int, ...]]:
 
 @cache
 def load_encoder(model: str, device: str = "cpu"):
-    """A SentenceTransformer: the packaged offline MiniLM, or any model name or path."""
+    """A SentenceTransformer in float64: the packaged offline MiniLM, or any model name or path."""
+    return _load_sentence_transformer(model, device).double()
+
+
+def _load_sentence_transformer(model: str, device: str):
     from sentence_transformers import SentenceTransformer
 
     if model == OFFLINE_MODEL:
@@ -84,11 +98,11 @@ def load_encoder(model: str, device: str = "cpu"):
 
 
 def encode(model: str, texts: list[str], batch_size: int = 256) -> np.ndarray:
-    """Unit-norm embeddings (N, D) as float32."""
+    """Unit-norm embeddings (N, D) as float64, computed in float64 (see the module docstring)."""
     if not texts:
-        return np.zeros((0, 1), np.float32)
+        return np.zeros((0, 1), np.float64)
     emb = load_encoder(model).encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-    return np.asarray(emb, np.float32)
+    return np.asarray(emb, np.float64)
 
 
 class ClusterIndex:
@@ -103,7 +117,7 @@ class ClusterIndex:
         emb = encode(model, alts, batch_size)
         sums = np.zeros((len(clusters), emb.shape[1]), np.float64)
         np.add.at(sums, owner, emb)
-        self.centroids = (sums / np.linalg.norm(sums, axis=1, keepdims=True)).astype(np.float32)  # (C, D)
+        self.centroids = sums / np.linalg.norm(sums, axis=1, keepdims=True)  # (C, D) float64
 
     def assign(self, phrases: list[str], mids: list[str]) -> list[tuple[int, float, str, int, float]]:
         """Per phrase: (cluster id, cosine to it, method, runner-up id, cosine to the runner-up)."""
@@ -126,7 +140,7 @@ class ClusterIndex:
 
 
 def _cosine(x: float) -> float:
-    """A stored cosine: rounded to 6 places and clipped to [-1, 1] (float32 sums overshoot)."""
+    """A stored cosine: rounded to 6 places and clipped to [-1, 1] (rounded sums overshoot)."""
     return round(min(1.0, max(-1.0, float(x))), 6)
 
 

@@ -116,14 +116,6 @@ def test_vocabulary_csv_replaces_the_builtin_list(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- captions
 
 
-@pytest.fixture(scope="module")
-def captioned(mixed, tmp_path_factory):
-    params, mix_dir, _, _ = mixed
-    out = tmp_path_factory.mktemp("captions") / "captions"
-    summary = captions.run(params, mix_dir, out)
-    return params, mix_dir, out, summary
-
-
 def test_phrases_are_the_relabeled_segments(captioned) -> None:
     _params, mix_dir, out, _ = captioned
     phrases = from_table(pq.read_table(out / "phrases.parquet"), LabelPhrase)
