@@ -7,11 +7,19 @@ name and a rename.
 
 Every stage folder holds ``manifest.parquet`` (one row per output record), ``skipped.csv``
 (one row per input it could not use, with the reason) and ``summary.json`` (counts).
+
+Because a stage replaces its output folder whole, :func:`check_out_dir` refuses, before anything
+is written, an output folder that is the filesystem root, the home folder or the current folder
+(or holds one of them), or that is, lies inside or holds one of the stage's inputs. A run holds
+an exclusive lock, ``.<name>.lock`` beside the output, for as long as it writes
+(:func:`output_lock`): a second run into the same folder is refused instead of taking the
+first one's staging folder for its own.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import io
 import json
@@ -22,7 +30,7 @@ import shutil
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -62,22 +70,25 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{16}\.tmp$")
+# write_atomic's ``.<name>.<pid>.<16 hex>.tmp`` and the trainer's checkpoint ``.<name>.tmp-<pid>``
+_TEMPORARY = re.compile(r"^\..+\.(?:(\d+)\.[0-9a-f]{16}\.tmp|tmp-(\d+))$")
 
 
 def remove_stale_temporaries(folder: Path, recursive: bool = False) -> list[Path]:
-    """Remove the :func:`write_atomic` temporaries in ``folder`` whose writing process is gone.
+    """Remove the temporaries in ``folder`` whose writing process is gone.
 
-    ``recursive`` also searches its subfolders. Temporaries of running processes (another
-    writer at work) are kept. Returns the removed paths.
+    Temporaries are :func:`write_atomic`'s (``.<name>.<pid>.<random>.tmp``) and the trainer's
+    checkpoint writer's (``.<name>.tmp-<pid>``, e.g. ``.latest.pt.tmp-1234``). ``recursive``
+    also searches its subfolders. Temporaries of running processes (another writer at work)
+    are kept. Returns the removed paths.
     """
     import psutil
 
-    found = Path(folder).rglob(".*.tmp") if recursive else Path(folder).glob(".*.tmp")
+    found = Path(folder).rglob(".*.tmp*") if recursive else Path(folder).glob(".*.tmp*")
     removed = []
     for tmp in found:
         m = _TEMPORARY.match(tmp.name)
-        if m and not psutil.pid_exists(int(m.group(1))):
+        if m and not psutil.pid_exists(int(m.group(1) or m.group(2))):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
@@ -88,24 +99,137 @@ SKIPPED = "skipped.csv"
 SUMMARY = "summary.json"
 
 
+class OutDirError(ValueError):
+    """An output folder a stage must not replace; the message names the setting and what to do."""
+
+
+class OutputBusyError(FileExistsError):
+    """Another running process is writing the same output folder."""
+
+
+def check_out_dir(out_dir: Path | str, setting: str = "the output folder", inputs: Mapping[str, Path | str | None] | None = None) -> None:
+    """Raise :class:`OutDirError` unless ``out_dir`` is a folder a stage may replace whole.
+
+    ``setting`` names the folder in the message (``mix.out_dir``); ``inputs`` maps a name
+    (``clip.out_dir``, ``the corpus root``) to a folder the stage reads or must leave alone
+    (None entries are ignored). Refused: the filesystem root, the home folder and the current
+    folder, and any folder that holds one of them, because the swap removes what was there; a
+    folder equal to, inside or holding one of ``inputs``, because the stage would destroy its
+    own input (or another stage's output); and a path whose last part is ``..``. Paths are
+    compared after resolving symlinks, relative ones against the current folder.
+    """
+    given = Path(out_dir)
+
+    def refuse(why: str) -> None:
+        raise OutDirError(f"{setting} is {given}, which {why}; the stage replaces its output folder whole, so point "
+                          f"{setting} at a folder of its own (such as data/<stage>)")
+
+    target = given.resolve()
+    if target == Path(target.anchor):
+        refuse("is the filesystem root")
+    places = [("the current folder (where the command runs, the project root)", Path.cwd().resolve())]
+    try:
+        places.append(("your home folder", Path.home().resolve()))
+    except RuntimeError:  # no HOME and no password entry: nothing to protect there
+        pass
+    for what, place in places:
+        if target == place:
+            refuse(f"is {what}")
+        if place.is_relative_to(target):
+            refuse(f"holds {what}")
+    for name, folder in (inputs or {}).items():
+        if folder is None:
+            continue
+        other = Path(folder).resolve()
+        if target == other:
+            refuse(f"is also {name} ({folder})")
+        if target.is_relative_to(other):
+            refuse(f"lies inside {name} ({folder})")
+        if other.is_relative_to(target):
+            refuse(f"holds {name} ({folder})")
+    if given.name == "..":  # the staging folder beside it would be named '...partial' and the swap would fail
+        refuse("ends in '..'")
+
+
+# lock files this process holds (absolute paths): a stage that holds its output's lock may enter
+# staged_dir or resumable_dir for the same folder (flock would refuse a second open of the file)
+_HELD_LOCKS: set[str] = set()
+
+
+def lock_path(target: Path) -> Path:
+    """The lock file of an output folder: ``.<name>.lock`` beside it."""
+    target = Path(target)
+    return target.parent / f".{target.name}.lock"
+
+
+@contextmanager
+def output_lock(target: Path | str) -> Iterator[None]:
+    """Hold the exclusive lock on the output folder ``target`` for the block, or raise :class:`OutputBusyError`.
+
+    The lock is ``flock`` on ``.<name>.lock`` beside ``target``, which holds the pid of the run
+    that has it. The kernel releases it when that process dies, however it dies, so a killed run
+    never blocks the next one. Re-entrant within a process. The folder is checked first
+    (:func:`check_out_dir`, without inputs), so no lock file lands beside ``/``.
+    """
+    target = Path(target)
+    check_out_dir(target)
+    path = lock_path(target)
+    key = os.path.abspath(path)
+    if key in _HELD_LOCKS:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise OutputBusyError(f"{target} is being written by another run (pid {holder}); wait for it to finish, or stop it, "
+                                  "then run this again") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # the run that held the lock removes its file before letting go: lock the file that is there now
+        try:
+            current = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        _HELD_LOCKS.add(key)
+        yield
+    finally:
+        _HELD_LOCKS.discard(key)
+        path.unlink(missing_ok=True)  # while still locked, so the next run never locks a removed file
+        os.close(fd)
+
+
 @contextmanager
 def staged_dir(target: Path) -> Iterator[Path]:
     """Yield an empty staging folder that replaces ``target`` when the block succeeds.
 
     If the block raises (or is interrupted) the staging folder is removed and ``target`` is
-    left as it was; a folder left by a killed run is removed by the next run.
+    left as it was; a folder left by a killed run is removed by the next run. The block runs
+    under :func:`output_lock`: a second run into ``target`` is refused while this one writes.
     """
     target = Path(target)
-    staging = _staging_path(target)
-    if staging.exists():
-        shutil.rmtree(staging)  # left by a run that was killed outright
-    staging.mkdir()
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    _swap_in(staging, target)
+    with output_lock(target):
+        staging = _staging_path(target)
+        if staging.exists():
+            shutil.rmtree(staging)  # left by a run that was killed outright
+        staging.mkdir()
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        _swap_in(staging, target)
 
 
 FINGERPRINT = "fingerprint.txt"
@@ -120,22 +244,24 @@ def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]
     can skip the work it holds; a different fingerprint starts from an empty folder. The
     block must remove its bookkeeping files before it ends; the folder is then swapped in.
     A resumed folder is first cleared of the temporaries of writes the killed run had under
-    way, so none of them ends up in the output.
+    way, so none of them ends up in the output. Held under :func:`output_lock`, so the
+    staging folder found is never one that another live run is writing.
     """
     target = Path(target)
-    staging = _staging_path(target)
-    marker = staging / FINGERPRINT
-    resumed = marker.exists() and marker.read_text(encoding="utf-8") == fingerprint
-    if staging.exists() and not resumed:
-        shutil.rmtree(staging)
-    if resumed:
-        remove_stale_temporaries(staging, recursive=True)
-    if not resumed:
-        staging.mkdir()
-        write_atomic(marker, fingerprint.encode("utf-8"))
-    yield staging, resumed
-    marker.unlink(missing_ok=True)
-    _swap_in(staging, target)
+    with output_lock(target):
+        staging = _staging_path(target)
+        marker = staging / FINGERPRINT
+        resumed = marker.exists() and marker.read_text(encoding="utf-8") == fingerprint
+        if staging.exists() and not resumed:
+            shutil.rmtree(staging)
+        if resumed:
+            remove_stale_temporaries(staging, recursive=True)
+        if not resumed:
+            staging.mkdir()
+            write_atomic(marker, fingerprint.encode("utf-8"))
+        yield staging, resumed
+        marker.unlink(missing_ok=True)
+        _swap_in(staging, target)
 
 
 def _staging_path(target: Path) -> Path:

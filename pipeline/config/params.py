@@ -278,6 +278,45 @@ class Params:
     imports: ImportParams = field(default_factory=ImportParams)
 
 
+# A key that reads the folder another key writes may name that very folder: the clip stage reads
+# (sources.fsd50k_dir) what the corpus stage writes (corpus.fsd50k_dir), mix what clip and ambience write.
+_READS_OUTPUT_OF = {
+    "sources.fsd50k_dir": "corpus.fsd50k_dir",
+    "sources.ambience_dir": "corpus.ambience_dir",
+    "mix.events": "clip.out_dir",
+    "mix.backgrounds": "ambience.out_dir",
+}
+
+
+def data_folders(p: Params) -> dict[str, str]:
+    """Every folder the data stages' params name, by key (``mix.events`` and ``mix.backgrounds`` when set)."""
+    folders = {
+        "sources.fsd50k_dir": p.sources.fsd50k_dir,
+        "sources.ambience_dir": p.sources.ambience_dir,
+        "corpus.fsd50k_dir": p.corpus.fsd50k_dir,
+        "corpus.ambience_dir": p.corpus.ambience_dir,
+        "clip.out_dir": p.clip.out_dir,
+        "ambience.out_dir": p.ambience.out_dir,
+        "mix.events": p.mix.events,
+        "mix.backgrounds": p.mix.backgrounds,
+        "mix.out_dir": p.mix.out_dir,
+        "captions.out_dir": p.captions.out_dir,
+        "clusters.out_dir": p.clusters.out_dir,
+        "shards.out_dir": p.shards.out_dir,
+    }
+    return {key: folder for key, folder in folders.items() if folder is not None}
+
+
+def folders_besides(p: Params, out_key: str) -> dict[str, str]:
+    """The folders the stage writing ``out_key`` must leave alone: every other folder of :func:`data_folders`.
+
+    Left out: ``out_key`` itself and the keys that read what it writes (``sources.fsd50k_dir``
+    for ``corpus.fsd50k_dir``). This is the ``inputs`` argument of
+    :func:`pipeline.outputs.check_out_dir`, to which a stage adds the folders it was handed.
+    """
+    return {key: folder for key, folder in data_folders(p).items() if key != out_key and _READS_OUTPUT_OF.get(key) != out_key}
+
+
 @dataclass(frozen=True)
 class Range:
     """The values one numeric parameter accepts: ``lo``..``hi`` (None: no bound), each end closed unless ``*_open``."""

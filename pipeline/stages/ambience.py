@@ -44,6 +44,7 @@ from pipeline.outputs import (
     MANIFEST,
     SKIPPED,
     SUMMARY,
+    check_out_dir,
     format_summary,
     refuse_empty,
     rejected_report_path,
@@ -53,7 +54,7 @@ from pipeline.outputs import (
     write_manifest,
     write_skips,
 )
-from pipeline.config.params import AmbienceParams, Params
+from pipeline.config.params import AmbienceParams, Params, folders_besides
 from pipeline.schema import BackgroundSegment, Skip
 
 AUDIO_DIR = "audio"
@@ -160,6 +161,7 @@ def run(params: Params, ambience_dir: Path | None = None, out_dir: Path | None =
     """Run the stage; returns the summary written to ``summary.json``."""
     ambience_dir = Path(ambience_dir or params.sources.ambience_dir)
     out_dir = Path(out_dir or params.ambience.out_dir)
+    check_out_dir(out_dir, "ambience.out_dir", {**folders_besides(params, "ambience.out_dir"), "sources.ambience_dir": ambience_dir})
     recordings, skips, selection = read_ambience_library(ambience_dir, params.ambience)
     num_inputs = len(recordings) + len(skips)
     with staged_dir(out_dir) as stage:

@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from pipeline.outputs import staged_dir, write_json, write_manifest
+from pipeline.config.params import folders_besides
+from pipeline.outputs import check_out_dir, staged_dir, write_json, write_manifest
 from pipeline.schema import (
     SPLITS,
     Caption,
@@ -98,6 +99,7 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
     p = params.captions
     mix_dir = Path(mix_dir or params.mix.out_dir)
     out_dir = Path(out_dir or p.out_dir)
+    check_out_dir(out_dir, "captions.out_dir", {**folders_besides(params, "captions.out_dir"), "mix.out_dir": mix_dir})
     recipes, occurrences, segments = read_mixtures(mix_dir)
     completer: Completer | None = None
 

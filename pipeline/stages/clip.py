@@ -29,13 +29,14 @@ import numpy as np
 
 from pipeline.audio import AudioError, downmix, read_audio, remove_dc
 from pipeline.compute import map_ordered
-from pipeline.config.params import ClipParams, Params
+from pipeline.config.params import ClipParams, Params, folders_besides
 from pipeline.events import AUDIO_DIR, clip_one, plan_clips
 from pipeline.figures import pyplot, save_png
 from pipeline.outputs import (
     MANIFEST,
     SKIPPED,
     SUMMARY,
+    check_out_dir,
     format_summary,
     refuse_empty,
     rejected_report_path,
@@ -60,6 +61,7 @@ def run(params: Params, fsd50k_dir: Path | None = None, out_dir: Path | None = N
     """
     fsd50k_dir = Path(fsd50k_dir or params.sources.fsd50k_dir)
     out_dir = Path(out_dir or params.clip.out_dir)
+    check_out_dir(out_dir, "clip.out_dir", {**folders_besides(params, "clip.out_dir"), "sources.fsd50k_dir": fsd50k_dir})
     tasks, skips = plan_clips(fsd50k_dir, params.clip)
     num_rows = len(tasks) + len(skips)
     with staged_dir(out_dir) as stage:

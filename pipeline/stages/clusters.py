@@ -31,7 +31,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline.outputs import staged_dir, write_atomic, write_json, write_manifest
+from pipeline.config.params import folders_besides
+from pipeline.outputs import check_out_dir, staged_dir, write_atomic, write_json, write_manifest
 from pipeline.schema import Cluster, LabelPhrase, PhraseAssignment, from_table
 from pipeline.text.clustering import OFFLINE_MODEL, ClusterError, ClusterIndex, cluster_rows, load_inventory, phrase_database
 
@@ -45,6 +46,7 @@ def run(params, captions_dir: Path | None = None, out_dir: Path | None = None) -
     p = params.clusters
     captions_dir = Path(captions_dir or params.captions.out_dir)
     out_dir = Path(out_dir or p.out_dir)
+    check_out_dir(out_dir, "clusters.out_dir", {**folders_besides(params, "clusters.out_dir"), "captions.out_dir": captions_dir})
     if not (captions_dir / "phrases.parquet").exists():
         raise ClusterError(f"{captions_dir} lacks phrases.parquet: run `sedsynth captions` (or `dvc repro captions`) first")
     used = from_table(pq.read_table(captions_dir / "phrases.parquet"), LabelPhrase)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.imports import KINDS, reader
+from pipeline.config.params import folders_besides
 from pipeline.imports.writer import write_import
+from pipeline.outputs import check_out_dir
 
 
 class CorpusImportError(ValueError):
@@ -35,6 +37,7 @@ def run(params, kind: str, root: Path | str, out_dir: Path | str | None = None, 
     if not root.is_dir():
         raise CorpusImportError(f"import {kind}: corpus root {root} is not a folder; pass the folder that holds the corpus's annotation files")
     out_dir = Path(out_dir or params.imports.out_dir.format(kind=kind))
+    check_out_dir(out_dir, "imports.out_dir", {**folders_besides(params, "imports.out_dir"), "the corpus root": root})
     merged = {**params.imports.options.get(kind, {}), **(options or {})}
     clips, skips = reader(kind)(root, merged)
     return write_import(clips, skips, root, out_dir, params, kind, index=index)

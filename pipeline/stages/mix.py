@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 from pipeline.audio import write_flac
 from pipeline.compute import Workers, map_ordered
 from pipeline.config.mix_spec import MixSpec, resolve_spec
-from pipeline.config.params import MixParams, Params, RelabelParams
+from pipeline.config.params import MixParams, Params, RelabelParams, folders_besides
 from pipeline.licenses import license_name
 from pipeline.mix import exports
 from pipeline.mix.augment import AugmentError, room_file, usable_rooms
@@ -68,7 +68,9 @@ from pipeline.outputs import (
     MANIFEST,
     SKIPPED,
     SUMMARY,
+    check_out_dir,
     file_sha256,
+    output_lock,
     rejected_report_path,
     resumable_dir,
     write_json,
@@ -428,11 +430,22 @@ def plan_partitions(p: MixParams, run: MixRun) -> list[Partition]:
 
 
 def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | None = None, out_dir: Path | None = None) -> dict:
-    """Make every split's mixtures; returns the summary (also written to ``summary.json``)."""
+    """Make every split's mixtures; returns the summary (also written to ``summary.json``).
+
+    The output folder is checked against the inputs and locked before anything is written: the
+    library folder beside it is this run's too.
+    """
     p = params.mix
     events_dir = Path(events_dir or p.events or params.clip.out_dir).resolve()
     backgrounds_dir = Path(backgrounds_dir or p.backgrounds or params.ambience.out_dir).resolve()
     out_dir = Path(out_dir or p.out_dir)
+    check_out_dir(out_dir, "mix.out_dir", {**folders_besides(params, "mix.out_dir"), "mix.events": events_dir, "mix.backgrounds": backgrounds_dir})
+    with output_lock(out_dir):
+        return _run(params, events_dir, backgrounds_dir, out_dir)
+
+
+def _run(params: Params, events_dir: Path, backgrounds_dir: Path, out_dir: Path) -> dict:
+    p = params.mix
     spec = resolve_spec(p.preset, p.spec, sample_rate_hz=params.sample_rate_hz)  # the params check's spec, from the cache
     folders = prepare_sources(params, spec, events_dir, backgrounds_dir, out_dir)
     events_dir, backgrounds_dir = folders.events_dir, folders.backgrounds_dir

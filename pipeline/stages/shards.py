@@ -26,7 +26,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline.mix.layout import ATTRIBUTION, LICENSES, MIXTURES
-from pipeline.outputs import staged_dir
+from pipeline.config.params import folders_besides
+from pipeline.outputs import check_out_dir, staged_dir
 from pipeline.schema import (
     SPLITS,
     AudioFile,
@@ -93,6 +94,8 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
     captions_dir = Path(captions_dir or params.captions.out_dir)
     clusters_dir = Path(clusters_dir or params.clusters.out_dir)
     out_dir = Path(out_dir or p.out_dir)
+    check_out_dir(out_dir, "shards.out_dir", {**folders_besides(params, "shards.out_dir"), "mix.out_dir": mix_dir,
+                                              "captions.out_dir": captions_dir, "clusters.out_dir": clusters_dir})
     recipes = from_table(pq.read_table(_need(mix_dir / MIXTURES, "mix")), MixtureRecipe)
     captions = {c.mixture_id: c for c in from_table(pq.read_table(_need(captions_dir / "captions.parquet", "captions")), Caption)}
     phrases: dict[str, list[LabelPhrase]] = defaultdict(list)

@@ -142,3 +142,97 @@ def test_kill_between_the_swap_renames_keeps_the_previous_output(tmp_path):
     with staged_dir(target) as stage:
         write_json(stage / "summary.json", {"run": 3})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events"]
+
+
+def test_the_trainers_checkpoint_temporaries_are_swept_too(tmp_path):
+    from pipeline.outputs import remove_stale_temporaries
+
+    dead = tmp_path / f".latest.pt.tmp-{_dead_pid()}"  # torch.save of a run that was killed
+    live = tmp_path / f".best.pt.tmp-{os.getpid()}"  # a checkpoint being written now
+    kept = tmp_path / ".notes.tmp-draft"  # not a temporary of ours
+    for path in (dead, live, kept):
+        path.write_bytes(b"half")
+    assert remove_stale_temporaries(tmp_path) == [dead]
+    assert live.exists() and kept.exists() and not dead.exists()
+
+
+# --- output folders that must not be replaced ---------------------------------------------------
+
+PARAMS = ROOT / "params.yaml"
+
+
+@pytest.mark.parametrize(
+    "command, setting, value, why",
+    [
+        ("mix", "mix.out_dir", "data/events", "is also clip.out_dir (data/events)"),
+        ("mix", "mix.out_dir", "/", "is the filesystem root"),
+        ("mix", "mix.out_dir", "data", "holds sources.fsd50k_dir (data/sources/fsd50k)"),
+        ("mix", "mix.out_dir", "..", "holds the current folder (where the command runs, the project root)"),
+        ("clip", "clip.out_dir", "data/sources/fsd50k/clips", "lies inside sources.fsd50k_dir (data/sources/fsd50k)"),
+        ("ambience", "ambience.out_dir", ".", "is the current folder (where the command runs, the project root)"),
+        ("captions", "captions.out_dir", "data/mixtures", "is also mix.out_dir (data/mixtures)"),
+        ("clusters", "clusters.out_dir", "data/captions/clusters", "lies inside captions.out_dir (data/captions)"),
+        ("shards", "shards.out_dir", "data/clusters", "is also clusters.out_dir (data/clusters)"),
+        ("corpus", "corpus.fsd50k_dir", "data/events", "is also clip.out_dir (data/events)"),
+    ],
+)
+def test_an_out_dir_that_is_an_input_or_a_root_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, command,
+                                                                                      setting, value, why):
+    from sedsynth.cli import main
+
+    work = tmp_path / "project"
+    for folder in ("data/events", "data/sources/fsd50k", "data/mixtures", "data/captions", "data/clusters"):
+        (work / folder).mkdir(parents=True)
+        (work / folder / "keep.txt").write_text("input")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    monkeypatch.chdir(work)
+    code = main([command, "--params", str(PARAMS), "--set", f"{setting}={value}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"sedsynth {command}: error: {setting} is {value}, which {why}; ") and err.count("\n") == 1
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+    assert not any(Path("/").glob(".*.partial")) and not any(Path("/").glob(".*.lock"))
+
+
+# A second process that holds `target`'s lock inside staged_dir until it is killed.
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from pipeline.outputs import staged_dir
+
+    with staged_dir(Path(sys.argv[1])) as stage:
+        (stage / "part.txt").write_text("first run")
+        print("writing", flush=True)
+        time.sleep(120)
+""")
+
+
+def test_a_second_run_into_the_same_out_dir_is_refused_and_a_killed_ones_lock_does_not_block(tmp_path, capsys):
+    from pipeline.outputs import OutputBusyError, lock_path
+    from sedsynth.cli import main
+
+    target = tmp_path / "mixtures"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(target)], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "writing", child.stderr.read()
+        busy = f"{target} is being written by another run (pid {child.pid}); wait for it to finish, or stop it, then run this again"
+        with pytest.raises(OutputBusyError) as e:
+            with staged_dir(target):
+                pass
+        assert str(e.value) == busy
+        with pytest.raises(OutputBusyError):
+            with resumable_dir(target, "fp"):
+                pass
+        code = main(["mix", "--params", str(PARAMS), "--set", f"mix.out_dir={target}",
+                     "--set", f"mix.events={tmp_path / 'events'}", "--set", f"mix.backgrounds={tmp_path / 'backgrounds'}"])
+        assert (code, capsys.readouterr().err) == (2, f"sedsynth mix: error: {busy}\n")
+        assert (tmp_path / ".mixtures.partial" / "part.txt").read_text() == "first run", "the first run's files are untouched"
+    finally:
+        child.kill()  # SIGKILL: the kernel lets go of its lock; its lock file stays behind
+        child.communicate(timeout=30)
+    assert lock_path(target).exists()
+    with staged_dir(target) as stage:
+        write_json(stage / "summary.json", {"run": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mixtures"], "no lock file or staging folder left"

@@ -249,3 +249,23 @@ def test_cli_exits_non_zero_with_the_skip_reasons(mixed, tmp_path: Path) -> None
     assert done.returncode == 2, done.stdout + done.stderr
     assert "sources skipped by reason: license-not-allowed" in done.stderr and "mix.allowed_licenses [CC-Sampling+] dropped" in done.stderr
     assert not out.exists() and rejected_report_path(out).exists()
+
+
+# --- an output folder that is an input --------------------------------------------------------
+
+
+def test_mixing_into_the_event_clips_folder_is_refused_and_leaves_it_whole(mixed, tmp_path: Path) -> None:
+    import shutil
+
+    from pipeline.outputs import OutDirError
+    from tests.conftest import tree_digest
+
+    params, _, events_dir, backgrounds_dir = mixed
+    events, backgrounds = tmp_path / "events", tmp_path / "backgrounds"
+    shutil.copytree(events_dir, events)
+    shutil.copytree(backgrounds_dir, backgrounds)
+    before = tree_digest(events)
+    with pytest.raises(OutDirError, match=rf"^mix.out_dir is {events}, which is also mix.events \({events}\); "):
+        run(small(params), events, backgrounds, events)
+    assert tree_digest(events) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backgrounds", "events"], "nothing written beside it"
