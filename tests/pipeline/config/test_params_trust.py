@@ -10,13 +10,16 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
 import pytest
 
 from sedsynth.cli import main
-from pipeline.config.params import ClipParams, ParamsError, parse_override, RANGES
+from pipeline.config.params import ClipParams, ParamsError, parse_override, RANGES, read_yaml_mapping
 from trainer.config import load_params, Params
 
 from tests.conftest import ROOT
@@ -164,3 +167,83 @@ def test_a_yaml_key_that_is_not_text_is_reported_as_unknown(tmp_path: Path) -> N
     path.write_text("clip:\n  1: 2\n")
     with pytest.raises(ParamsError, match=r"unknown key 'clip.1'"):
         load_params(path)
+
+
+# --- files that are not params: aliases, devices, pipes, other files' contents ---------------------
+
+
+def _cli_child(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``sedsynth clip ARGS`` in a child with 4 GiB of address space, so a regression fails instead of eating the machine."""
+    limit = "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); from sedsynth.cli import main; "
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", limit + "sys.exit(main(sys.argv[1:]))", "clip", "--params", str(PARAMS), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return done.stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    bomb = tmp_path / "over.yaml"
+    levels = ["    l0: &l0 [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]"]
+    levels += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]  # 10^9 zeros
+    bomb.write_text("mix:\n  spec:\n" + "\n".join(levels) + "\n")
+    err = _one_line(_cli_child(tmp_path, "--overrides", str(bomb)))
+    assert err == f"sedsynth clip: error: params: {bomb} line 4, column 14: an alias (*l0); params take no YAML aliases: write the value out in full\n"
+
+
+def test_a_recursive_alias_is_refused_in_one_line(tmp_path: Path) -> None:
+    looped = tmp_path / "over.yaml"
+    looped.write_text("mix:\n  spec: &s\n    inner: *s\n")
+    assert "an alias (*s); params take no YAML aliases" in _one_line(_cli_child(tmp_path, "--overrides", str(looped)))
+
+
+def test_a_set_value_may_not_hold_an_alias_either() -> None:
+    with pytest.raises(ParamsError, match=r"an alias \(\*a\)"):
+        parse_override("mix.spec={a: &a [1], b: *a}")
+
+
+def test_the_shipped_yaml_files_use_no_aliases() -> None:
+    from pipeline.config.params import read_yaml_mapping
+
+    for path in [PARAMS, *sorted((ROOT / "configs").rglob("*.yaml"))]:
+        assert read_yaml_mapping(path), path
+
+
+@pytest.mark.parametrize("kind", ["device", "pipe", "folder"])
+def test_a_params_path_that_is_no_regular_file_is_refused_without_reading(tmp_path: Path, kind: str) -> None:
+    path = {"device": Path("/dev/zero"), "pipe": tmp_path / "fifo.yaml", "folder": tmp_path}[kind]
+    if kind == "pipe":
+        os.mkfifo(path)  # opening it to read would wait for a writer forever
+    err = _one_line(_cli_child(tmp_path, "--overrides", str(path), timeout=30))
+    assert f"params: overrides file {path} is a" in err and "not a file; pass a YAML file" in err
+
+
+def test_a_params_file_larger_than_the_bound_is_refused(tmp_path: Path) -> None:
+    from pipeline.config.loading import MAX_PARAMS_BYTES
+
+    big = tmp_path / "over.yaml"
+    big.write_text("seed: 1\n" + "#" * MAX_PARAMS_BYTES + "\n")
+    with pytest.raises(ParamsError, match=rf"^params: overrides file {big} is larger than 1024 KiB"):
+        read_yaml_mapping(big, "overrides file")
+
+
+def test_an_overrides_file_that_is_not_params_is_named_but_its_contents_are_not_shown(tmp_path: Path, capsys) -> None:
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$6$s3cr3tsalt$hashhashhash:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n")
+    code, err = _cli(capsys, "--params", str(PARAMS), "--overrides", str(shadow))
+    assert code == 2 and err.count("\n") == 1
+    assert err == (f"sedsynth clip: error: params: overrides file {shadow} has a top-level key that is not a section name "
+                   "(not shown); is it a params file?\n")
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("clip:\n  root:$6$s3cr3tsalt$hash:20228:: 1\n")
+    code, err = _cli(capsys, "--params", str(PARAMS), "--overrides", str(nested))
+    assert code == 2 and "s3cr3t" not in err and "'clip' holds a key that is not a parameter name (not shown)" in err
+
+
+def test_a_long_value_is_cut_in_the_error(capsys) -> None:
+    code, err = _cli(capsys, "--params", str(PARAMS), "--set", "clip.plot_examples=" + "x" * 5000)
+    assert code == 2 and "'clip.plot_examples' must be int, got 'xxx" in err and len(err) < 200
