@@ -7,7 +7,8 @@ in a :class:`ResponseCache` (an append-only JSON-lines file under ``configs/``, 
 and prompt), so a later run with the same prompt never touches the network and gives the
 same bytes. The API key is read from the environment at call time and is never logged,
 stored or put in an error message; an ``api_key_env`` that looks like a key rather than a
-variable name is refused without repeating it.
+variable name is refused without repeating it. A ``base_url`` that carries credentials
+(``https://user:password@host/v1``) is shown as ``https://user:***@host/v1`` (:func:`redacted_url`).
 
 Retries: timeouts, connection errors, HTTP 429 and 5xx, and completions the validator
 rejects are retried with exponential backoff (``backoff_s * 2**attempt``, capped at
@@ -29,6 +30,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -42,6 +44,47 @@ CACHE_FORMAT = "sedsynth-llm-cache"
 CACHE_VERSION = 2  # JSON lines; version 1 was one JSON document, rewritten as version 2 on the first put
 LEGACY_CACHE_VERSION = 1
 CACHE_HEADER = (json.dumps({"format": CACHE_FORMAT, "version": CACHE_VERSION}, sort_keys=True) + "\n").encode("utf-8")
+
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _userinfo(url: str) -> tuple[int, int]:
+    """``(start, at)``: where the ``user:password`` part of ``url`` starts and the index of its ``@`` (-1: none).
+
+    The credentials end at the last ``@`` before any ``?`` or ``#``, so a password holding
+    ``/`` or ``@`` counts whole.
+    """
+    scheme = _SCHEME.match(url)
+    start = scheme.end() if scheme else 0
+    end = min((i for i in (url.find("?", start), url.find("#", start)) if i >= 0), default=len(url))
+    return start, url.rfind("@", start, end)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as it may be shown: ``https://user:password@host/v1`` -> ``https://user:***@host/v1``.
+
+    A user name alone (``token@host``, often a key itself) becomes ``***``; a URL without
+    credentials is returned as it is.
+    """
+    start, at = _userinfo(url)
+    if at < 0:
+        return url
+    user, has_password, _ = url[start:at].partition(":")
+    return url[:start] + (f"{user}:***" if has_password else "***") + url[at:]
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its ``user:password@`` part, and that part decoded (None when there is none).
+
+    The client sends them as HTTP basic auth, as it would from the URL, but the URL it logs
+    (httpx logs every request's) then holds no password.
+    """
+    start, at = _userinfo(url)
+    if at < 0:
+        return url, None
+    user, _, password = url[start:at].partition(":")
+    return url[:start] + url[at + 1:], (urllib.parse.unquote(user), urllib.parse.unquote(password))
 
 
 class LLMError(RuntimeError):
@@ -314,7 +357,10 @@ class Completer:
                         f"that variable (captions.llm.api_key_env names it), set api_key_env: null for an endpoint without "
                         f"keys, or use the shipped offline defaults (captions.templates: default)"
                     )
-            self._client = openai.OpenAI(base_url=self.params.base_url, api_key=key, timeout=self.params.timeout_s, max_retries=0)
+            base_url, credentials = split_credentials(self.params.base_url) if self.params.base_url else (None, None)
+            http_client = openai.DefaultHttpxClient(auth=credentials, timeout=self.params.timeout_s) if credentials else None
+            self._client = openai.OpenAI(base_url=base_url, api_key=key, timeout=self.params.timeout_s, max_retries=0,
+                                         http_client=http_client)
         return self._client
 
     def _delay(self, attempt: int, asked_s: float | None) -> tuple[float, str]:
@@ -330,7 +376,7 @@ class Completer:
         import openai
 
         client = self._client_or_fail()
-        where = self.params.base_url or "the OpenAI API"
+        where = redacted_url(self.params.base_url) if self.params.base_url else "the OpenAI API"
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": prompt}]
         last = ""
         asked_s: float | None = None  # the wait the last answer asked for (Retry-After)

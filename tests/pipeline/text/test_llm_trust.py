@@ -345,3 +345,36 @@ def test_bench_llm_cache_runs_and_compares(capsys) -> None:
     assert large["rewrite_bytes_per_entry"] > 5 * small["rewrite_bytes_per_entry"] > 5 * small["append_bytes_per_entry"]
     print_figures(figures)
     assert "rewrite (peer)" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- credentials in base_url
+
+PASSWORD = "pw-Zq81xLm4"
+
+
+@pytest.mark.parametrize("status", [404, 500, None])  # None: nothing listens on the port
+def test_a_password_in_base_url_is_never_shown(server, tmp_path, caplog, status) -> None:
+    from tests.pipeline.text.test_llm_endpoint import closed_port
+
+    base = server.url if status else f"http://127.0.0.1:{closed_port()}/v1"
+    url = base.replace("http://", f"http://alice:{PASSWORD}@")
+    if status:
+        server.fallback = lambda request: failure(status)
+    completer = Completer(llm_params(server, tmp_path, base_url=url, max_retries=1))
+    with pytest.raises(LLMError) as e:
+        completer.complete("p", str.strip)
+    assert base.replace("http://", "http://alice:***@") in str(e.value)
+    fmt = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    shown = "".join(traceback.format_exception(e.value)) + "".join(fmt.format(r) + repr(r.args) for r in caplog.records)
+    assert PASSWORD not in shown
+    if status == 500:
+        assert "server error (HTTP 500)" in warnings_text(caplog)
+
+
+def test_credentials_in_base_url_still_reach_the_server_as_basic_auth(server, tmp_path) -> None:
+    import base64
+
+    server.script = [ok("fine")]
+    url = server.url.replace("http://", "http://alice:p%40ss@")
+    assert Completer(llm_params(server, tmp_path, base_url=url)).complete("p", str.strip) == "fine"
+    assert server.requests[0]["headers"]["authorization"] == "Basic " + base64.b64encode(b"alice:p@ss").decode()
