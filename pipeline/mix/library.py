@@ -21,14 +21,18 @@ functions also return the records and the skips.
   ``min_background_s`` (the longest mixture) is looped to that length, as Scaper loops a short
   background, because the mix engine pads a short background with silence.
 - A file that cannot be used (unreadable, empty, silent, clipped, out of the duration limits)
-  is a :class:`~pipeline.schema.Skip` with the reason; the others go on. Each file's work is
+  is a :class:`~pipeline.schema.Skip` with the reason; the others go on. A label folder whose
+  name holds a tab, a line break or another control character is one Skip (``bad-label``) and
+  its files are left out: the label would break the rows of the DCASE TSV files. Each file's work is
   independent, so the bytes do not depend on the number of workers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -82,11 +86,25 @@ def label_folders(root: Path, extensions: tuple[str, ...]) -> list[str]:
                   if d.is_dir() and not d.name.startswith(".") and any(_is_audio(f, extensions) for f in d.rglob("*")))
 
 
+def label_problem(label: str) -> str | None:
+    """Why a label folder's name cannot be a label (a ``bad-label`` detail), or None.
+
+    Tabs, line breaks and other control characters would split or end a row of the DCASE TSV
+    files (``filename onset offset event_label``) the mix stage writes.
+    """
+    if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in label):
+        return (f"the label folder {label!r} has a tab, line break or other control character in its name, which would break "
+                "the rows of the DCASE TSV files; its files are left out: rename the folder")
+    return None
+
+
 def list_library(root: Path, extensions: tuple[str, ...]) -> tuple[list[LibraryFile], list[Skip]]:
-    """Every audio file inside a label folder (sorted by path), and a Skip for audio files outside one."""
+    """Every audio file inside a label folder (sorted by path), a Skip for audio files outside one,
+    and one Skip per label folder whose name cannot be a label (:func:`label_problem`)."""
     root = Path(root)
     files: list[LibraryFile] = []
     skips: list[Skip] = []
+    refused: set[str] = set()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
         if not _visible(rel) or not _is_audio(path, extensions):
@@ -94,7 +112,15 @@ def list_library(root: Path, extensions: tuple[str, ...]) -> tuple[list[LibraryF
         if len(rel.parts) == 1:
             skips.append(Skip(rel.as_posix(), rel.as_posix(), "no-label", "the file is not inside a label folder (<root>/<label>/file)"))
             continue
-        files.append(LibraryFile(rel.as_posix(), path, rel.parts[0]))
+        label = rel.parts[0]
+        problem = label_problem(label)
+        if problem:
+            if label not in refused:  # one report per folder, not one per file
+                refused.add(label)
+                shown = json.dumps(label, ensure_ascii=False)[1:-1]  # the name with \t and \n written out: the report stays one line per skip
+                skips.append(Skip(shown, shown, "bad-label", problem))
+            continue
+        files.append(LibraryFile(rel.as_posix(), path, label))
     return files, skips
 
 

@@ -120,3 +120,14 @@ def test_params_reject_library_limits_that_keep_nothing() -> None:
         load_params(ROOT / "params.yaml", {"mix": {"library": {"min_event_s": 2.0, "max_event_s": 1.0}}})
     with pytest.raises(ParamsError, match="mix.library.extensions"):
         load_params(ROOT / "params.yaml", {"mix": {"library": {"extensions": []}}})
+
+
+def test_a_label_folder_with_a_tab_or_line_break_is_skipped_and_named(tmp_path: Path) -> None:
+    x = tone_burst(RATE, 0.5, 0.1, 0.4)
+    for rel in ("car\thorn/a.wav", "car\thorn/b.wav", "dog\nbark/c.wav", "siren/d.wav"):
+        write(tmp_path / rel, x, RATE)
+    files, skips = list_library(tmp_path, ("wav",))
+    assert [f.label for f in files] == ["siren"]
+    assert [(s.item_id, s.path, s.reason) for s in skips] == [("car\\thorn", "car\\thorn", "bad-label"), ("dog\\nbark", "dog\\nbark", "bad-label")]
+    assert "the label folder 'car\\thorn' has a tab, line break" in skips[0].detail and "rename the folder" in skips[0].detail
+    assert all("\t" not in s.detail and "\n" not in s.detail for s in skips)
