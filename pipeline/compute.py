@@ -6,7 +6,10 @@ they finish in. ``workers: 1`` on the local scheduler runs in the calling proces
 cluster start-up); otherwise a ``dask.distributed`` LocalCluster of single-threaded worker
 processes runs the chunks, or the cluster behind ``scheduler: tcp://host:port`` does. Workers
 of a remote cluster must see the same paths (a shared filesystem) and have this package
-installed.
+installed. A scheduler that does not answer as one within :data:`CONNECT_TIMEOUT_S` (nothing
+listening, or another kind of server) raises :class:`ComputeError`, as does a worker whose numpy
+kernels differ from this process's: checked on every worker when the client connects, and
+again by every task, so a worker that joins later cannot make an item either.
 
 :class:`Workers` starts that cluster in a background thread, so the caller can do its own
 serial work (reading manifests, decoding sources) while the worker processes boot and import
@@ -15,6 +18,7 @@ their modules; ``map_ordered(..., workers=w)`` then runs on it, and several call
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -34,11 +38,23 @@ SINGLE_THREADED_LIBRARIES = {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBL
 QUIET_WORKERS = {"distributed.worker.profile.enabled": False}
 NANNY_ENVIRON = (*SINGLE_THREADED_LIBRARIES, "PYTHONHASHSEED", "MALLOC_TRIM_THRESHOLD_")  # what a nanny may set in this process
 
+CONNECT_TIMEOUT_S = 10  # for the scheduler's handshake too, which distributed itself waits for without limit
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _run_chunk(fn: Callable[[T], R], chunk: Sequence[T]) -> list[R]:
+class ComputeError(ValueError):
+    """The configured dask cluster cannot be used; the message names it and says what to do."""
+
+
+def _run_chunk(fn: Callable[[T], R], chunk: Sequence[T], kernels: str | None = None) -> list[R]:
+    """``[fn(item) for item in chunk]``; with ``kernels`` (the caller's :func:`numpy_kernels`), first
+    refuse to run on a worker whose numpy kernels differ, whenever that worker joined."""
+    if kernels is not None and numpy_kernels() != kernels:
+        from distributed import get_worker
+
+        raise ComputeError(_kernels_differ(f"dask worker {get_worker().address} uses", numpy_kernels(), kernels))
     return [fn(item) for item in chunk]
 
 
@@ -67,22 +83,62 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
         finally:
             cluster.close()
     else:
-        with Client(compute.scheduler) as client:
+        check_scheduler(compute.scheduler, CONNECT_TIMEOUT_S)
+        try:
+            client = Client(compute.scheduler, timeout=CONNECT_TIMEOUT_S)
+        except OSError as e:  # it went away between the check and the connection
+            raise ComputeError(f"compute.scheduler {compute.scheduler}: {e}; start the scheduler there, or set "
+                               "compute.scheduler: local") from None
+        with client:
             _check_kernels(client, compute.scheduler)
             yield client
 
 
+def check_scheduler(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise :class:`ComputeError` unless a dask scheduler answers at ``address`` within ``timeout_s``.
+
+    A closed port fails within the timeout; a server of another kind (HTTP, a bare TCP listener)
+    that accepts and never answers distributed's handshake would leave ``Client`` waiting forever.
+    """
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    async def handshake() -> None:
+        # connect() gives up on a closed port after timeout_s; the margin lets that error, not this
+        # deadline, name a closed port, while the deadline ends a handshake nobody answers
+        comm = await asyncio.wait_for(connect(address, timeout=timeout_s, **Security().get_connection_args("client")),
+                                      timeout_s + 2)
+        await comm.close()
+
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:  # a loop of its own, even where the caller runs one
+            pool.submit(asyncio.run, handshake()).result()
+    except (asyncio.TimeoutError, TimeoutError):  # one class from Python 3.11
+        raise ComputeError(f"compute.scheduler {address}: something accepts connections there but no dask scheduler "
+                           f"answered within {timeout_s + 2:g} s; point compute.scheduler at the scheduler's address "
+                           "(tcp://host:8786), or set compute.scheduler: local") from None
+    except (OSError, ValueError, TypeError) as e:  # a closed port, an unknown host, a bad address, a garbled answer
+        raise ComputeError(f"compute.scheduler {address}: no dask scheduler there ({type(e).__name__}: {e}); start one "
+                           "(`dask scheduler`), fix the address, or set compute.scheduler: local") from None
+
+
+def _kernels_differ(who: str, kernels: str, here: str) -> str:
+    """The one line for workers (``who``: "dask worker tcp://... uses") whose numpy kernels differ from this process's."""
+    return (f"{who} numpy kernels {kernels!r} where this process uses {here!r}, so its outputs would differ in the last "
+            f"bits; start the workers with {VARIABLE}={baseline_group() or '<numpy baseline>'} in their environment, as "
+            "`sedsynth` sets it for itself")
+
+
 def _check_kernels(client, scheduler: str) -> None:
     """Refuse a remote cluster whose workers' numpy kernels differ from this process's: the
-    bytes of an item would depend on the worker that made it (:mod:`pipeline.determinism`)."""
+    bytes of an item would depend on the worker that made it (:mod:`pipeline.determinism`).
+    Workers that join later are checked by each task (:func:`_run_chunk`)."""
     here = numpy_kernels()
     off = {worker: kernels for worker, kernels in client.run(numpy_kernels).items() if kernels != here}
     if off:
         worker, kernels = next(iter(off.items()))
-        raise RuntimeError(
-            f"compute.scheduler {scheduler}: {len(off)} workers use numpy kernels {kernels!r} (e.g. {worker}) where this "
-            f"process uses {here!r}, so their outputs would differ in the last bits; start the workers with "
-            f"{VARIABLE}={baseline_group() or '<numpy baseline>'} in their environment, as `sedsynth` sets it for itself")
+        who = f"{len(off)} of its dask workers (e.g. {worker}) use"
+        raise ComputeError(f"compute.scheduler {scheduler}: {_kernels_differ(who, kernels, here)}")
 
 
 @contextmanager
@@ -183,7 +239,8 @@ def map_ordered(fn: Callable[[T], R], items: Sequence[T], compute: ComputeParams
 
             with ExitStack() as stack:
                 client = workers.client() if workers is not None else stack.enter_context(dask_client(compute))
-                futures = client.map(_run_chunk, [fn] * len(chunks), chunks, pure=False)
+                kernels = [numpy_kernels()] * len(chunks)
+                futures = client.map(_run_chunk, [fn] * len(chunks), chunks, kernels, pure=False)
                 index = {f.key: i for i, f in enumerate(futures)}
                 for future in as_completed(futures):
                     i = index[future.key]

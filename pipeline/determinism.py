@@ -6,8 +6,10 @@ kernels, so audio generated or measured on an AVX-512 machine differs in its las
 the same run on an AVX2 one, and every hash after it differs too. numpy reads
 ``NPY_ENABLE_CPU_FEATURES`` once, at import: set to its baseline group, no faster kernel is
 used. :func:`pin_numpy_kernels` sets it for the ``sedsynth`` command before numpy is
-imported; the worker processes it starts inherit it. Workers of a remote dask cluster are
-checked against the calling process (:func:`numpy_kernels`).
+imported; the worker processes it starts inherit it. Workers of a dask cluster are checked
+against the calling process (:func:`numpy_kernels`) when the client connects and again by
+every task, so a worker that joins later with other kernels makes nothing
+(:mod:`pipeline.compute`).
 
 Only x86-64 with numpy 2.4 or later (which names its baseline ``X86_V2``) is pinned; other
 machines keep numpy's choice (and an ARM machine's bytes differ from an x86 one's anyway,

@@ -1,9 +1,13 @@
-"""Workers started ahead of the work: booted in the background, shared by several maps, in item order."""
+"""Workers started ahead of the work: booted in the background, shared by several maps, in item order.
+A remote scheduler that does not answer is refused in bounded time, and a worker with other numpy
+kernels makes nothing, even one that joins after the client connected."""
 
 from __future__ import annotations
 
 import os
 import sys
+
+import pytest
 
 from pipeline.compute import Workers, map_ordered, runs_in_process
 from pipeline.config.params import ComputeParams
@@ -56,3 +60,64 @@ def test_local_workers_run_without_the_profiler_and_with_one_thread_per_library(
     assert settings == {(False, "1", None)}
     # and this process's environment is as it was: the workers' settings stayed in the workers
     assert "OMP_NUM_THREADS" not in os.environ and "MALLOC_TRIM_THRESHOLD_" not in os.environ
+
+
+# --------------------------------------------------------------------------- remote clusters
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_a_scheduler_that_does_not_answer_is_refused_in_bounded_time() -> None:
+    import socket
+    import time
+
+    from pipeline.compute import ComputeError, check_scheduler
+
+    with socket.socket() as silent:  # listens (the kernel accepts connections) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        start = time.monotonic()
+        with pytest.raises(ComputeError, match="something accepts connections there but no dask scheduler answered"):
+            check_scheduler(f"tcp://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.5)
+        assert time.monotonic() - start < 10
+    with pytest.raises(ComputeError, match="no dask scheduler there .*unknown address scheme"):
+        check_scheduler("http://127.0.0.1:8786", timeout_s=0.5)
+
+
+def test_a_worker_that_joins_after_the_check_with_other_kernels_makes_nothing(monkeypatch) -> None:
+    """The kernels are checked when the client connects (no worker yet here) and again by each task:
+    a worker that joins later with other numpy kernels fails the run with the fix, instead of making
+    items whose bytes differ."""
+    from distributed import LocalCluster, get_worker
+
+    import pipeline.compute as compute_module
+    from pipeline.compute import ComputeError
+
+    here = compute_module.numpy_kernels()
+    other = "X86_V3 X86_V4" if here == "baseline" else "baseline"
+
+    def kernels_per_process() -> str:
+        try:
+            get_worker()  # in-process workers (processes=False): a task here runs on the joined worker
+        except ValueError:
+            return here  # the calling process
+        return other
+
+    monkeypatch.setattr(compute_module, "numpy_kernels", kernels_per_process)
+    with LocalCluster(n_workers=0, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        compute = ComputeParams(scheduler=cluster.scheduler_address, workers=1, chunk_size=2)
+        with Workers(compute) as workers:
+            assert workers.client() is not None  # connected and checked: no worker has joined yet
+            cluster.scale(1)
+            with pytest.raises(ComputeError, match=f"dask worker [a-z]+://.* uses numpy kernels '{other}' where this process uses '{here}'"):
+                map_ordered(_square, range(6), compute, "test", workers=workers)
+
+
+def test_workers_with_the_same_kernels_run_a_remote_map(monkeypatch) -> None:
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        compute = ComputeParams(scheduler=cluster.scheduler_address, workers=1, chunk_size=2)
+        assert map_ordered(_square, range(5), compute, "test") == [0, 1, 4, 9, 16]

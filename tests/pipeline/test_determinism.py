@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipeline import determinism
-from pipeline.compute import _check_kernels
+from pipeline.compute import ComputeError, _check_kernels
 
 PINNABLE = determinism.baseline_group() is not None
 KERNELS = "from pipeline.determinism import numpy_kernels; import numpy; print(numpy_kernels())"
@@ -49,7 +49,7 @@ def test_remote_workers_with_other_kernels_are_refused_with_the_fix() -> None:
     here = determinism.numpy_kernels()
     _check_kernels(_Cluster([here, here]), "tcp://scheduler:8786")  # the same kernels everywhere: accepted
     other = "baseline" if here != "baseline" else "X86_V3 X86_V4"
-    with pytest.raises(RuntimeError, match=f"1 workers use numpy kernels '{other}'.*{determinism.VARIABLE}="):
+    with pytest.raises(ComputeError, match=f"1 of its dask workers \\(e.g. tcp://10.0.0.1:4000\\) use numpy kernels '{other}'.*{determinism.VARIABLE}="):
         _check_kernels(_Cluster([here, other]), "tcp://scheduler:8786")
 
 
@@ -68,5 +68,5 @@ def test_real_workers_started_without_the_pin_are_refused(monkeypatch) -> None:
     monkeypatch.setenv(determinism.VARIABLE, FASTEST)  # the workers' environment: numpy's own choice (this process has loaded numpy)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
         assert set(client.run(determinism.numpy_kernels).values()) == {FASTEST}
-        with pytest.raises(RuntimeError, match="differ in the last bits"):
+        with pytest.raises(ComputeError, match="differ in the last bits"):
             _check_kernels(client, cluster.scheduler_address)  # this process runs on the baseline kernels
