@@ -19,7 +19,8 @@ Files are read, resampled and scored a block at a time, so memory stays bounded 
 any length. A file that fails (cannot be decoded, too short to hold one sample at the model's
 rate, a name another input already has, a picture or score file that cannot be written) is
 reported on stderr with the reason; the other files are still processed and written, and
-the command exits with status 2.
+the command exits with status 2. A file whose name holds a tab or a line break is refused
+when the outputs name files (``--format tsv``, ``--scores``): in a TSV it would forge rows.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ from trainer.evaluation.metrics import smooth
 from trainer.evaluation.plots import Spectrogram, detection_figure
 
 DCASE_HEADER = ("filename", "onset", "offset", "event_label")
+TSV_BREAKERS = "\t\n\r"  # a cell holding one of these ends the cell or the row it is in
+
+
+def fits_tsv(name: str) -> bool:
+    """True where ``name`` can be a TSV cell as it is (no tab or line break)."""
+    return not any(c in name for c in TSV_BREAKERS)
 
 
 @dataclass(frozen=True)
@@ -68,9 +75,14 @@ def check_queries(queries: list[str], score_columns: bool = False) -> list[str]:
 
 
 def write_score_file(path: Path, timestamps_s: np.ndarray, probs: np.ndarray, queries: list[str]) -> None:
-    """One file's frame probabilities ``(L, Q)`` -> a sed_scores_eval score TSV (onset, offset, one column per query), atomically."""
+    """One file's frame probabilities ``(L, Q)`` -> a sed_scores_eval score TSV (onset, offset, one column per query), atomically.
+
+    sed_scores_eval takes the file's name (less ``.tsv``) as the audio id: a name holding a tab or a
+    line break raises ValueError, as would a detections TSV with that id."""
     from sed_scores_eval.base_modules.scores import create_score_dataframe
 
+    if not fits_tsv(Path(path).name):
+        raise ValueError(f"score file name {Path(path).name!r} holds a tab or line break")
     table = create_score_dataframe(np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64), list(queries))
     write_atomic(path, table.to_csv(sep="\t", index=False).encode("utf-8"))  # what write_sed_scores writes, never half-written
 
@@ -90,7 +102,8 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
     ``picture_dir`` / ``scores_dir`` get ``<stem>.png`` / ``<stem>.tsv`` per file; a picture or
     score file that fails is reported for its file while its detections are kept. With
     ``unique_names`` (outputs that name files by their base name), a file whose name (without
-    extension, as sed_scores_eval reads ground truth) repeats an earlier input's is not scored.
+    extension, as sed_scores_eval reads ground truth) repeats an earlier input's is not scored;
+    with ``unique_names`` or ``scores_dir``, nor is a file whose name holds a tab or line break.
     """
     vocab = detector.vocabulary(queries)
     found: list[Detection] = []
@@ -98,6 +111,10 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
     names: dict[str, str] = {}
     for file in files:
         name = Path(file).stem
+        if (unique_names or scores_dir is not None) and not fits_tsv(Path(file).name):
+            failed[file] = (f"its name {Path(file).name!r} holds a tab or line break, which would forge rows of the TSV "
+                            "outputs; rename the file")
+            continue
         if (unique_names or picture_dir is not None or scores_dir is not None) and name in names:
             failed[file] = (f"has the name {name!r} of {names[name]}, and the outputs name files by it: "
                             "rename one or run them separately")
@@ -130,14 +147,24 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
 
 
 def format_rows(rows: list[Detection], tsv: bool) -> str:
-    """The table (full paths, scores) or the DCASE detection TSV (base names, as ground truth files name them)."""
+    """The table (full paths, scores) or the DCASE detection TSV (base names, as ground truth files name them).
+
+    A base name that cannot be a TSV cell raises ValueError (:func:`detect` refuses such files first)."""
     if tsv:
+        bad = sorted({Path(r.file).name for r in rows if not fits_tsv(Path(r.file).name)})
+        if bad:
+            raise ValueError(f"file name(s) {', '.join(map(repr, bad))} hold a tab or line break: a DCASE TSV cannot name them")
         body = [(Path(r.file).name, f"{r.onset_s:.10g}", f"{r.offset_s:.10g}", r.query) for r in rows]  # 10 significant digits: frame edges without float noise
         return "\n".join("\t".join(x) for x in [DCASE_HEADER, *body])
     header = ["file", "query", "onset_s", "offset_s", "score"]
     body = [[r.file, r.query, f"{r.onset_s:.3f}", f"{r.offset_s:.3f}", f"{r.score:.3f}"] for r in rows]
     widths = [max(len(x[k]) for x in [header, *body]) for k in range(len(header))]
     return "\n".join("  ".join(x[k].ljust(widths[k]) if k < 2 else x[k].rjust(widths[k]) for k in range(len(header))) for x in [header, *body])
+
+
+def _shown(path: str) -> str:
+    """``path`` for a one-line message: as it is, or quoted with escapes where it holds a control character."""
+    return path if path.isprintable() else repr(path)
 
 
 def main(args, params) -> int:
@@ -155,12 +182,12 @@ def main(args, params) -> int:
     print(f"sedsynth detect: threshold {threshold:.6g} ({source})", file=sys.stderr)
     missing = [f for f in args.audio if not Path(f).is_file()]
     for f in missing:
-        print(f"sedsynth detect: error: {f} does not exist or is not a file", file=sys.stderr)
+        print(f"sedsynth detect: error: {_shown(f)} does not exist or is not a file", file=sys.stderr)
     tsv = args.format == "tsv"
     rows, failed = detect(detector, [f for f in args.audio if f not in missing], queries, threshold,
                           evaluate.median_filter_frames, Path(args.pictures) if args.pictures else None,
                           Path(args.scores) if args.scores else None, unique_names=tsv)
     for f, why in failed.items():
-        print(f"sedsynth detect: error: {f}: {why}", file=sys.stderr)
+        print(f"sedsynth detect: error: {_shown(f)}: {why}", file=sys.stderr)
     print(format_rows(rows, tsv))
     return 2 if missing or failed else 0

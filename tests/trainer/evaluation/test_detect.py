@@ -432,3 +432,42 @@ def test_without_threshold_or_calibration_detect_falls_back_to_one_half(setup, c
     code, rows, err = detect_main(setup, capsys, setup.ckpt, None)
     assert code == 0 and rows == [DCASE_HEADER]
     assert "holds no calibrated threshold" in err and "threshold 0.5 (fallback 0.5" in err
+
+
+def test_names_with_a_tab_or_line_break_cannot_forge_tsv_rows(tmp_path):
+    """A file named ``x\\tforged\\t0\\t9\\tgun.wav`` would add a row to the DCASE detections and give
+    sed_scores_eval an id that is no audio file: it is refused (with the reason) where the outputs name
+    files, and scored as usual in the table."""
+    t = np.arange(5) * 0.1
+    probs = np.full((4, 1), 0.9, np.float32)
+
+    class Stub:
+        sample_rate_hz = SR
+
+        def vocabulary(self, texts):
+            return tuple(texts)
+
+        def score_stream(self, blocks, vocabs):
+            list(blocks)
+            return ClipScores(np.zeros(4), t, [probs])
+
+    plain = tmp_path / "plain.wav"
+    forged = tmp_path / "x\tforged\t0\t9\tgun.wav"
+    broken = tmp_path / "two\nlines.wav"
+    for f in (plain, forged, broken):
+        sf.write(f, np.zeros(800, np.float32), 8000)
+    files = [str(plain), str(forged), str(broken)]
+
+    rows, failed = D.detect(Stub(), files, ["q"], threshold=0.5, unique_names=True, scores_dir=tmp_path / "scores")
+    assert sorted(failed) == sorted(files[1:]) and all("tab or line break" in why for why in failed.values())
+    assert [r.file for r in rows] == [str(plain)]
+    assert sorted(p.name for p in (tmp_path / "scores").iterdir()) == ["plain.tsv"]
+    lines = D.format_rows(rows, tsv=True).split("\n")
+    assert len(lines) == 2 and all(len(line.split("\t")) == 4 for line in lines)
+
+    rows, failed = D.detect(Stub(), files, ["q"], threshold=0.5)  # the table: every file, full paths
+    assert not failed and {r.file for r in rows} == set(files)
+    with pytest.raises(ValueError, match="tab or line break"):
+        D.format_rows(rows, tsv=True)
+    with pytest.raises(ValueError, match="tab or line break"):
+        D.write_score_file(tmp_path / "scores" / "a\tb.tsv", t, probs, ["q"])

@@ -167,6 +167,17 @@ def test_two_inputs_with_one_name_the_second_fails_alone(ckpt, audio, tmp_path, 
     assert sorted(set(names)) == ["a.wav", "b.flac"]
 
 
+def test_a_name_that_would_forge_tsv_rows_fails_alone_on_one_line(ckpt, audio, tmp_path, capsys):
+    forged = tmp_path / "x\tforged\t0\t9\tgun.wav"
+    sf.write(forged, np.zeros(SR, np.float32), SR)
+    code, out, err = cli(capsys, *base_args(ckpt, audio["a"], forged), "--format", "tsv", "--threshold", "0")
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (f"sedsynth detect: error: {str(forged)!r}: its name {forged.name!r} holds a tab or "
+                                            "line break, which would forge rows of the TSV outputs; rename the file")
+    assert out.splitlines()[0].split("\t") == ["filename", "onset", "offset", "event_label"]
+    assert {tuple(line.split("\t")[0::3]) for line in out.splitlines()[1:]} == {("a.wav", q) for q in QUERIES}
+
+
 # --------------------------------------------------------------------------- item 16: each file fails alone
 
 
