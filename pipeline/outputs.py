@@ -19,6 +19,7 @@ first one's staging folder for its own.
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import hashlib
 import io
@@ -237,7 +238,8 @@ FINGERPRINT = "fingerprint.txt"
 
 @contextmanager
 def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]:
-    """Like :func:`staged_dir`, but a run that fails or is killed leaves its staging folder.
+    """Like :func:`staged_dir`, but a run that fails or is killed leaves its staging folder
+    (except one stopped by a full disk, ENOSPC or EDQUOT: that folder is removed).
 
     Yields ``(staging, resumed)``. The next run with the same ``fingerprint`` (a digest of
     everything that decides the output) gets the same folder back, ``resumed=True``, and
@@ -259,7 +261,12 @@ def resumable_dir(target: Path, fingerprint: str) -> Iterator[tuple[Path, bool]]
         if not resumed:
             staging.mkdir()
             write_atomic(marker, fingerprint.encode("utf-8"))
-        yield staging, resumed
+        try:
+            yield staging, resumed
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # kept for a resume, it would keep the disk full
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
         marker.unlink(missing_ok=True)
         _swap_in(staging, target)
 
