@@ -5,6 +5,11 @@ list[Skip])``: it parses the corpus's own annotation files in their published la
 :class:`~pipeline.schema.ImportedClip` records (no audio is read) and reports every row it
 cannot use as a :class:`~pipeline.schema.Skip` with its reason. :mod:`pipeline.imports.writer`
 turns the clips into the same Parquet shards the synthetic pipeline writes.
+
+Every file a reader or the writer opens under the corpus root must also resolve under it: one
+that a symbolic link leads out of the root is skipped as ``outside-root``
+(:func:`pipeline.imports.dcase.outside_root`), so a downloaded corpus cannot make an import read
+``~/.ssh`` or ``/etc`` into its shards or its messages.
 """
 
 from __future__ import annotations

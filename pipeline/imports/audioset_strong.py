@@ -16,8 +16,9 @@ Output: one :class:`~pipeline.schema.ImportedClip` per segment with at least one
 the segment id picks; eval TSV -> ``test``), regions named by the AudioSet ontology; and a
 :class:`~pipeline.schema.Skip` per unusable row (``malformed-row``, ``unknown-label``: a MID
 neither the AudioSet-Strong class list, ``mid_to_display_name.tsv`` nor the ontology knows)
-and per segment without audio (``missing-file``). Region times are passed on as written; the
-writer checks them against the decoded audio.
+and per segment without audio (``missing-file``); a TSV that a symbolic link leads out of the
+root is skipped as ``outside-root`` (``mid_to_display_name.tsv`` then read as absent). Region
+times are passed on as written; the writer checks them against the decoded audio.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from pipeline.imports.dcase import OUTSIDE_ROOT, outside_root
 from pipeline.ontology import DATA_DIR, default_ontology
 from pipeline.schema import ImportedClip, ImportedRegion, Skip
 
@@ -156,13 +158,18 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
     o = _options(options)
     tsvs = {split: root / o[key] for split, key in (("train", "train_tsv"), ("test", "eval_tsv"))}
     present = {split: path for split, path in tsvs.items() if path.is_file()}
+    linked_out = [Skip(o[key], o[key], OUTSIDE_ROOT, problem) for key in ("train_tsv", "eval_tsv", "names_tsv")
+                  if (root / o[key]).is_file() and (problem := outside_root(root, o[key]))]
+    present = {split: path for split, path in present.items() if not outside_root(root, path)}
+    if not present and linked_out:
+        return [], linked_out
     if not present:
         raise AudioSetStrongError(f"audioset-strong: neither {tsvs['train']} nor {tsvs['test']} exists; pass the folder that holds "
                                   "audioset_train_strong.tsv / audioset_eval_strong.tsv (or name them with --option train_tsv=... "
                                   "eval_tsv=...)")
-    names = class_names(root / o["names_tsv"])
+    names = class_names(None if outside_root(root, o["names_tsv"]) else root / o["names_tsv"])
     finder = _Finder(root, list(o["patterns"]))
-    skips: list[Skip] = []
+    skips: list[Skip] = linked_out
     clips: list[ImportedClip] = []
     owner: dict[str, str] = {}  # segment id -> the TSV that listed it first
     for split, tsv in present.items():

@@ -28,7 +28,8 @@ offset, label), and a Skip for every unusable row: ``malformed-row`` (wrong fiel
 that are not numbers, an empty label, a file name that is not a plain relative path),
 ``bad-region`` (a negative time or onset >= offset), ``unknown-label``, ``missing-file`` (the
 audio file is absent: the clip is left out) and ``no-label`` (a clip whose every row was
-skipped: left out rather than kept as a clip without events). Regions that run past the clip's
+skipped: left out rather than kept as a clip without events). A TSV that a symbolic link leads
+out of the root is one Skip ``outside-root``. Regions that run past the clip's
 end, and overlapping regions of one label, are kept as they are for the writer.
 """
 
@@ -44,6 +45,7 @@ from typing import Callable
 from pipeline.schema import SPLITS, ImportedClip, ImportedRegion, Skip
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+OUTSIDE_ROOT = "outside-root"  # the skip reason of a file that a symbolic link leads out of the corpus root
 DESED_CLASSES = DATA_DIR / "desed_classes.csv"
 DESED_ATTRIBUTION = ("DESED real recordings (Turpault et al., DCASE 2019 workshop; Serizel et al., ICASSP 2020), "
                      "AudioSet clips from YouTube")
@@ -127,6 +129,23 @@ def plain_relative_name(name: str) -> bool:
     """True for a relative POSIX path without ``..`` parts (a file name a TSV may list)."""
     path = PurePosixPath(name)
     return bool(name) and "\\" not in name and not path.is_absolute() and ".." not in path.parts
+
+
+def outside_root(root: Path, path: Path | str) -> str | None:
+    """Why the file ``path`` (absolute, or relative to ``root``) must not be opened, or None when it may be.
+
+    A path under ``root`` by name must resolve under it too: a symbolic link in a downloaded
+    corpus that leads out of it (``audio/a.wav -> ~/.ssh/id_ed25519``) would otherwise be read,
+    and its bytes could reach the shards or an error message. A path that leaves the root by
+    name was put there by an option (an absolute ``audio_dir`` or ``tsv``): the user chose that
+    place, and it is read as named.
+    """
+    base = Path(os.path.abspath(root))
+    named = Path(os.path.abspath(base / path))
+    if not named.is_relative_to(base) or named.resolve().is_relative_to(base.resolve()):
+        return None
+    rel = named.relative_to(base).as_posix()
+    return f"{rel} is a symbolic link (or lies in a linked folder) that leads outside the corpus root; left out rather than read"
 
 
 def sort_regions(regions: list[ImportedRegion]) -> tuple[ImportedRegion, ...]:
@@ -273,6 +292,9 @@ def read_desed(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip
             missing.append(Skip(desed_set.tsv, desed_set.tsv, "missing-file", f"{desed_set.tsv} not found; the {desed_set.name} set is left out"))
             continue
         rel_tsv = base + desed_set.tsv
+        if problem := outside_root(root, rel_tsv):
+            missing.append(Skip(rel_tsv, rel_tsv, OUTSIDE_ROOT, f"{problem}; the {desed_set.name} set is left out"))
+            continue
         audio_dir = options.get(f"{desed_set.name}_audio_dir")
         if audio_dir is None:
             candidates = [base + d for d in desed_set.audio_dirs]
@@ -282,6 +304,8 @@ def read_desed(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip
         clips, clip_skips = clips_from_rows(root, rows, rel_tsv, relative_to_root(root, str(audio_dir)), split, "desed",
                                             classes.get, DESED_ATTRIBUTION)
         parts.append((clips, skips + clip_skips))
+    if not parts and any(s.reason == OUTSIDE_ROOT for s in missing):
+        return [], missing
     if not parts:
         expected = " and ".join(f"[dataset/]{s.tsv}" for s in DESED_SETS)
         raise FileNotFoundError(f"no DESED strong-label TSV under {root}: expected {expected} (the DCASE task 4 layout)")
@@ -302,6 +326,8 @@ def read_dcase_tsv(root: Path, options: dict) -> tuple[list[ImportedClip], list[
     classes = load_class_map(Path(options["class_map"])) if options.get("class_map") else {}
     split = _split_option(options, "split", "train")
     rel_tsv = relative_to_root(root, str(tsv))
+    if problem := outside_root(root, tsv):
+        return [], [Skip(rel_tsv, rel_tsv, OUTSIDE_ROOT, problem)]
     rows, skips = read_strong_tsv(tsv, rel_tsv)
     clips, clip_skips = clips_from_rows(root, rows, rel_tsv, relative_to_root(root, str(options["audio_dir"])), split,
                                         str(options.get("id_prefix", "dcase")), lambda label: classes.get(label, ""),

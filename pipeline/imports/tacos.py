@@ -27,7 +27,8 @@ makes each distinct text a phrase and assigns its cluster by text). Skips: ``mal
 ``empty-caption`` (an empty strong or weak caption), ``bad-region`` (a negative time or onset
 >= offset; regions past the clip's end are kept for the writer), ``no-label`` (a clip left with
 no strong caption: left out), ``not-in-metadata`` (a clip in neither split file) and
-``missing-file`` (no audio: left out).
+``missing-file`` (no audio: left out); a CSV that a symbolic link leads out of the root is read
+as absent and reported as ``outside-root``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-from pipeline.imports.dcase import parse_seconds, plain_relative_name, region_problem, relative_to_root, sort_regions
+from pipeline.imports.dcase import OUTSIDE_ROOT, outside_root, parse_seconds, plain_relative_name, region_problem, relative_to_root, sort_regions
 from pipeline.schema import SPLITS, ImportedClip, ImportedRegion, Skip
 
 STRONG_CSV = "annotations_strong.csv"
@@ -64,7 +65,10 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
                                 f"({STRONG_CSV}, {WEAK_CSV}, {METADATA_CSV}, development_split.csv, test_split.csv, audio/)")
     audio_dir = relative_to_root(root, str(options.get("audio_dir", "audio")))
     valid_fraction = _fraction(options.get("valid_fraction", 0))
-    skips: list[Skip] = []
+    if problem := outside_root(root, STRONG_CSV):
+        return [], [Skip(STRONG_CSV, STRONG_CSV, OUTSIDE_ROOT, problem)]
+    skips = [Skip(name, name, OUTSIDE_ROOT, problem) for name in (WEAK_CSV, METADATA_CSV, *(n for n, _ in SPLIT_CSVS))
+             if (root / name).is_file() and (problem := outside_root(root, name))]
     regions, region_skips = _strong_regions(root)
     captions, caption_skips = _weak_captions(root)
     credits, credit_skips = _metadata(root)
@@ -180,7 +184,7 @@ def _strong_regions(root: Path) -> tuple[dict[str, list[ImportedRegion]], list[S
 
 def _weak_captions(root: Path) -> tuple[dict[str, list[str]], list[Skip]]:
     """{filename: its distinct weak captions in file order}; the file is optional."""
-    if not (root / WEAK_CSV).is_file():
+    if not (root / WEAK_CSV).is_file() or outside_root(root, WEAK_CSV):
         return {}, []
     rows, skips = _named_rows(root / WEAK_CSV, WEAK_CSV, ("filename", "text"))
     captions: dict[str, list[str]] = {}
@@ -197,7 +201,7 @@ def _weak_captions(root: Path) -> tuple[dict[str, list[str]], list[Skip]]:
 
 def _metadata(root: Path) -> tuple[dict[str, tuple[str, str]], list[Skip]]:
     """{filename: (licence URL, credit line)} from metadata.csv (optional; unknown columns read as "")."""
-    if not (root / METADATA_CSV).is_file():
+    if not (root / METADATA_CSV).is_file() or outside_root(root, METADATA_CSV):
         return {}, []
     rows, skips = _named_rows(root / METADATA_CSV, METADATA_CSV, ("filename",))
     credits = {}
@@ -210,7 +214,7 @@ def _metadata(root: Path) -> tuple[dict[str, tuple[str, str]], list[Skip]]:
 
 def _splits(root: Path, options: dict) -> tuple[Callable[[str], str | None], list[Skip]]:
     """A function filename -> split (None for a file in no split file), and the skips of the split files."""
-    present = [(name, split) for name, split in SPLIT_CSVS if (root / name).is_file()]
+    present = [(name, split) for name, split in SPLIT_CSVS if (root / name).is_file() and not outside_root(root, name)]
     if not present:
         default = str(options.get("split", "train"))
         if default not in SPLITS:

@@ -16,7 +16,8 @@ Output: one :class:`~pipeline.schema.ImportedClip` per annotation file (clip id
 ``urbansed-<stem>``, split ``validate`` -> ``valid``), regions labelled with the ten
 UrbanSound8K classes and their AudioSet MIDs from ``pipeline/data/urbansound_classes.csv``,
 licence CC BY 4.0. Skips: ``malformed-row`` (a line or observation that does not parse, a JAMS
-that is not JSON or has no scaper annotation), ``bad-region``, ``unknown-label``,
+that is not JSON, nests deeper than the JSON reader follows, or has no scaper annotation),
+``outside-root`` (an annotation file a symbolic link leads out of the root), ``bad-region``, ``unknown-label``,
 ``missing-file`` (no audio beside the annotation: the clip is left out) and ``no-label`` (a
 file whose every event was skipped). Regions past the soundscape's end are kept for the writer.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.imports.dcase import DATA_DIR, load_class_map, parse_seconds, region_problem, sort_regions
+from pipeline.imports.dcase import DATA_DIR, OUTSIDE_ROOT, load_class_map, outside_root, parse_seconds, region_problem, sort_regions
 from pipeline.schema import ImportedClip, ImportedRegion, Skip
 
 URBANSOUND_CLASSES = DATA_DIR / "urbansound_classes.csv"
@@ -72,6 +73,8 @@ def _read_clip(root: Path, path: Path, folder: str, split: str, fmt: str,
                classes: dict[str, str]) -> tuple[ImportedClip | None, list[Skip]]:
     rel = f"annotations/{folder}/{path.name}"
     clip_id = f"urbansed-{path.stem}"
+    if problem := outside_root(root, rel):
+        return None, [Skip(clip_id, rel, OUTSIDE_ROOT, problem)]
     events, skips = _jams_events(path, rel, clip_id) if fmt == "jams" else _txt_events(path, rel, clip_id)
     regions: list[ImportedRegion] = []
     for item, onset_s, offset_s, label in events:
@@ -120,6 +123,8 @@ def _jams_events(path: Path, rel: str, clip_id: str) -> tuple[list[Event], list[
         jam = json.loads(path.read_text(encoding="utf-8", errors="replace"))
     except json.JSONDecodeError as e:
         return [], [Skip(clip_id, rel, "malformed-row", f"not valid JSON ({e})")]
+    except RecursionError:  # arrays or objects nested some 10^5 deep; a JAMS file nests 5 levels
+        return [], [Skip(clip_id, rel, "malformed-row", "JSON nested deeper than the reader can follow; not a JAMS file")]
     annotations = jam.get("annotations") if isinstance(jam, dict) else None
     scaper = [a for a in annotations or [] if isinstance(a, dict) and a.get("namespace") in SCAPER_NAMESPACES]
     if not scaper or not isinstance(scaper[0].get("data"), list):

@@ -15,7 +15,8 @@ swapped in whole (layout of :mod:`pipeline.shards.layout`):
   low-similarity phrases, the share of listed clips without audio).
 
 Audio, per clip and in parallel (:func:`pipeline.compute.map_ordered`, the same bytes for any
-worker count): decoded, refused with a skip when missing, unreadable, empty, non-finite or
+worker count): decoded, refused with a skip when a symbolic link leads it out of the corpus
+root (``outside-root``), missing, unreadable, empty, non-finite or
 silent (RMS below ``imports.silence_dbfs``), downmixed to mono and resampled to
 ``sample_rate_hz`` (one dataset has one rate; a file below it is resampled up, which adds no
 content above its own Nyquist, and ``summary.json`` counts clips per source rate), stored as
@@ -56,7 +57,7 @@ import soundfile as sf
 
 from pipeline.audio import AudioError, downmix, encode_flac, quantize_int16, read_audio, resample
 from pipeline.compute import map_ordered
-from pipeline.imports.dcase import region_problem
+from pipeline.imports.dcase import OUTSIDE_ROOT, outside_root, region_problem
 from pipeline.loudness import rms_dbfs
 from pipeline.licenses import license_name, most_restrictive
 from pipeline.outputs import refuse_empty, staged_dir, summarize, write_atomic, write_json, write_manifest, write_skips
@@ -134,6 +135,8 @@ def prepare_audio(task: tuple[int, ImportedClip], root: Path, scratch: Path, sam
     position, clip = task
     keep_freed_memory()
     path = Path(root) / clip.audio_path
+    if problem := outside_root(root, clip.audio_path):
+        return Skip(clip.clip_id, clip.audio_path, OUTSIDE_ROOT, problem)
     try:
         decoded = read_audio(path)
         samples = downmix(decoded.samples)

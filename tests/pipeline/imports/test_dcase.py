@@ -156,3 +156,30 @@ def test_dcase_tsv_needs_its_options(tmp_path: Path) -> None:
 def test_kind_dispatch() -> None:
     assert reader("desed") is dcase.read_desed
     assert reader("dcase-tsv") is dcase.read_dcase_tsv
+
+
+def test_outside_root_refuses_only_what_a_link_leads_out_of_the_root(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "corpus", tmp_path / "elsewhere"
+    (root / "audio").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "x.wav").write_bytes(b"")
+    (root / "audio" / "in.wav").write_bytes(b"")
+    (root / "audio" / "inner.wav").symlink_to(root / "audio" / "in.wav")
+    (root / "audio" / "out.wav").symlink_to(elsewhere / "x.wav")
+    (root / "linked").symlink_to(elsewhere)
+    assert dcase.outside_root(root, "audio/in.wav") is None
+    assert dcase.outside_root(root, "audio/inner.wav") is None, "a link that stays inside the root"
+    assert "audio/out.wav is a symbolic link" in dcase.outside_root(root, "audio/out.wav")
+    assert dcase.outside_root(root, "linked/x.wav") is not None, "a linked folder"
+    assert dcase.outside_root(root, root / "audio" / "out.wav") is not None
+    assert dcase.outside_root(root, elsewhere / "x.wav") is None, "a place an option names outside the root is read as named"
+    assert dcase.outside_root(root, "../elsewhere/x.wav") is None
+
+
+def test_a_tsv_linked_out_of_the_root_is_one_skip(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    write(tmp_path / "private.tsv", ["filename\tonset\toffset\tevent_label", "a.wav\t0\t1\tdog"])
+    write_audio(root / "wav/a.wav")
+    (root / "labels.tsv").symlink_to(tmp_path / "private.tsv")
+    clips, skips = dcase.read_dcase_tsv(root, {"tsv": "labels.tsv", "audio_dir": "wav"})
+    assert clips == [] and [(s.item_id, s.reason) for s in skips] == [("labels.tsv", "outside-root")]

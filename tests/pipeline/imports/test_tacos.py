@@ -147,3 +147,17 @@ def test_missing_release_names_the_expected_files(tmp_path: Path) -> None:
 
 def test_kind_dispatch() -> None:
     assert reader("tacos") is tacos.read
+
+
+def test_a_csv_linked_out_of_the_root_is_skipped_not_read(release: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "metadata.csv").write_text("filename,title,manufacturer\n1001.mp3,private title,someone\n")
+    (release / "metadata.csv").unlink()
+    (release / "metadata.csv").symlink_to(outside / "metadata.csv")
+    clips, skips = tacos.read(release, {})
+    assert ("metadata.csv", "outside-root") in [(s.item_id, s.reason) for s in skips]
+    assert clips and not any("private" in c.attribution for c in clips)
+    (release / "annotations_strong.csv").rename(outside / "strong.csv")
+    (release / "annotations_strong.csv").symlink_to(outside / "strong.csv")
+    clips, skips = tacos.read(release, {})
+    assert clips == [] and [(s.item_id, s.reason) for s in skips] == [("annotations_strong.csv", "outside-root")]

@@ -130,3 +130,23 @@ def test_urbansound_class_map_is_the_ontology() -> None:
 
 def test_kind_dispatch() -> None:
     assert reader("urban-sed") is urban_sed.read
+
+
+def test_an_annotation_linked_out_of_the_root_is_skipped_not_read(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    outside = tmp_path_factory.mktemp("outside") / "elsewhere.txt"
+    outside.write_text("0\t1\tsiren\n")
+    (corpus / "annotations/test/soundscape_test_unimodal9.txt").symlink_to(outside)
+    write_audio(corpus / "audio/test/soundscape_test_unimodal9.wav")
+    clips, skips = urban_sed.read(corpus, {})
+    assert "urbansed-soundscape_test_unimodal9" not in {c.clip_id for c in clips}
+    linked = [s for s in skips if s.item_id == "urbansed-soundscape_test_unimodal9"]
+    assert [(s.path, s.reason) for s in linked] == [("annotations/test/soundscape_test_unimodal9.txt", "outside-root")]
+    assert "leads outside the corpus root" in linked[0].detail
+
+
+def test_a_jams_nested_200000_deep_is_skipped_and_the_others_read(corpus: Path) -> None:
+    write(corpus / "annotations/train/soundscape_train_deep0.jams", "[" * 200_000 + "]" * 200_000)
+    clips, skips = urban_sed.read(corpus, {"format": "jams"})
+    deep = [s for s in skips if s.item_id == "urbansed-soundscape_train_deep0"]
+    assert [(s.reason, s.detail) for s in deep] == [("malformed-row", "JSON nested deeper than the reader can follow; not a JAMS file")]
+    assert "urbansed-soundscape_train_bimodal0" in {c.clip_id for c in clips}

@@ -263,3 +263,19 @@ def test_repeated_clips_reuse_freed_memory_instead_of_faulting_it_in(tmp_path):
         assert isinstance(once(), PreparedAudio)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
     assert faults < 200  # glibc's default returns the clip's ~10 MB of arrays: about 2,100 page faults a clip
+
+
+def test_files_linked_out_of_the_corpus_root_are_skipped_not_read(import_params, audioset_root, tmp_path):
+    outside = tmp_path / "outside"
+    write_tone(outside / "private.wav", 5.0, 16000, 500.0)  # audio a link in the corpus leads to: readable, and not the corpus's
+    clip = audioset_root / "audio" / "evalclip_0.wav"
+    clip.unlink()
+    clip.symlink_to(outside / "private.wav")
+    names = audioset_root / "mid_to_display_name.tsv"
+    (outside / "names.tsv").write_text(names.read_text())
+    names.unlink()
+    names.symlink_to(outside / "names.tsv")
+    out = tmp_path / "out"
+    run(import_params, "audioset-strong", audioset_root, out, OPTIONS, index=MidIndex())
+    assert {("evalclip_0", "outside-root"), ("mid_to_display_name.tsv", "outside-root")} <= _skips(out)
+    assert "evalclip_0" not in _rows(out) and len(_rows(out)) == 3
