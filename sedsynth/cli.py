@@ -35,6 +35,8 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
 from __future__ import annotations
 
 import argparse
+import errno
+import math
 import sys
 
 from pipeline.config.params import ParamsError, load_params, merge, parse_override, read_yaml_mapping
@@ -44,6 +46,17 @@ TRAINER_SECTIONS = ("pretrain", "train", "evaluate", "ablations")  # trainer.con
 
 class CommandError(Exception):
     """A failure the command reports in one line (an LLM endpoint that keeps failing)."""
+
+
+# The settings naming the folders each command writes: what to change when that disk is full or read-only.
+OUTPUT_SETTINGS = {
+    "corpus": ("corpus.fsd50k_dir", "corpus.ambience_dir"), "clip": ("clip.out_dir",), "ambience": ("ambience.out_dir",),
+    "mix": ("mix.out_dir",), "captions": ("captions.out_dir",), "clusters": ("clusters.out_dir",), "shards": ("shards.out_dir",),
+    "import": ("imports.out_dir",), "pretrain": ("pretrain.out_dir",), "train": ("train.out_dir",),
+    "evaluate": ("evaluate.out_dir",), "ablate": ("ablations.out_dir",),
+}
+DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+NOT_ALLOWED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -186,33 +199,33 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _detect(args: argparse.Namespace) -> int:
-    import os
+def _checkpoint_params(args: argparse.Namespace):
+    """The trainer's params for ``detect`` and ``caption``: from ``--params`` where that file exists, else
+    (with ``--checkpoint``, which carries the model's config) every default, ``--set`` still on top."""
+    import tempfile
     from pathlib import Path
 
+    if Path(args.params).exists():
+        return _trainer_params(args)
+    if not args.checkpoint:
+        raise ParamsError(f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
+                          "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH")
+    with tempfile.TemporaryDirectory() as tmp:  # a params file with no settings: evaluate.* keep their defaults
+        empty = Path(tmp) / "params.yaml"
+        empty.write_text("{}\n", encoding="utf-8")
+        return _trainer_params(argparse.Namespace(**{**vars(args), "params": str(empty)}))
+
+
+def _detect(args: argparse.Namespace) -> int:
     from trainer.evaluation.detect import main as detect_main
 
-    if not Path(args.params).exists():
-        if not args.checkpoint:
-            raise ParamsError(f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
-                              "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH")
-        # the checkpoint carries the model's config; evaluate.* keep their defaults, --set still applies
-        args = argparse.Namespace(**{**vars(args), "params": os.devnull})
-    return detect_main(args, _trainer_params(args))
+    return detect_main(args, _checkpoint_params(args))
 
 
 def _caption(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
     from trainer.stages.caption import main as caption_main
 
-    if not Path(args.params).exists():
-        if not args.checkpoint:
-            raise ParamsError(f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
-                              "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH")
-        args = argparse.Namespace(**{**vars(args), "params": os.devnull})  # the checkpoint carries the model's config
-    return caption_main(args, _trainer_params(args))
+    return caption_main(args, _checkpoint_params(args))
 
 
 def _ablate(args: argparse.Namespace) -> int:
@@ -293,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding a write token (default HF_TOKEN)")
     pub.add_argument("--private", action="store_true", help="create the repo private")
     pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
-    pub.add_argument("--batch-files", type=int, default=50, help="shards per commit (default 50)")
+    pub.add_argument("--batch-files", type=_at_least_one, default=50, help="shards per commit (default 50)")
     stage("pretrain", _pretrain, "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)")
     stage("train", _train, "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)")
     stage("evaluate", _evaluate, "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)")
@@ -301,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
     det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
     det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
-    det.add_argument("--threshold", type=float, default=None,
+    det.add_argument("--threshold", type=_probability, default=None,
                      help="frame probability that starts an event (default: the threshold stored in the checkpoint, else 0.5)")
     det.add_argument("--format", choices=["table", "tsv"], default="table",
                      help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
@@ -347,6 +360,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _probability(text: str) -> float:
+    """An argparse type: a finite number in [0, 1] (``nan``, ``inf``, ``2`` and ``-1`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability: pass a number from 0 to 1, e.g. 0.5")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more, e.g. 50")
+    return value
+
+
+def _output(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The settings naming the folders this command writes (``"mix.out_dir"``, "" where none), and the first
+    of those folders as configured (None where not known)."""
+    if getattr(args, "out", None):
+        return "--out", str(args.out)
+    keys = OUTPUT_SETTINGS.get(args.command, ())
+    if not keys:
+        return "", None
+    try:
+        value = _trainer_params(args)
+        for part in keys[0].split("."):
+            value = getattr(value, part)
+    except (ParamsError, OSError, ValueError, AttributeError):  # the folder only fills in the message
+        return " or ".join(keys), None
+    return " or ".join(keys), str(value).replace("{kind}", getattr(args, "kind", "{kind}"))
+
+
+def _os_fault(error: OSError, args: argparse.Namespace) -> str | None:
+    """The one line for an OS fault the user can fix (a full, read-only or forbidden disk, a server that does not
+    answer), or None for any other ``error`` (a bug, which keeps its traceback)."""
+    if isinstance(error, (ConnectionError, TimeoutError)) and not isinstance(error, BrokenPipeError):
+        return f"{error} ({type(error).__name__}): check the address and that its server is up and reachable, then run again"
+    if error.errno not in (*DISK_FULL, *NOT_ALLOWED, errno.EROFS):
+        return None
+    key, folder = _output(args)
+    where = error.filename or folder or "the output"
+    if error.errno in DISK_FULL:
+        return f"{DISK_FULL[error.errno]} writing {where}: free space" + (f" or set {key}" if key else " on that disk")
+    if error.errno == errno.EROFS:
+        return f"read-only file system at {where}: " + (f"set {key} to a folder on a writable disk" if key else "write to a writable disk")
+    return f"{NOT_ALLOWED[error.errno]} on {where}: give this user access to it" + (f" or set {key} to a folder it can write" if key else "")
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, a batch scheduler's time limit), raised like Ctrl-C."""
 
@@ -371,6 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         print(f"sedsynth {args.command}: interrupted; the previous output, if any, is unchanged", file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+    except OSError as e:
+        line = _os_fault(e, args)
+        if line is None:
+            raise
+        print(f"sedsynth {args.command}: error: {line}", file=sys.stderr)
+        return 2
     finally:
         if on_main_thread:  # None: a handler set outside Python, which cannot be put back
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
