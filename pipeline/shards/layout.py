@@ -1,4 +1,4 @@
-"""The shard folder's layout and row schema, shared by writing, validation and publishing.
+"""The shard folder's layout and row schema, shared by writing, validation, publishing and the readers.
 
 A dataset folder holds ``data/<split>-00000-of-000NN.parquet`` (rows of
 :class:`~pipeline.schema.ShardRow`), ``index.json`` (per shard: split, rows, bytes, sha256),
@@ -10,9 +10,16 @@ Every shard has exactly the schema ``datasets`` itself writes for the row's feat
 alone (``Dataset.from_parquet``, ``load_dataset("parquet", ...)``, the ``data/`` folder
 without the card) loads with ``audio`` (``struct<bytes, path>``, FLAC bytes) typed as ``Audio``:
 ``datasets`` uses that metadata only where it describes the column's Arrow field exactly.
+
+A path read from ``index.json`` is untrusted: :func:`entry_problem` and :func:`special_file_problem`
+say why one must not be opened, for every reader of an index (validation, training, evaluation).
 """
 
 from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path, PurePosixPath
 
 import pyarrow as pa
 
@@ -44,3 +51,30 @@ def shard_schema(sample_rate_hz: int) -> pa.Schema:
     ``huggingface`` metadata match what its Parquet reader checks the metadata against.
     """
     return features(sample_rate_hz).arrow_schema
+
+
+def entry_problem(path: object) -> str | None:
+    """Why a path read from ``index.json`` cannot name a file inside the folder; ``None`` when it can.
+
+    Only the text is checked (it applies to remote folders too): a relative path without ``..``.
+    A symlink inside the folder may still point elsewhere (a hub cache's snapshot links its files
+    to blobs beside it), so a local reader also checks the file with :func:`special_file_problem`.
+    """
+    if not isinstance(path, str) or not path.strip():
+        return "is not a path"
+    parts = PurePosixPath(path).parts
+    if PurePosixPath(path).is_absolute() or ".." in parts or "\\" in path:
+        return "leaves the folder (an absolute path, '..' or a backslash)"
+    return None
+
+
+def special_file_problem(path: str | Path) -> str | None:
+    """Why a local ``path`` that exists must not be opened (a FIFO blocks a reader, a device never
+    ends); ``None`` for a regular file, or for a missing one (its reader reports that itself)."""
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks: a link to /dev/zero is a device
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be examined ({e.strerror or e})"
+    return None if stat.S_ISREG(mode) else "is not a regular file (a folder, FIFO or device)"

@@ -2,16 +2,19 @@
 
 Input: a dataset folder (as written by the shards stage, or downloaded from the hub).
 Output: a summary dict, or :class:`ValidationError` listing every problem found, each naming
-the file and what to do. Checks: ``index.json`` parses; every indexed shard exists with the
-indexed sha256 and row count, and no unindexed shard lies in ``data/``; each shard is
-Parquet with exactly the shard schema (fields, nullability, order) and ``huggingface``
-metadata from which ``datasets`` types every column as the card does (``audio`` as ``Audio``
-at the indexed rate); every row's audio bytes match its ``audio_sha256``, segments lie inside
-their mixture and cluster ids inside the inventory; the card has ``configs`` for every split.
-With ``decode=True`` every audio cell is also decoded in full (a damaged FLAC frame fails its
-CRC) and its length checked against the recipe's ``duration_s`` x ``sample_rate_hz``. A
-problem in a row names the shard file, the row's position in it and the mixture id; every
-bad row is reported, not just the first.
+the file and what to do. Checks: ``index.json`` parses; every indexed path lies inside the
+folder and is a regular file (checked before it is opened: a FIFO or device would block or
+never end); every indexed shard exists with the indexed sha256 and row count, and no
+unindexed shard lies in ``data/``; each shard is Parquet with exactly the shard schema
+(fields, nullability, order) and ``huggingface`` metadata from which ``datasets`` types every
+column as the card does (``audio`` as ``Audio`` at the indexed rate); every row's audio cell
+has bytes matching its ``audio_sha256``, and its phrases pass
+:func:`~pipeline.shards.rows.phrase_problems` (no nulls, segments inside their mixture, cluster
+ids inside the inventory: the rule the trainer and the evaluator skip rows by); the card has
+``configs`` for every split. With ``decode=True`` every audio cell is also decoded in full (a
+damaged FLAC frame fails its CRC) and its length checked against the recipe's ``duration_s`` x
+``sample_rate_hz``. A problem in a row names the shard file, the row's position in it and the
+mixture id; every bad row is reported, not just the first.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import soundfile as sf
 import yaml
 
 from pipeline.outputs import file_sha256
-from pipeline.shards.layout import CARD, DATA, INDEX, INDEX_VERSION, features, shard_schema
+from pipeline.shards.layout import CARD, DATA, INDEX, INDEX_VERSION, entry_problem, features, shard_schema, special_file_problem
+from pipeline.shards.rows import phrase_problems
 
 
 class ValidationError(ValueError):
@@ -73,7 +77,9 @@ def _schema_problems(name: str, schema: pa.Schema, rate: int) -> list[str]:
 
 def _cell_problems(r: dict, decode: bool) -> list[str]:
     """Faults of one row's audio cell, as messages without the file and row prefix."""
-    data = r["audio"]["bytes"]
+    data = (r["audio"] or {}).get("bytes")
+    if data is None:  # readers take the audio from the bytes only: a path alone is never opened
+        return ["malformed row: the audio cell has no bytes; re-run `sedsynth shards`"]
     problems = []
     if hashlib.sha256(data).hexdigest() != r["audio_sha256"]:
         problems.append("audio bytes do not match audio_sha256 (the cell changed after it was written); "
@@ -94,16 +100,15 @@ def _cell_problems(r: dict, decode: bool) -> list[str]:
 def _row_problems(name: str, first_row: int, rows: list[dict], num_clusters: int | None, decode: bool) -> list[str]:
     """Problems of consecutive rows of one shard, ``first_row`` being the first's position in the file."""
     problems = []
+    cluster_ids = range(num_clusters) if num_clusters is not None else None
     for k, r in enumerate(rows, first_row):
         where = f"{name}: row {k} (mixture {r.get('id')})"
         try:
-            found = []
-            for ph in r["phrases"]:
-                for s in ph["segments"]:
-                    if not 0.0 <= s["start_s"] < s["end_s"] <= r["duration_s"] + 1e-6:
-                        found.append(f"segment {s} of {ph['label']!r} is outside [0, {r['duration_s']}] s or empty")
-                if num_clusters is not None and not 0 <= ph["cluster_id"] < num_clusters:
-                    found.append(f"cluster id {ph['cluster_id']} is not in clusters/clusters.parquet")
+            # every field of a ShardRow has a value (phrases, duration_s and audio: named by the checks below)
+            found = [f"malformed row: {field} is null; re-run `sedsynth shards`" for field, value in r.items()
+                     if value is None and field not in ("phrases", "duration_s", "audio")]
+            # the rule the trainer and the evaluator skip rows by
+            found += [f"{p}; re-run `sedsynth shards`" for p in phrase_problems(r["phrases"], r["duration_s"], cluster_ids)]
             found += _cell_problems(r, decode)
         except (TypeError, KeyError) as e:  # a null where a value belongs: report the row, check the rest
             found = [f"malformed row ({type(e).__name__}: {e}); re-run `sedsynth shards`"]
@@ -116,11 +121,17 @@ def validate(folder: Path | str, decode: bool = False) -> dict:
     folder = Path(folder)
     if not (folder / INDEX).exists():
         raise ValidationError(folder, [f"no {INDEX}: not a folder written by `sedsynth shards` (or the download is incomplete)"])
+    special = special_file_problem(folder / INDEX)
+    if special:
+        raise ValidationError(folder, [f"{INDEX} {special}; replace it with the index `sedsynth shards` wrote"])
     try:
         index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
         files, rate = index["files"], index["sample_rate_hz"]
+        if not all(isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("split"), str)
+                   and {"sha256", "num_rows"} <= f.keys() for f in files):
+            raise ValueError("an entry of 'files' lacks path, split, sha256 or num_rows")
     except (ValueError, KeyError, TypeError) as e:
-        raise ValidationError(folder, [f"{INDEX} is malformed ({e}); re-run `sedsynth shards`"]) from None
+        raise ValidationError(folder, [f"{INDEX} is malformed ({type(e).__name__}: {e}); re-run `sedsynth shards`"]) from None
     if index.get("version") != INDEX_VERSION:
         raise ValidationError(folder, [f"{INDEX} has version {index.get('version')!r}; this version reads {INDEX_VERSION}: "
                                        "re-run `sedsynth shards` with this version"])
@@ -129,9 +140,22 @@ def validate(folder: Path | str, decode: bool = False) -> dict:
     on_disk = {p.relative_to(folder).as_posix() for p in (folder / DATA).glob("*.parquet")}
     problems += [f"{p}: not listed in {INDEX} (a foreign or stale shard); remove it or re-run `sedsynth shards`" for p in sorted(on_disk - indexed)]
     num_clusters = None
-    if (folder / "clusters" / "clusters.parquet").exists():
-        num_clusters = pq.ParquetFile(folder / "clusters" / "clusters.parquet").metadata.num_rows
+    clusters = folder / "clusters" / "clusters.parquet"
+    if clusters.exists():
+        special = special_file_problem(clusters)
+        if special:
+            problems.append(f"clusters/clusters.parquet {special}; re-run `sedsynth shards`")
+        else:
+            num_clusters = pq.ParquetFile(clusters).metadata.num_rows
     for f in files:
+        # an entry is untrusted: '../x' or '/dev/zero' must not be hashed or opened (a FIFO blocks, a device never ends)
+        unsafe = entry_problem(f["path"])
+        if unsafe is None:
+            unsafe = special_file_problem(folder / f["path"])
+        if unsafe:
+            problems.append(f"{INDEX} entry {f['path']!r} {unsafe}; every entry must be a file under {folder}: "
+                            "re-run `sedsynth shards` or download the folder again")
+            continue
         path = folder / f["path"]
         if not path.exists():
             problems.append(f"{f['path']}: listed in {INDEX} but missing; download or copy it again")
