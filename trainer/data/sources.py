@@ -13,6 +13,10 @@ A source is cut into :class:`Piece` s (a row range inside one Parquet row group,
 that :func:`plan_epoch` deals to the global workers (ranks x DataLoader workers): every row
 goes to exactly one worker per epoch, and every worker gets the same number of rows (the few
 left over by uneven pieces wait for a later epoch, where the deal differs).
+
+Parquet files are untrusted input: every listed path must lie in the folder and be a regular
+file (:func:`list_parquet`), a file with a column of the wrong type is left out whole and named
+(:meth:`ParquetSource.row_groups`), and a cell's audio is its bytes alone (:meth:`ParquetSource.read`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 from trainer.config import SourceParams
 from pipeline.schema import Skip
 
-SHARD_COLUMNS = ("id", "audio", "caption", "phrases")
+SHARD_COLUMNS = ("id", "audio", "caption", "phrases", "duration_s")  # duration_s: where a row's segments must end
 
 
 class SourceError(ValueError):
@@ -72,25 +76,62 @@ def _fs(path: str):
 
 
 def list_parquet(path: str, split: str) -> list[str]:
-    """The split's Parquet files in a folder (``index.json`` first, then a glob) or a single file."""
+    """The split's Parquet files in a folder (``index.json`` first, then a glob) or a single file.
+
+    Every file is checked before anything opens it: an ``index.json`` entry must name a path
+    inside the folder (:func:`~pipeline.shards.layout.entry_problem`), and a local file must be a
+    regular one (a FIFO would block the reader, ``/dev/zero`` never end). Raises ``SourceError``
+    naming the entry and the folder otherwise.
+    """
     import json
+
+    from pipeline.shards.layout import entry_problem
 
     fs, root = _fs(path)
     if root.endswith(".parquet"):
         if not fs.exists(root):
             raise SourceError(f"train: {path} not found")
+        _refuse_special(fs, root, f"train: {path}")
         return [root]
-    index = f"{root.rstrip('/')}/index.json"
+    folder = root.rstrip("/")
+    index = f"{folder}/index.json"
     if fs.exists(index):
-        with fs.open(index, "r") as f:
-            files = [e["path"] for e in json.load(f)["files"] if e["split"] == split]
+        _refuse_special(fs, index, f"train: {index}")
+        try:
+            with fs.open(index, "r") as f:
+                files = [e["path"] for e in json.load(f)["files"] if e["split"] == split]
+        except (ValueError, KeyError, TypeError) as e:  # not JSON, or entries without path / split
+            raise SourceError(f"train: {index} is malformed ({type(e).__name__}: {e}); re-create the folder with "
+                              "`sedsynth shards` or download it again") from None
+        for p in files:
+            unsafe = entry_problem(p)
+            if unsafe:
+                raise SourceError(f"train: {index} entry {p!r} {unsafe}; every entry must name a file under {path}: "
+                                  "re-create the folder with `sedsynth shards` or download it again")
+        files = [f"{folder}/{p}" for p in files]
+        for p in files:
+            _refuse_special(fs, p, f"train: {index} entry {p}")
         if files:  # none: a split the index does not list falls through to the error below
-            return [f"{root.rstrip('/')}/{p}" for p in files]
-    found = sorted(fs.glob(f"{root.rstrip('/')}/**/{split}-*.parquet")) or sorted(fs.glob(f"{root.rstrip('/')}/{split}-*.parquet"))
+            return files
+    found = sorted(fs.glob(f"{folder}/**/{split}-*.parquet")) or sorted(fs.glob(f"{folder}/{split}-*.parquet"))
     if not found:
         raise SourceError(f"train: no {split}-*.parquet files under {path}; build them with `sedsynth shards` "
                           "or point train.data.sources[].path at a folder in the Hugging Face layout")
+    for p in found:
+        _refuse_special(fs, p, f"train: {p} under {path}")
     return found
+
+
+def _refuse_special(fs, path: str, what: str) -> None:
+    """Raise ``SourceError`` when the local file ``path`` exists but is not a regular file
+    (a remote store holds only regular objects: nothing to check there)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from pipeline.shards.layout import special_file_problem
+
+    problem = special_file_problem(path) if isinstance(fs, LocalFileSystem) else None
+    if problem:
+        raise SourceError(f"{what} {problem}; replace it with the Parquet file `sedsynth shards` wrote, or remove it")
 
 
 class ParquetSource:
@@ -102,30 +143,47 @@ class ParquetSource:
         self.files = list_parquet(params.path, params.split)
         self._cached: tuple[tuple[str, int], list[dict]] | None = None
         self._row_groups: list[tuple[str, int, int]] | None = None
+        self._first_row: dict[tuple[str, int], int] = {}  # (file, row group) -> its first row's position in the file
         self.skips: list[Skip] = []
         self.row_groups()  # footers now, so a broken file is reported (and left out) before training starts
 
     def row_groups(self) -> list[tuple[str, int, int]]:
         """``(file, row_group, rows)`` from the files' footers, read once (no data read).
 
-        A file whose footer cannot be read (empty, cut short, not Parquet, gone) is left out:
-        it goes to ``skips`` and one line on stderr names it. No readable file is an error.
+        A file whose footer cannot be read (empty, cut short, not Parquet, gone), that has no
+        audio column, or with a column of another type than the readers take
+        (:func:`~pipeline.shards.rows.column_problem`) is left out: it goes to ``skips`` and one
+        line on stderr names it (and the column). No readable file is an error.
         """
         import pyarrow.parquet as pq
+
+        from pipeline.shards.rows import column_problem
 
         if self._row_groups is None:
             groups = []
             for file in self.files:
                 try:
                     with self.fs.open(file, "rb") as f:
-                        meta = pq.ParquetFile(f).metadata
+                        pf = pq.ParquetFile(f)
+                        meta, schema = pf.metadata, pf.schema_arrow
                 except (FileNotFoundError, IsADirectoryError) as e:
                     self._skip(file, "missing-file", f"listed but not there ({e.strerror or e})")
                     continue
                 except (OSError, ValueError, pa_errors()) as e:  # pyarrow: ArrowInvalid (a ValueError), ArrowIOError (an OSError)
                     self._skip(file, "unreadable", f"not a readable Parquet file ({_first_line(e)})")
                     continue
-                groups += [(file, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+                wanted = self.columns(schema.names)
+                wrong = [p for c in wanted if (p := column_problem(schema, c, self.params.audio_column))]
+                if "audio" not in wanted and self.params.audio_column not in wanted:
+                    wrong.insert(0, f"no column 'audio' (nor {self.params.audio_column!r}, train.data.sources[].audio_column)")
+                if wrong:
+                    self._skip(file, "unreadable", wrong[0])
+                    continue
+                first = 0
+                for g in range(meta.num_row_groups):
+                    groups.append((file, g, meta.row_group(g).num_rows))
+                    self._first_row[(file, g)] = first
+                    first += meta.row_group(g).num_rows
             if not groups:
                 named = "; ".join(f"{s.path}: {s.detail}" for s in self.skips[:3])
                 raise SourceError(f"train: no readable {self.params.split} Parquet file under {self.params.path} ({named}); "
@@ -146,6 +204,13 @@ class ParquetSource:
         return wanted
 
     def read(self, piece: Piece) -> list[dict]:
+        """The rows of ``piece``, each with ``_from``: ``(file, row position in it)`` for reports.
+
+        ``audio`` is the cell's ``{"bytes"}`` only (``None`` for a null cell): a shard's audio
+        comes from its bytes, never from the path a cell may name (a FIFO there would hang
+        the reader, a test file be trained on). Rows are not checked here: the stream skips
+        and reports a bad one (:meth:`~trainer.data.stream.ItemBuilder.check`).
+        """
         import pyarrow.parquet as pq
 
         key = (piece.file, piece.row_group)
@@ -158,16 +223,18 @@ class ParquetSource:
                 raise SourceError(f"train: cannot read row group {piece.row_group} of {piece.file} ({_first_line(e)}); re-create it "
                                   "(sedsynth shards, or download it again) or remove it and its index.json entry, then rerun "
                                   "(training resumes from latest.pt)") from None
-            self._cached = (key, table.to_pylist())
-        rows = self._cached[1][piece.start:piece.stop]
-        several = self.params.caption_columns != ("caption",)  # a caption corpus's columns: one is drawn per row and epoch
-        for i, r in enumerate(rows):
-            r.setdefault("id", f"{piece.file}#{piece.row_group}:{piece.start + i}")
-            if "audio" not in r and self.params.audio_column in r:
-                r["audio"] = r.pop(self.params.audio_column)
-            if several and "captions" not in r:
-                r["captions"] = [r[c] for c in self.params.caption_columns if isinstance(r.get(c), str) and r[c].strip()]
-        return rows
+            rows = table.to_pylist()
+            first = self._first_row[key]
+            several = self.params.caption_columns != ("caption",)  # a caption corpus's columns: one is drawn per row and epoch
+            for i, r in enumerate(rows):
+                r.setdefault("id", f"{piece.file}#{piece.row_group}:{i}")
+                cell = r["audio"] if "audio" in r else r.pop(self.params.audio_column, None)
+                r["audio"] = {"bytes": cell.get("bytes")} if isinstance(cell, dict) else None
+                r["_from"] = (piece.file, first + i)
+                if several:
+                    r["captions"] = [r[c] for c in self.params.caption_columns if isinstance(r.get(c), str) and r[c].strip()]
+            self._cached = (key, rows)
+        return self._cached[1][piece.start:piece.stop]
 
     def texts(self) -> list[str]:
         """Every caption (of ``caption`` and the caption columns) and phrase of the readable files,
@@ -182,8 +249,9 @@ class ParquetSource:
                 wanted = [c for c in dict.fromkeys(("caption", *self.params.caption_columns, "phrases")) if c in names]
                 table = pf.read(columns=wanted).to_pydict()
             for column, values in table.items():
-                if column == "phrases":
-                    out += [ph["phrase"] for row in values for ph in row or [] if ph.get("phrase")]
+                if column == "phrases":  # a null list, phrase or text gives nothing (the stream skips such rows)
+                    out += [ph["phrase"] for row in values for ph in row or [] if ph and isinstance(ph.get("phrase"), str)
+                            and ph["phrase"]]
                 else:
                     out += [v for v in values if isinstance(v, str) and v]
         return out
@@ -227,7 +295,7 @@ class CaptionCsvSource:
                 if not audio.is_file():
                     self.skips.append(Skip(name, str(audio), "missing-file", f"named by {path} line {line}"))
                     continue
-                self.rows.append({"id": name, "audio": {"bytes": None, "path": str(audio)}, "captions": captions})
+                self.rows.append({"id": name, "audio": {"file": str(audio)}, "captions": captions})
         if not self.rows:
             reasons = ", ".join(f"{s.item_id}: {s.reason} ({s.detail})" for s in self.skips[:3])
             raise SourceError(f"train: no usable rows in {path}; {len(self.skips)} skipped, e.g. {reasons}")

@@ -12,14 +12,18 @@ a generator seeded by (seed, epoch, source, id), so an item does not depend on w
 made it. With ``captions_per_clip`` (the captioning loss) an item also carries its decoder
 targets, drawn from its own generator (seeded the same way, on a stream of its own) out of
 :func:`caption_pool`: a caption corpus row's own captions, else the row's caption and the other
-caption templates filled with its phrases in temporal order. Items that cannot be decoded are
-skipped and reported with their reason (``skips`` rides on the next item to the training loop,
-which writes them to ``skipped.csv``).
+caption templates filled with its phrases in temporal order. Rows of a shard or caption source
+are untrusted: a malformed one (nulls, segments that are not numbers or not inside the clip,
+unknown cluster ids, an audio cell without bytes: :meth:`ItemBuilder.check`) and one whose audio
+cannot be decoded are skipped, each reported on stderr with its file, row and reason (``skips``
+rides on the next item to the training loop, which writes them to ``skipped.csv`` and counts them).
 :func:`make_stream` builds the stream ``train.data`` describes for an encoder.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from pipeline.audio import AudioError, decode_mono, mono_at
 from pipeline.schema import Skip
+from pipeline.shards.rows import phrase_problems
 from pipeline.text.llm import Completer
 from pipeline.text.templates import fill, load_templates
 from trainer.config import SourceParams
@@ -72,18 +77,55 @@ class Item:
     target_captions: list[str] = field(default_factory=list)  # the decoder's targets (captions_per_clip of them)
 
 
+class RowError(Exception):
+    """A row that cannot become an item; ``reason`` is the skip reason, ``detail`` says what is wrong."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
 class ItemBuilder:
-    """One row (a dict from a source) -> :class:`Item`; raises ``AudioError`` on unusable audio."""
+    """One row (a dict from a source) -> :class:`Item`; raises ``AudioError`` on unusable audio
+    (and, from :meth:`check`, ``RowError`` on a malformed row)."""
 
     def __init__(self, params: ItemParams, spans_s: np.ndarray, sampler: NegativeSampler | None, seed: int):
         self.p, self.spans, self.sampler, self.seed = params, spans_s, sampler, seed
 
     def decode(self, audio: dict) -> np.ndarray:
-        """Encoded audio (``bytes`` or ``path``) or decoded samples (``array`` at ``sample_rate_hz``, as a
-        mixing source gives them) -> mono float32 at the encoder's rate, the same way either way."""
+        """Encoded audio (a cell's ``bytes``, or the ``file`` a caption CSV names) or decoded samples
+        (``array`` at ``sample_rate_hz``, as a mixing source gives them) -> mono float32 at the
+        encoder's rate, the same way either way. A cell's ``path`` is never opened."""
         if audio.get("array") is not None:
             return mono_at(audio["array"], audio["sample_rate_hz"], self.p.sample_rate_hz)
-        return decode_mono(audio.get("bytes") or audio["path"], self.p.sample_rate_hz)
+        source = audio["bytes"] if audio.get("bytes") is not None else audio.get("file")
+        if source is None:
+            raise AudioError("unreadable", "the audio cell has no bytes (a shard's audio is read from its bytes only)")
+        return decode_mono(source, self.p.sample_rate_hz)
+
+    def check(self, row: dict, frame_level: bool = True) -> None:
+        """Raise ``RowError`` (reason ``malformed-row``) when a source's row cannot become an item:
+        a null id or audio cell, a cell without bytes, a null caption, or (a frame-level row) phrases
+        failing :func:`~pipeline.shards.rows.phrase_problems`, the rule ``sedsynth validate`` applies:
+        nulls, segments not numbers, negative, empty, reversed or past ``duration_s``, cluster ids
+        the negatives' inventory lacks. A mixing source's rows need no check (they are made here)."""
+        problems = []
+        if not isinstance(row.get("id"), (str, int)):
+            problems.append("the id is null")
+        audio = row.get("audio")
+        if not isinstance(audio, dict):
+            problems.append("the audio cell is null")
+        elif audio.get("bytes") is None and audio.get("file") is None:
+            problems.append("the audio cell has no bytes (a shard's audio is read from its bytes only, never from its path)")
+        if "captions" in row and not row["captions"]:
+            problems.append("no caption in the caption columns")
+        elif "captions" not in row and "caption" in row and not isinstance(row["caption"], str):
+            problems.append("the caption is null")
+        if frame_level and "phrases" in row:
+            clusters = self.sampler.related if self.sampler is not None else None
+            problems += phrase_problems(row["phrases"], row.get("duration_s", math.inf), clusters)
+        if problems:
+            raise RowError("malformed-row", "; ".join(problems))
 
     def crop(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
         n = self.p.input_samples
@@ -187,6 +229,7 @@ class TrainStream(IterableDataset):
         self.sources = [MixingSource(i, s, run_params, clusters) if s.kind == "mixing" else open_source(i, s)
                         for i, s in enumerate(sources)]
         self.skips: list[Skip] = [s for src in self.sources for s in src.skips]
+        self.checked = [not isinstance(src, MixingSource) for src in self.sources]  # rows read from files are untrusted
         self.epoch = 0
         self._rank, self._world = rank, world_size
         self.skip_batches, self.batch_size = 0, 1
@@ -261,7 +304,17 @@ class TrainStream(IterableDataset):
         rng = np.random.default_rng([self.seed, self.epoch, me, 0xB0F])
         buffer: list[tuple[int, dict]] = []
         skips: list[Skip] = []
-        held: list[Item] = []  # the last item made, yielded once the next exists (or with the final skips)
+        # The last batch_size items made are held back: skips found after the last item then ride on the
+        # last item of the last full batch, which a drop_last DataLoader keeps (a shorter tail it drops).
+        held: list[Item] = []
+        made, batch = 0, max(1, self.batch_size)
+
+        def hold(item: Item):
+            nonlocal made
+            made += 1
+            held.append(item)
+            if len(held) > batch:
+                yield held.pop(0)
 
         def emit(entry):
             nonlocal done
@@ -269,11 +322,13 @@ class TrainStream(IterableDataset):
             if done > 0:
                 done -= 1
                 return None
+            frame_level = self.params[source].level == "frame"
             try:
-                item = self.builder(row, source, self.epoch, self.params[source].level == "frame")
-            except AudioError as e:
-                audio = row.get("audio") or {}
-                skips.append(Skip(str(row.get("id")), str(audio.get("path") or ""), e.reason, e.detail))
+                if self.checked[source]:
+                    self.builder.check(row, frame_level)
+                item = self.builder(row, source, self.epoch, frame_level)
+            except (AudioError, RowError) as e:
+                skips.append(report_skip(row, e.reason, e.detail))
                 return None
             item.skips, skips[:] = list(skips), []
             return item
@@ -292,17 +347,32 @@ class TrainStream(IterableDataset):
                 buffer[j], buffer[-1] = buffer[-1], buffer[j]
                 item = emit(buffer.pop())
                 if item is not None:
-                    yield from held
-                    held[:] = [item]
+                    yield from hold(item)
         order = rng.permutation(len(buffer)) if self.shuffle else range(len(buffer))
         for j in order:
             item = emit(buffer[j])
             if item is not None:
-                yield from held
-                held[:] = [item]
-        for item in held:
-            item.skips += skips  # unreadable rows after the last item
-            yield item
+                yield from hold(item)
+        if held and skips:  # unreadable rows after the last item
+            last_full = (made - made % batch) - 1 - (made - len(held))  # its place in held; < 0: no full batch
+            held[last_full if last_full >= 0 else -1].skips += skips
+        yield from held
+
+
+def report_skip(row: dict, reason: str, detail: str) -> Skip:
+    """A row the stream leaves out -> its :class:`Skip`, after one line on stderr naming where it came
+    from (a shard's file and row position, or a caption CSV's audio file) and why."""
+    rid, audio = str(row.get("id")), row.get("audio") or {}
+    if "_from" in row:
+        file, position = row["_from"]
+        where, recorded = f"row {position} of {file} (id {rid})", f"row {position}: {detail}"
+        todo = "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)"
+    elif audio.get("file"):
+        file, where, recorded, todo = audio["file"], f"{rid} ({audio['file']})", detail, "replace or remove that file"
+    else:  # a mixing source's mixture
+        file, where, recorded, todo = "", rid, detail, "see the mix settings"
+    print(f"train: skipping {where}: {reason}: {detail}; {todo}; it is listed in skipped.csv", file=sys.stderr)
+    return Skip(rid, file, reason, recorded)
 
 
 def check_inventories(tables: ClusterTables, folder: str, sources: list[SourceParams]) -> None:
