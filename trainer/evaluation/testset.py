@@ -11,17 +11,25 @@ audio streamed from the Parquet files in row order) from which the stage derives
 
 and :func:`event_clips`: the event clips the split's mixtures were built from (held out from
 training by construction), for zero-shot classification with "The sound of {phrase}".
+
+A row with a null or malformed field (the rule ``sedsynth validate`` applies), an audio cell
+without bytes, or a whole file with a column of another type is left out of every metric and
+named on stderr (:func:`read_split`), not a traceback.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
+from pipeline.schema import Skip
+from pipeline.shards.rows import column_problem, phrase_problems
 from trainer.data.sources import _fs, list_parquet
 
 META_COLUMNS = ["id", "duration_s", "caption", "phrases"]
@@ -34,6 +42,8 @@ class ShardSplit:
     durations_s: dict[str, float]
     captions: dict[str, str]
     phrases: dict[str, list[dict]]  # clip -> [{phrase, label, mid, segments: [{start_s, end_s}], source_clip_ids}]
+    kept: tuple[frozenset[int], ...] = ()  # per file: the positions of the rows in ``ids`` (the others were skipped)
+    skips: tuple[Skip, ...] = ()  # the rows and files left out, each with its reason
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -53,31 +63,99 @@ class ShardSplit:
 
     def audio(self) -> Iterator[tuple[str, bytes]]:
         """``(id, encoded bytes)`` in :attr:`ids` order, one row group in memory at a time."""
-        for path in self.files:
+        for path, kept in zip(self.files, self.kept or [None] * len(self.files)):
             fs, root = _fs(path)
             with fs.open(root, "rb") as f:
                 pf = pq.ParquetFile(f)
+                first = 0
                 for g in range(pf.num_row_groups):
                     table = pf.read_row_group(g, columns=["id", "audio"])
-                    for i, a in zip(table.column("id").to_pylist(), table.column("audio").to_pylist()):
-                        yield i, a["bytes"]
+                    for k, (i, a) in enumerate(zip(table.column("id").to_pylist(), table.column("audio").to_pylist()), first):
+                        if kept is None or k in kept:
+                            yield i, a["bytes"]
+                    first += table.num_rows
+
+
+def rows_without_audio(pf: pq.ParquetFile) -> set[int]:
+    """Positions of the rows whose ``audio`` cell, or its ``bytes``, is null.
+
+    A row group whose footer counts no null bytes is not read (every shard ``sedsynth shards``
+    writes); the others' audio column is read one row group at a time.
+    """
+    meta = pf.metadata
+    leaf = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "audio.bytes"), None)
+    out, first = set(), 0
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(leaf).statistics if leaf is not None else None
+        if stats is None or not stats.has_null_count or stats.null_count > 0:
+            audio = pf.read_row_group(g, columns=["audio"]).column("audio").combine_chunks()
+            missing = np.asarray(audio.is_null()) | np.asarray(audio.field("bytes").is_null())
+            out |= {first + int(k) for k in np.flatnonzero(missing)}
+        first += meta.row_group(g).num_rows
+    return out
+
+
+def row_problem(row: dict) -> str | None:
+    """Why a metadata row cannot be evaluated (a null, or phrases failing
+    :func:`~pipeline.shards.rows.phrase_problems`, the rule ``sedsynth validate`` applies), else ``None``."""
+    problems = []
+    if not isinstance(row["id"], str) or not row["id"]:
+        problems.append("the id is null")
+    if not isinstance(row["caption"], str):
+        problems.append("the caption is null")
+    problems += phrase_problems(row["phrases"], row["duration_s"])
+    return "; ".join(problems) or None
 
 
 def read_split(path: str, split: str) -> ShardSplit:
-    """A split's metadata (ids, durations, captions, phrases) from its Parquet files."""
+    """A split's metadata (ids, durations, captions, phrases) from its Parquet files.
+
+    Shards are untrusted: a file lacking a column or with one of another type
+    (:func:`~pipeline.shards.rows.column_problem`) is left out, and so is a row with a null or
+    malformed field or an audio cell without bytes; each gets one line on stderr naming the
+    file (and row) and is kept in :attr:`ShardSplit.skips`, and a last line counts them.
+    """
     files = list_parquet(path, split)
+    kept_files, kept, skips = [], [], []
     ids, durations, captions, phrases = [], {}, {}, {}
+
+    def skip(file: str, item: str, detail: str, todo: str) -> None:
+        skips.append(Skip(item, file, "malformed-row", detail))
+        print(f"evaluate: skipping {detail}; {todo}", file=sys.stderr)
+
     for file in files:
         fs, root = _fs(file)
         with fs.open(root, "rb") as f:
-            table = pq.read_table(f, columns=META_COLUMNS)
-        for row in table.to_pylist():
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow
+            wrong = [f"no column {c!r}" for c in (*META_COLUMNS, "audio") if c not in schema.names]
+            wrong += [p for c in (*META_COLUMNS, "audio") if (p := column_problem(schema, c))]
+            if wrong:
+                skip(file, file, f"{file}: {wrong[0]}", "re-create it (sedsynth shards, or download it again)")
+                continue
+            no_audio = rows_without_audio(pf)
+            rows = pf.read(columns=META_COLUMNS).to_pylist()
+        positions = set()
+        for k, row in enumerate(rows):
+            problem = "the audio cell has no bytes" if k in no_audio else row_problem(row)
+            if problem:
+                skip(file, str(row["id"]), f"row {k} of {file} (id {row['id']}): {problem}",
+                     "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)")
+                continue
             i = row["id"]
+            positions.add(k)
             ids.append(i)
             durations[i], captions[i], phrases[i] = float(row["duration_s"]), row["caption"], row["phrases"]
+        kept_files.append(file)
+        kept.append(frozenset(positions))
+    if skips:
+        print(f"evaluate: {len(skips)} rows or files of the {split} split under {path} skipped; every metric leaves them out",
+              file=sys.stderr)
+    if not ids:
+        raise ValueError(f"evaluate: no usable rows in the {split} split under {path}; check it with `sedsynth validate`")
     if len(set(ids)) != len(ids):
         raise ValueError(f"evaluate: the {split} split under {path} repeats clip ids; rebuild it with `sedsynth shards`")
-    return ShardSplit(tuple(files), tuple(ids), durations, captions, phrases)
+    return ShardSplit(tuple(kept_files), tuple(ids), durations, captions, phrases, tuple(kept), tuple(skips))
 
 
 @dataclass(frozen=True)
@@ -94,7 +172,7 @@ def event_clips(clip_dir: str | Path, split: ShardSplit) -> EventClips:
     manifest = clip_dir / "manifest.parquet"
     if not manifest.exists():
         raise FileNotFoundError(f"evaluate: no clip manifest at {manifest}; run `sedsynth clip` or set evaluate.event_clips: null")
-    used = {c for ps in split.phrases.values() for p in ps for c in p["source_clip_ids"]}
+    used = {c for ps in split.phrases.values() for p in ps for c in p.get("source_clip_ids") or []}
     table = pq.read_table(manifest, columns=["clip_id", "audio_path", "label"]).to_pylist()
     rows = sorted((r for r in table if r["clip_id"] in used), key=lambda r: r["clip_id"])
     return EventClips({r["clip_id"]: str(clip_dir / r["audio_path"]) for r in rows}, {r["clip_id"]: r["label"] for r in rows})
