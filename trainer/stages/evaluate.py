@@ -235,7 +235,7 @@ def run(params) -> dict:
     models = detectors(e, params.seed)
     threshold, source, stored = collar_threshold(e)
     e = replace(e, f1_threshold=threshold)
-    skips: list[Skip] = []
+    skips: list[Skip] = list(split.skips)  # the split's bad rows and shards, each with its reason
     summary: dict = {"test": {}, "benchmarks": {}}
     extras: dict = {}
     with staged_dir(out / "details") as details, staged_dir(out / "plots") as plot_dir:
