@@ -42,6 +42,8 @@ from typing import Literal, Protocol
 import torch
 from torch import nn
 
+from trainer.text import MAX_CHARS_PER_TOKEN
+
 PARALLEL_RATIO = 0.75  # CapPa: share of parallel-prediction examples
 Decoding = Literal["autoregressive", "parallel", "alternate"]
 
@@ -163,8 +165,11 @@ class PretrainedTokens:
 
 def encode_captions(tokenizer: Tokenizer, captions: list[str], max_tokens: int) -> torch.Tensor:
     """Captions -> ``(B, S)`` long ``[BOS] ids [EOS] [PAD]..``; S is the longest row, at most
-    ``max_tokens + 1`` (captions are cut to ``max_tokens - 1`` ids so that EOS is kept)."""
-    rows = [[tokenizer.bos_id, *tokenizer.encode(c)[: max_tokens - 1], tokenizer.eos_id] for c in captions]
+    ``max_tokens + 1`` (captions are cut to ``max_tokens - 1`` ids so that EOS is kept; the text
+    first to ``max_tokens * MAX_CHARS_PER_TOKEN`` characters, so a caption of megabytes costs
+    bounded memory)."""
+    chars = max_tokens * MAX_CHARS_PER_TOKEN
+    rows = [[tokenizer.bos_id, *tokenizer.encode(c[:chars])[: max_tokens - 1], tokenizer.eos_id] for c in captions]
     out = torch.full((len(rows), max(len(r) for r in rows)), tokenizer.pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r)

@@ -60,6 +60,15 @@ def test_encode_captions_adds_bos_eos_and_pads():
     assert cut.shape == (1, 5) and cut[0, -1] == vocab.eos_id
 
 
+def test_a_caption_of_megabytes_reaches_the_tokenizer_cut_to_a_bound():
+    vocab = WordVocabulary.build(CAPTIONS)
+    seen: list[int] = []
+    encode = vocab.encode
+    vocab.encode = lambda text: seen.append(len(text)) or encode(text)
+    tokens = encode_captions(vocab, ["a dog barks " * 400_000], max_tokens=16)
+    assert tokens.shape == (1, 17) and seen and max(seen) <= 16 * 64
+
+
 def test_pretrained_tokens_wraps_a_hugging_face_tokenizer():
     class Fake:  # the attributes and calls of a BERT tokenizer that the wrapper uses
         bos_token_id = eos_token_id = None
