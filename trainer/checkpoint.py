@@ -3,7 +3,10 @@
 A checkpoint is one ``torch.save`` file: the trainable model weights (a frozen text encoder is
 left out; it is rebuilt from its name), the optimizer, the scheduler, the step, the epoch and
 the batches done in it, torch's RNG state, and the resolved ``train`` config. It is written to
-a temporary name and renamed, so a crash never leaves a half-written ``latest.pt``. Everything
+a temporary name, flushed to disk and renamed, so a crash never leaves a half-written ``latest.pt``
+(:func:`write_torch_file`). A temporary is removed when its write fails or is interrupted; one left
+by a killed writer (kill -9, a lost node) is removed by the next run, which calls
+:func:`remove_stale_temporaries` on its checkpoint folder before it writes. Everything
 in it is a plain container (dict, list, tuple, str, number, None) or a tensor, so it reads back
 under ``weights_only=True``. After training, :func:`store_entry` adds plain-data entries (the
 ``calibration``: the detection threshold chosen on the held-out split) to a written checkpoint,
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import secrets
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -148,12 +152,66 @@ def store_entry(path: str | Path, key: str, value: Any) -> None:
     write_torch_file(path, state)
 
 
+# ``.<name>.<pid>.<16 hex digits>.tmp``, the form of ``pipeline.outputs.write_atomic``'s temporaries
+# (so its sweep of a folder also removes these), and the ``.<name>.tmp-<pid>`` of earlier versions.
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{16}\.tmp$|^\..+\.tmp-(\d+)$")
+_WRITING: set[str] = set()  # names of the temporaries this process is writing now
+
+
 def write_torch_file(path: Path, state: dict) -> None:
-    """``torch.save`` ``state`` to ``path`` through a temporary name and a rename (parent folders made)."""
+    """``torch.save`` ``state`` to ``path`` through a temporary name and a rename (parent folders made).
+
+    The temporary is fsynced before the rename and the folder after it, so after a power loss
+    ``path`` holds either the old file or the whole new one. The temporary is removed when the
+    write fails or is interrupted (Ctrl-C, SIGTERM).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    _WRITING.add(tmp.name)
+    try:
+        with open(tmp, "xb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _WRITING.discard(tmp.name)
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (a no-op where folders cannot be opened, as on Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems (network mounts) refuse to fsync a folder; the rename stands
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the checkpoint temporaries in ``folder`` that no running writer owns: those of
+    processes that are gone, and those carrying this process's id that it is not writing (a
+    killed run whose id the restarted job was given again). Returns the removed paths."""
+    import psutil
+
+    removed = []
+    for tmp in sorted(Path(folder).glob(".*")):
+        m = _TEMPORARY.match(tmp.name)
+        if not m or not tmp.is_file():
+            continue
+        pid = int(m.group(1) or m.group(2))
+        if (pid == os.getpid() and tmp.name not in _WRITING) or (pid != os.getpid() and not psutil.pid_exists(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
 
 
 def plain(value: Any) -> Any:
