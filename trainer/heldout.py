@@ -5,6 +5,9 @@ Input: the objective and a loader over a held-out split (fixed crops and negativ
 phrase, positives against negatives, over all frames), and audio->caption / caption->audio
 recall@1 within the split. Scores for the untrained model come from the same function at
 epoch 0, so the gain is visible in ``valid_log.csv``.
+
+Each batch is scored on its own, never gathered across DDP ranks: under DDP one rank scores
+the whole split while the others wait, and its numbers are those of a single process.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ def score(objective, loader, device, autocast) -> dict[str, float]:
         batch = batch.to(device)
         with autocast():
             e = objective.model(batch.wave, batch.captions, batch.phrases)
-            terms = objective.terms(e, batch)
+            terms = objective.terms(e, batch, across_ranks=False)  # the other ranks are not scoring
         for k, v in terms.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         batches += 1

@@ -10,6 +10,11 @@ cross-attends to the encoder's frames and predicts the batch's decoder targets
 ``lambda_cap`` (Cacophony Eq. 3: ``L = L_con + lambda_cap * L_cap``). The decoder's weights are part
 of the objective's state, so checkpoints carry them with the model; a word vocabulary is set
 after the training texts are read (:meth:`Objective.use_caption_vocabulary`).
+
+Under DDP the contrastive, frame, region and prior terms see the global batch (see
+:mod:`trainer.losses`); the caption term is each rank's own token mean, averaged over ranks.
+:meth:`Objective.unused_parameters` names the trainable weights no term reaches with the chosen
+weights (an ablation's idle head), which DDP must be told about.
 """
 
 from __future__ import annotations
@@ -60,8 +65,27 @@ class Objective(nn.Module):
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
         return self.terms(self.model(batch.wave, batch.captions, batch.phrases), batch)
 
-    def terms(self, e: Embeddings, batch: Batch) -> dict[str, torch.Tensor]:
-        """The loss terms (float32 scalars) for embeddings ``e`` of ``batch``.
+    def unused_parameters(self) -> list[str]:
+        """Names of trainable parameters that no loss term reaches, for DDP's ``find_unused_parameters``
+        (DDP stops at the second step when a parameter it waits for gets no gradient): the clip projector without the clip loss, the frame adapter
+        without frame and region losses, the frame loss's own ``t'`` and ``b'`` with per-text
+        logits (FLAM), and the per-text MLPs without the frame loss. Every other parameter
+        reaches the loss on every batch (a loss with nothing to score returns a zero that still
+        depends on its parameters)."""
+        idle: list[nn.Module] = []
+        m = self.model
+        if self.clip_loss is None and m.local is not None:
+            idle.append(m.global_proj)
+        if self.frame_loss is None and self.region_loss is None and m.local is not None:
+            idle.append(m.local)
+        if m.per_text is not None:
+            idle.append(self.frame_loss if self.frame_loss is not None else m.per_text)
+        ids = {id(p) for module in idle for p in module.parameters()}
+        return [name for name, p in self.named_parameters() if p.requires_grad and id(p) in ids]
+
+    def terms(self, e: Embeddings, batch: Batch, across_ranks: bool = True) -> dict[str, torch.Tensor]:
+        """The loss terms (float32 scalars) for embeddings ``e`` of ``batch``; ``across_ranks``: under
+        DDP, over the global batch (False: ``batch`` alone, as a held-out batch is scored).
 
         They are computed in float32 even under autocast: in bf16 a logit ``t * cos + b`` with
         t = 10 is off by up to 0.04 and the summed loss keeps 3 significant digits; the losses
@@ -69,7 +93,7 @@ class Objective(nn.Module):
         under the caller's autocast, its cross-entropy in float32.
         """
         with torch.autocast(e.clip.device.type, enabled=False):
-            terms = self._terms(_float32(e), batch)
+            terms = self._terms(_float32(e), batch, across_ranks)
         if self.captioner is not None:
             terms["caption"] = self.caption_term(e.encoder_frames, batch.target_captions)
             terms["loss"] = terms["loss"] + self.p.caption_weight * terms["caption"]
@@ -85,19 +109,19 @@ class Objective(nn.Module):
         features = encoder_frames.repeat_interleave(counts, dim=0)  # (sum k, L, D)
         return caption_loss(self.captioner, features, tokens)
 
-    def _terms(self, e: Embeddings, batch: Batch) -> dict[str, torch.Tensor]:
+    def _terms(self, e: Embeddings, batch: Batch, across_ranks: bool) -> dict[str, torch.Tensor]:
         terms: dict[str, torch.Tensor] = {}
         total = e.clip.new_zeros(())
         if self.clip_loss is not None:
-            terms |= self.clip_loss(e.clip, e.caption)
+            terms |= self.clip_loss(e.clip, e.caption, across_ranks)
             total = total + self.p.clip_weight * terms["clip"]
         if self.frame_loss is not None:
-            terms |= self.frame_loss(e.frames, e.phrases, batch.labels, batch.mask, e.phrase_scale, e.phrase_bias)
+            terms |= self.frame_loss(e.frames, e.phrases, batch.labels, batch.mask, e.phrase_scale, e.phrase_bias, across_ranks)
             total = total + self.p.frame_weight * terms["frame"]
         if self.region_loss is not None:
-            terms |= self.region_loss(e.frames, e.phrases, batch.labels, batch.mask)
+            terms |= self.region_loss(e.frames, e.phrases, batch.labels, batch.mask, across_ranks)
             total = total + self.p.region_weight * terms["region"]
         if self.prior_loss is not None:
-            terms |= self.prior_loss(batch.phrases, batch.labels, batch.mask, e.phrase_bias, batch.has_frames)
+            terms |= self.prior_loss(batch.phrases, batch.labels, batch.mask, e.phrase_bias, batch.has_frames, across_ranks)
             total = total + self.p.prior_weight * terms["prior"]
         return {"loss": total, **terms}
