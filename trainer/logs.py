@@ -1,7 +1,8 @@
 """Training logs as DVC reads them: CSV plot files written whole (atomically), and a picture.
 
 ``CsvLog`` keeps its rows in memory and rewrites the file on ``flush``; on resume it drops the
-rows after the checkpoint's step, so the curves never show a step twice.
+rows after the checkpoint (training rows by step, held-out rows by epoch), so the curves never
+show a step or an epoch twice.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class CsvLog:
     def add(self, row: dict) -> None:
         self.rows.append(row)
 
-    def keep_until(self, step: int) -> None:
-        self.rows = [r for r in self.rows if r.get("step", 0) <= step]
+    def keep_until(self, value: int, key: str = "step") -> None:
+        """Keep the rows whose ``key`` column is at most ``value`` (a row without it is kept)."""
+        self.rows = [r for r in self.rows if r.get(key, 0) <= value]
 
     def flush(self) -> None:
         columns: list[str] = []

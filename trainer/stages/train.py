@@ -13,6 +13,12 @@ chosen on the held-out split with ``best.pt``, also stored in both checkpoints),
 ``torchrun --nproc_per_node=8 -m sedsynth train``; a rerun resumes from ``latest.pt`` when its config
 matches.
 
+A run is ``train.optim.epochs`` epochs (each epoch's deal of the data sets its length), or exactly
+``train.optim.max_steps`` optimizer steps when that is set. Under DDP rank 0 scores the held-out split
+and writes every file while the other ranks wait. The logs on disk always cover ``latest.pt``
+(they are written before it), so a run killed at any point and rerun ends with the logs and
+``metrics.json`` of a run that was never stopped.
+
 Two options of Cacophony's stage 2 (both off by default): ``train.loss.caption_weight > 0`` trains a
 captioning decoder beside the contrastive and frame losses (logged term ``caption``; its weights are
 in the checkpoints with the model, and a word vocabulary built from the training texts is stored as
@@ -34,6 +40,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline.outputs import write_json
+from pipeline.schema import Skip
 from trainer import checkpoint, distributed
 from trainer.captioner import CAPTION_VOCABULARY, fixed_size_vocabulary
 from trainer.config import TrainParams, current_train_section
@@ -64,19 +71,31 @@ def improves(scores: dict, best: dict, key: str) -> bool:
 
 def run(params, out_dir: Path | None = None) -> dict:
     """Train as ``params.train`` says, into ``out_dir`` (default ``train.out_dir``); returns the
-    summary written to ``metrics.json`` (``{}`` on DDP ranks other than 0)."""
-    setup = set_up(params, Path(out_dir or params.train.out_dir))
+    summary written to ``metrics.json`` (``{}`` on DDP ranks other than 0). The process leaves
+    the DDP process group however it ends, Ctrl-C and SIGTERM included (:func:`distributed.teardown`)."""
+    world = distributed.setup(params.train.device)
+    try:
+        return train(params, world, Path(out_dir or params.train.out_dir))
+    finally:
+        distributed.teardown(world)
+
+
+def train(params, world: distributed.World, out: Path) -> dict:
+    """:func:`run`'s training, as this rank of DDP ``world`` (a world of one without torchrun)."""
+    setup = set_up(params, world, out)
 
     # start, or resume where latest.pt stopped
     # step: optimizer steps taken; micro_batches_done: in this epoch; best: the best held-out scores so far
     step, epoch, micro_batches_done, best = start_or_resume(setup.latest, setup.train.resume, setup.config, setup.objective,
                                                             setup.optimizer, setup.scheduler)
-    ddp = torch.nn.parallel.DistributedDataParallel(setup.objective) if setup.world.size > 1 else setup.objective
-    logs = start_logs(setup, step)
+    ddp = setup.objective
+    if world.size > 1:  # an ablation's idle head gets no gradient: DDP must not wait for it
+        ddp = torch.nn.parallel.DistributedDataParallel(setup.objective, find_unused_parameters=bool(setup.objective.unused_parameters()))
+    logs = start_logs(setup, step, epoch)
 
     # the epoch loop: micro-batches of batch_size clips, an optimizer step every grad_accum of them, then
     # held-out scores and checkpoints (max_steps can stop it mid-epoch)
-    while step < setup.total_steps:
+    while not setup.finished(step, epoch):
         step, micro_batches_done, data_ended = train_epoch(setup, ddp, logs, step, epoch, micro_batches_done, best)
         best = end_epoch(setup, logs, step, epoch, micro_batches_done, data_ended, best)
         epoch, micro_batches_done = epoch + 1, 0
@@ -84,22 +103,22 @@ def run(params, out_dir: Path | None = None) -> dict:
     # the end of the run: metrics.json and curves.png
     logs.progress.close()
     summary = {}
-    if setup.world.main:
+    if world.main:
         valid_rows = logs.valid.rows
-        summary = {"steps": step, "epochs": epoch, "train_clips_per_s": logs.clips_per_s(setup.world.size),
+        summary = {"steps": step, "epochs": epoch, "train_clips_per_s": logs.clips_per_s(world.size),
                    **({"passes_per_step": setup.passes} if setup.passes > 1 else {}),
-                   "final": valid_rows[-1] if valid_rows else {}, "untrained": valid_rows[0] if valid_rows else {},
+                   "final": valid_rows[-1] if valid_rows else {},
+                   "untrained": next((r for r in valid_rows if r["epoch"] == 0), {}),
                    "best": best, "skipped": len(logs.skipped_items),
                    "source_shares": source_shares(setup.train.data.sources, logs.clips_by_source)} | calibrate(params, setup)
         write_json(setup.out / "metrics.json", summary)
         plot_curves(logs.train.rows, valid_rows, setup.out / "curves.png")
-    distributed.teardown(setup.world)
     return summary
 
 
 def source_shares(sources, clips_by_source: collections.Counter) -> dict[str, dict]:
     """``source<i>`` per ``train.data.sources`` entry (config.json names it): its share of the weights
-    and of the clips this rank trained on in this process (they match up to rounding)."""
+    and of the clips rank 0 trained on in the run, a resume's included (they match up to rounding)."""
     total, weights = max(1, sum(clips_by_source.values())), sum(s.weight for s in sources)
     return {f"source{i}": {"weight_share": round(s.weight / weights, 4), "clip_share": round(clips_by_source[i] / total, 4)}
             for i, s in enumerate(sources)}
@@ -119,7 +138,6 @@ class Setup:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     autocast: Callable[[], contextlib.AbstractContextManager]
-    steps_per_epoch: int  # optimizer steps every rank takes in one epoch
     total_steps: int  # optimizer steps of the whole run
     config: dict  # what checkpoints record, see :func:`config_of`
     out: Path
@@ -133,12 +151,23 @@ class Setup:
     def best_path(self) -> Path:
         return self.out / "checkpoints" / "best.pt"
 
+    def steps_in_epoch(self, epoch: int) -> int:
+        """Optimizer steps every rank takes in ``epoch`` (see :func:`optimizer_steps_in_epoch`)."""
+        d = self.train.data
+        return optimizer_steps_in_epoch(self.stream, epoch, self.world.size, d.num_workers, d.batch_size, self.train.optim.grad_accum)
 
-def set_up(params, out: Path) -> Setup:
-    """Join the DDP world (if any) and build the model, objective, data, optimizer and schedule of
-    ``params.train``; the initial weights come from ``params.seed``, the same on every rank."""
+    def finished(self, step: int, epoch: int) -> bool:
+        """Whether the run is over after ``step`` optimizer steps, at the start of ``epoch``: at
+        ``max_steps`` when it is set, else after ``epochs`` epochs."""
+        if self.train.optim.max_steps:
+            return step >= self.total_steps
+        return epoch >= self.train.optim.epochs
+
+
+def set_up(params, world: distributed.World, out: Path) -> Setup:
+    """Build the model, objective, data, optimizer and schedule of ``params.train`` for this rank of
+    ``world``; the initial weights come from ``params.seed``, the same on every rank."""
     t = params.train
-    world = distributed.setup(t.device)
     if t.threads:
         torch.set_num_threads(t.threads)
     torch.manual_seed(params.seed)  # the same initial weights on every rank
@@ -154,8 +183,11 @@ def set_up(params, out: Path) -> Setup:
     batch_size, grad_accum = t.data.batch_size, t.optim.grad_accum
     loader = DataLoader(stream, batch_size=batch_size, num_workers=t.data.num_workers, collate_fn=collate, drop_last=True,
                         pin_memory=world.device.type == "cuda", persistent_workers=False)
-    steps_per_epoch = optimizer_steps_per_epoch(stream, world.size, t.data.num_workers, batch_size, grad_accum)
-    total_steps = t.optim.max_steps or steps_per_epoch * t.optim.epochs
+    # the schedule spans the run: max_steps, or the sum of the epochs' lengths (each epoch deals the
+    # data afresh, and its workers each drop a partial batch, so lengths differ from epoch to epoch)
+    epochs = 1 if t.optim.max_steps else t.optim.epochs
+    steps = [optimizer_steps_in_epoch(stream, e, world.size, t.data.num_workers, batch_size, grad_accum) for e in range(epochs)]
+    total_steps = t.optim.max_steps or sum(steps)
     optimizer = optimizer_for(objective, t.optim)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, total_steps))
     valid_loader = None
@@ -164,7 +196,7 @@ def set_up(params, out: Path) -> Setup:
                                   num_workers=0, collate_fn=collate)
     config = config_of(params, data_fingerprint(stream), vocabulary.as_dict() if vocabulary is not None else None)
     return Setup(params.seed, t, world, objective, stream, loader, valid_loader, optimizer, scheduler,
-                 autocast_for(t.precision, world.device), steps_per_epoch, total_steps, config, out, passes_per_step(optimizer))
+                 autocast_for(t.precision, world.device), total_steps, config, out, passes_per_step(optimizer))
 
 
 @dataclasses.dataclass
@@ -192,17 +224,47 @@ class Logs:
         return {"clips_per_s": clips} | ({"passes_per_step": passes, "clip_passes_per_s": clips * passes} if passes > 1 else {})
 
 
-def start_logs(setup: Setup, step: int) -> Logs:
-    """The logs from ``step`` on (:func:`open_logs`); rank 0 also writes ``config.json`` and
-    ``skipped.csv`` and, at step 0, adds the untrained model's held-out scores as epoch 0."""
-    train_log, valid_log = open_logs(setup.out, step)
+def start_logs(setup: Setup, step: int, epoch: int) -> Logs:
+    """The logs of a run at ``step`` in ``epoch`` (:func:`open_logs`). Rank 0 also removes checkpoint
+    temporaries a killed run left, writes ``config.json`` and ``skipped.csv``, on a resume takes
+    back the counts ``latest.pt`` carries (:func:`progress_record`) and, at step 0, adds the untrained
+    model's held-out scores as epoch 0 while the other ranks wait."""
+    train_log, valid_log = open_logs(setup.out, step, epoch)
+    logs = Logs(train_log, valid_log, step_progress("train", setup.total_steps, step, disable=not setup.world.main),
+                skipped_items=list(setup.stream.skips))
     if setup.world.main:
+        removed = checkpoint.remove_stale_temporaries(setup.latest.parent) if setup.latest.parent.is_dir() else []
+        if removed:
+            print(f"train: removed {len(removed)} checkpoint temporaries a stopped run left in {setup.latest.parent}")
         write_json(setup.out / "config.json", setup.config)
-        write_skips(setup.out / "skipped.csv", setup.stream.skips)
+        if step:
+            saved = checkpoint.read_entry(setup.latest, "metrics", "train") or {}
+            logs.clips_by_source.update({int(k): n for k, n in saved.get("clips_by_source", {}).items()})
+            logs.skipped_items += [Skip(*row) for row in saved.get("batch_skips", [])]
+        write_skips(setup.out / "skipped.csv", logs.skipped_items)
         if step == 0 and setup.valid_loader is not None:
             untrained = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
             valid_log.add({"epoch": 0, "step": 0, **untrained, "wall_s": 0.0})
-    return Logs(train_log, valid_log, step_progress("train", setup.total_steps, step, disable=not setup.world.main), skipped_items=list(setup.stream.skips))
+    distributed.barrier(setup.world)
+    return logs
+
+
+def progress_record(setup: Setup, logs: Logs, best: dict) -> dict:
+    """What ``latest.pt`` records of the run besides its position: the best held-out scores, and
+    rank 0's clips per source and rows skipped within batches so far, so that a resumed run
+    reports the whole run."""
+    return {"best": best, "clips_by_source": dict(logs.clips_by_source),
+            "batch_skips": [dataclasses.astuple(s) for s in logs.skipped_items[len(setup.stream.skips):]]}
+
+
+def save_latest(setup: Setup, logs: Logs, step: int, resume_at: tuple[int, int], best: dict) -> None:
+    """Rank 0: write both logs and ``skipped.csv``, then ``latest.pt`` with ``resume_at`` (epoch,
+    micro-batches done in it). The logs go first, so those on disk always cover the checkpoint (a
+    resume drops their rows past it)."""
+    logs.train.flush(), logs.valid.flush()
+    write_skips(setup.out / "skipped.csv", logs.skipped_items)
+    checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, *resume_at, setup.config,
+                    progress_record(setup, logs, best))
 
 
 def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batches_done: int,
@@ -211,9 +273,9 @@ def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batc
     runs out on some rank or ``setup.total_steps`` optimizer steps are taken.
 
     ``ddp`` is ``setup.objective``, wrapped for DDP when there are several ranks. Every micro-batch adds
-    its gradient; every ``grad_accum``-th ends in an optimizer step. Rank 0 saves ``latest.pt``
-    (recording ``best``) every ``checkpoint_every_steps`` and adds a ``train_log`` row every
-    ``log_every_steps``. ``logs`` gains the clips seen and the skipped rows. Returns ``(step,
+    its gradient; every ``grad_accum``-th ends in an optimizer step. Rank 0 adds a ``train_log`` row
+    every ``log_every_steps`` and saves ``latest.pt`` (recording ``best``) every
+    ``checkpoint_every_steps``, after that step's row. ``logs`` gains the clips seen and the skipped rows. Returns ``(step,
     micro_batches_done, data_ended)``: optimizer steps taken in the run, micro-batches done in
     this epoch, and whether the data ran out.
 
@@ -255,13 +317,11 @@ def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batc
         logs.progress.update(1)
         logs.progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")},
                                   refresh=False)
-        if world.main and t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
-            checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, epoch, micro_batches_done,
-                            setup.config, {"best": best})
-            logs.train.flush()
         if world.main and (step % t.log_every_steps == 0 or step == setup.total_steps):
             logs.train.add({"step": step, "epoch": epoch, "lr": setup.scheduler.get_last_lr()[0],
                             **logs.throughput(world.size, setup.passes), **{k: float(v.detach()) for k, v in terms.items()}})
+        if world.main and t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
+            save_latest(setup, logs, step, (epoch, micro_batches_done), best)
     return step, micro_batches_done, False
 
 
@@ -298,16 +358,17 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
     """Close ``epoch`` after :func:`train_epoch` returned ``(step, micro_batches_done, data_ended)``.
 
     Rank 0 adds the held-out scores as epoch ``epoch + 1`` to ``valid_log``, saves ``best.pt`` when
-    they beat ``best`` on ``train.best_by`` (and ``epochNNN.pt`` with ``keep_epoch_checkpoints``), and ``latest.pt`` with the resume point: the next epoch when this one
-    finished, else (``max_steps`` stopped it) this epoch and its micro-batches done. Then it
-    writes both logs and ``skipped.csv``; every rank waits for it. Returns the best scores so far.
+    they beat ``best`` on ``train.best_by`` (and ``epochNNN.pt`` with ``keep_epoch_checkpoints``), then
+    (:func:`save_latest`) both logs, ``skipped.csv`` and ``latest.pt`` with the resume point: the next
+    epoch when this one finished, else (``max_steps`` stopped it) this epoch and its micro-batches
+    done. Every rank waits for it. Returns the best scores so far.
     """
-    epoch_finished = data_ended or micro_batches_done >= setup.steps_per_epoch * setup.train.optim.grad_accum
-    resume_at = (epoch + 1, 0) if epoch_finished else (epoch, micro_batches_done)
     epochs_done = epoch + 1
     if setup.world.main:
+        epoch_finished = data_ended or micro_batches_done >= setup.steps_in_epoch(epoch) * setup.train.optim.grad_accum
+        resume_at = (epoch + 1, 0) if epoch_finished else (epoch, micro_batches_done)
         scores = {}
-        if setup.valid_loader is not None:
+        if setup.valid_loader is not None:  # on this rank alone: the others wait at the barrier below
             scores = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
         logs.valid.add({"epoch": epochs_done, "step": step, **scores, "wall_s": round(time.perf_counter() - logs.started, 1)})
         if improves(scores, best, setup.train.best_by):
@@ -316,10 +377,7 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
         if setup.train.keep_epoch_checkpoints and epoch_finished:
             checkpoint.save(setup.out / "checkpoints" / f"epoch{epochs_done:03d}.pt", setup.objective, None, None, step,
                             epochs_done, 0, setup.config, {"scores": scores})
-        checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, *resume_at, setup.config,
-                        {"best": best})
-        logs.train.flush(), logs.valid.flush()
-        write_skips(setup.out / "skipped.csv", logs.skipped_items)
+        save_latest(setup, logs, step, resume_at, best)
     distributed.barrier(setup.world)
     return best
 
@@ -364,26 +422,30 @@ def start_or_resume(latest: Path, resume: bool, config: dict, objective, optimiz
     return state["step"], state["epoch"], state["batches_in_epoch"], state["metrics"].get("best", dict(NO_SCORES))
 
 
-def open_logs(out: Path, step: int) -> tuple[CsvLog, CsvLog]:
-    """``train_log.csv`` and ``valid_log.csv`` in ``out`` with their rows up to ``step``: none when
-    starting over, so the curves never show a step twice."""
-    logs = CsvLog(out / "train_log.csv"), CsvLog(out / "valid_log.csv")
-    for log in logs:
-        if step:
-            log.keep_until(step)
-        else:
-            log.rows = []
-    return logs
+def open_logs(out: Path, step: int, epoch: int) -> tuple[CsvLog, CsvLog]:
+    """``train_log.csv`` and ``valid_log.csv`` in ``out`` as they were at a checkpoint at ``step`` in
+    ``epoch``: training rows up to ``step`` and held-out rows up to ``epoch`` epochs done (a row of
+    the epoch being resumed is scored again at its end); none when starting over. So the curves
+    never show a step or an epoch twice."""
+    train_log, valid_log = CsvLog(out / "train_log.csv"), CsvLog(out / "valid_log.csv")
+    if step:
+        train_log.keep_until(step)
+        valid_log.keep_until(epoch, key="epoch")
+    else:
+        train_log.rows, valid_log.rows = [], []
+    return train_log, valid_log
 
 
-def optimizer_steps_per_epoch(stream: TrainStream, world_size: int, num_workers: int, batch_size: int, grad_accum: int) -> int:
-    """Optimizer steps every rank takes in one epoch of ``stream`` (each DataLoader worker drops
-    its last partial batch); raises ValueError when an epoch holds not even one."""
+def optimizer_steps_in_epoch(stream: TrainStream, epoch: int, world_size: int, num_workers: int, batch_size: int, grad_accum: int) -> int:
+    """Optimizer steps every rank takes in ``epoch`` of ``stream`` (its deal for that epoch; each
+    DataLoader worker drops its last partial batch). Leaves ``stream`` set to ``epoch``. Raises
+    ValueError when the epoch holds not even one step."""
     workers = max(1, num_workers)
+    stream.set_epoch(epoch)
     steps = stream.rows_per_worker(world_size * workers) // batch_size * workers // grad_accum
     if steps == 0:
-        raise ValueError(f"train: an epoch has fewer than batch_size x grad_accum = {batch_size * grad_accum} clips per rank; "
-                         "lower train.data.batch_size or add data")
+        raise ValueError(f"train: epoch {epoch} has fewer than batch_size x grad_accum = {batch_size * grad_accum} clips per rank and "
+                         "loader worker; lower train.data.batch_size or train.data.num_workers, or add data")
     return steps
 
 
