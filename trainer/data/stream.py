@@ -304,8 +304,9 @@ class TrainStream(IterableDataset):
         rng = np.random.default_rng([self.seed, self.epoch, me, 0xB0F])
         buffer: list[tuple[int, dict]] = []
         skips: list[Skip] = []
-        # The last batch_size items made are held back: skips found after the last item then ride on the
-        # last item of the last full batch, which a drop_last DataLoader keeps (a shorter tail it drops).
+        # The last batch_size items made are held back: skips found after the last item, and those riding
+        # on items of the shorter tail a drop_last DataLoader drops, then move to the last item of the
+        # last full batch, which it keeps.
         held: list[Item] = []
         made, batch = 0, max(1, self.batch_size)
 
@@ -353,9 +354,13 @@ class TrainStream(IterableDataset):
             item = emit(buffer[j])
             if item is not None:
                 yield from hold(item)
-        if held and skips:  # unreadable rows after the last item
+        if held:
             last_full = (made - made % batch) - 1 - (made - len(held))  # its place in held; < 0: no full batch
-            held[last_full if last_full >= 0 else -1].skips += skips
+            keeper = last_full if last_full >= 0 else len(held) - 1
+            tail = held[keeper + 1:]
+            held[keeper].skips += [skip for item in tail for skip in item.skips] + skips  # in the order found
+            for item in tail:
+                item.skips = []
         yield from held
 
 
