@@ -114,7 +114,8 @@ class _PeakRss:
         import psutil
 
         self._me = psutil.Process()
-        self.peak_mib, self.worker_peak_mib, self._stop = _rss_mib(), 0.0, threading.Event()
+        self.start_mib = _rss_mib()
+        self.peak_mib, self.worker_peak_mib, self._stop = self.start_mib, 0.0, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -150,7 +151,7 @@ def _import(params, root: Path, out: Path, workers: int, index, keep_flac: bool 
         summary = write_import(clips, skips, root, out, p, "audioset-strong", index=index)
     wall = time.perf_counter() - t
     listed = summary["inputs"]
-    return {"wall_s": wall, "cpu_s": _cpu_s() - cpu, "peak_rss_mib": rss.peak_mib, "worker_peak_rss_mib": rss.worker_peak_mib, "clips": listed, "workers": workers,
+    return {"wall_s": wall, "cpu_s": _cpu_s() - cpu, "peak_rss_mib": rss.peak_mib, "rss_rise_mib": rss.peak_mib - rss.start_mib, "worker_peak_rss_mib": rss.worker_peak_mib, "clips": listed, "workers": workers,
             "rows": summary["outputs"], "summary": summary, "per_core": listed / wall / workers, "per_cpu_s": listed / (_cpu_s() - cpu)}
 
 

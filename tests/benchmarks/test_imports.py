@@ -41,8 +41,10 @@ def test_per_format_runs_hold_one_format_each(figures):
 
 
 def test_memory_at_the_small_size_is_not_above_the_full_one(figures):
-    small, full = figures["small_run"]["peak_rss_mib"], figures["runs"][1]["peak_rss_mib"]
-    assert 0 < small <= full + MEMORY_MARGIN_MIB
+    # the rise above the memory held when each import starts: what a process of a long test run
+    # already holds (and the allocator keeps after the full run) is not the import's
+    small, full = figures["small_run"], figures["runs"][1]
+    assert small["peak_rss_mib"] > 0 and small["rss_rise_mib"] <= full["rss_rise_mib"] + MEMORY_MARGIN_MIB
 
 
 def test_the_report_states_the_target_per_format(figures, capsys):

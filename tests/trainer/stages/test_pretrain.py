@@ -20,6 +20,7 @@ import torch
 from pipeline.config.params import ParamsError
 from sedsynth.cli import main
 from tests.conftest import ROOT, tiny_train_params
+from trainer import distributed
 from trainer.checkpoint import read_torch_file
 from trainer.config import Params, PretrainParams, load_params
 from trainer.encoders import EncoderError, build_encoder
@@ -146,9 +147,9 @@ def test_training_starts_from_the_pretrained_encoder(pretrained, shard_folder, t
     params, folder = shard_folder
     p = tiny_train_params(params, folder, tmp_path / "train")
     p = replace(p, train=replace(p.train, model=replace(p.train.model, encoder_checkpoint=path)))
-    start = set_up(p, tmp_path / "train").objective.model.encoder.state_dict()  # what the training loop starts from
+    start = set_up(p, distributed.setup("cpu"), tmp_path / "train").objective.model.encoder.state_dict()  # what the training loop starts from
     assert all(torch.equal(start[k], state[k]) for k in state)
-    scratch = set_up(tiny_train_params(params, folder, tmp_path / "scratch"), tmp_path / "scratch").objective.model.encoder.state_dict()
+    scratch = set_up(tiny_train_params(params, folder, tmp_path / "scratch"), distributed.setup("cpu"), tmp_path / "scratch").objective.model.encoder.state_dict()
     assert not all(torch.equal(scratch[k], state[k]) for k in state)
     assert build_model(p.train.model).encoder.state_dict().keys() == state.keys()
 
