@@ -86,6 +86,31 @@ def hub_call(repo_id: str, doing: str, token_env: str) -> Iterator[None]:
                            "(it uploads only what is missing)") from None
 
 
+# every hub request's limits: huggingface_hub sends its requests without any (a hub that takes
+# the connection and never answers would hold publish for ever); a shard upload's writes and the
+# hub's answer after it stay well inside these
+HUB_TIMEOUTS_S = {"connect": 30.0, "read": 120.0, "write": 120.0, "pool": 30.0}
+
+
+def bound_hub_requests(timeouts_s: dict[str, float] | None = None) -> None:
+    """Make huggingface_hub's HTTP client give each request ``timeouts_s`` (default
+    :data:`HUB_TIMEOUTS_S`) wherever it sets none, keeping the hub's own request hooks (offline
+    mode, request ids). A request past a limit then fails as a network error (:func:`hub_call`)."""
+    import httpx2
+    from huggingface_hub import get_session, set_client_factory
+
+    limits = dict(timeouts_s or HUB_TIMEOUTS_S)
+
+    class BoundedTransport(httpx2.HTTPTransport):
+        def handle_request(self, request):
+            given = request.extensions.get("timeout") or {}
+            request.extensions["timeout"] = {k: given.get(k) if given.get(k) is not None else v for k, v in limits.items()}
+            return super().handle_request(request)
+
+    hooks = get_session().event_hooks
+    set_client_factory(lambda: httpx2.Client(transport=BoundedTransport(), event_hooks=hooks, follow_redirects=True))
+
+
 def _index(folder: Path) -> dict:
     return json.loads((folder / INDEX).read_text(encoding="utf-8"))
 
@@ -127,6 +152,7 @@ def publish(folder: Path | str, repo_id: str, token_env: str = "HF_TOKEN", priva
         raise PublishError(f"batch_files is {batch_files!r}: pass a whole number of shards per commit, 1 or more (--batch-files 50)")
     folder = Path(folder)
     validate(folder)
+    bound_hub_requests()
     token = os.environ.get(token_env) or None
     if api is None and (token or not dry_run):
         if not token:

@@ -153,3 +153,22 @@ def test_an_unreadable_local_file_is_not_taken_for_a_hub_error(folder) -> None:
     hub = Hub("upload_folder", PermissionError(13, "Permission denied", str(folder / "README.md")))
     with pytest.raises(PermissionError):  # the command's own handler names the file and what to do
         pub.publish(folder, "me/sed", api=hub)
+
+
+def test_a_hub_that_takes_the_connection_and_never_answers_is_one_line(folder, monkeypatch) -> None:
+    """huggingface_hub sends its requests without a time limit: publish gives each one."""
+    import socket
+    import time
+
+    from huggingface_hub import HfApi
+
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog) and never answers
+    monkeypatch.setattr(pub, "HUB_TIMEOUTS_S", {"connect": 1.0, "read": 1.0, "write": 1.0, "pool": 1.0})
+    try:
+        api = HfApi(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", token="hf_not_a_real_token")
+        start = time.monotonic()
+        with pytest.raises(pub.PublishError, match=r"^publish to me/sed: listing the repo's files failed, the hub did not answer"):
+            pub.publish(folder, "me/sed", api=api)
+        assert time.monotonic() - start < 60
+    finally:
+        listener.close()
