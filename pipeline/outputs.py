@@ -75,13 +75,15 @@ def write_atomic(path: Path, data: bytes) -> None:
 _TEMPORARY = re.compile(r"^\..+\.(?:(\d+)\.[0-9a-f]{16}\.tmp|tmp-(\d+))$")
 
 
-def remove_stale_temporaries(folder: Path, recursive: bool = False) -> list[Path]:
+def remove_stale_temporaries(folder: Path, recursive: bool = False, writing: set[str] | None = None) -> list[Path]:
     """Remove the temporaries in ``folder`` whose writing process is gone.
 
     Temporaries are :func:`write_atomic`'s (``.<name>.<pid>.<random>.tmp``) and the trainer's
     checkpoint writer's (``.<name>.tmp-<pid>``, e.g. ``.latest.pt.tmp-1234``). ``recursive``
     also searches its subfolders. Temporaries of running processes (another writer at work)
-    are kept. Returns the removed paths.
+    are kept. ``writing``: where the caller knows every temporary this process is writing, the
+    names of those; then this process's other temporaries are stale too (a killed run whose
+    id a restarted job was given again). Returns the removed paths.
     """
     import psutil
 
@@ -89,7 +91,11 @@ def remove_stale_temporaries(folder: Path, recursive: bool = False) -> list[Path
     removed = []
     for tmp in found:
         m = _TEMPORARY.match(tmp.name)
-        if m and not psutil.pid_exists(int(m.group(1) or m.group(2))):
+        if not m or not tmp.is_file():
+            continue
+        pid = int(m.group(1) or m.group(2))
+        mine = pid == os.getpid()
+        if (mine and writing is not None and tmp.name not in writing) or (not mine and not psutil.pid_exists(pid)):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed

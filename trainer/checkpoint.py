@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline import outputs
+
 TRAINER_CHECKPOINT = "a checkpoint written by `sedsynth train` (checkpoints/latest.pt or best.pt)"
 # Keys every trainer checkpoint has (optimizer, scheduler, cuda_rng and metrics may be None/empty).
 REQUIRED_KEYS = ("model", "step", "epoch", "batches_in_epoch", "torch_rng", "config")
@@ -152,9 +154,8 @@ def store_entry(path: str | Path, key: str, value: Any) -> None:
     write_torch_file(path, state)
 
 
-# ``.<name>.<pid>.<16 hex digits>.tmp``, the form of ``pipeline.outputs.write_atomic``'s temporaries
-# (so its sweep of a folder also removes these), and the ``.<name>.tmp-<pid>`` of earlier versions.
-_TEMPORARY = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{16}\.tmp$|^\..+\.tmp-(\d+)$")
+# temporaries are named ``.<name>.<pid>.<16 hex digits>.tmp`` like ``pipeline.outputs.write_atomic``'s,
+# so its sweep of a folder also removes these
 _WRITING: set[str] = set()  # names of the temporaries this process is writing now
 
 
@@ -200,18 +201,7 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Remove the checkpoint temporaries in ``folder`` that no running writer owns: those of
     processes that are gone, and those carrying this process's id that it is not writing (a
     killed run whose id the restarted job was given again). Returns the removed paths."""
-    import psutil
-
-    removed = []
-    for tmp in sorted(Path(folder).glob(".*")):
-        m = _TEMPORARY.match(tmp.name)
-        if not m or not tmp.is_file():
-            continue
-        pid = int(m.group(1) or m.group(2))
-        if (pid == os.getpid() and tmp.name not in _WRITING) or (pid != os.getpid() and not psutil.pid_exists(pid)):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
-    return removed
+    return outputs.remove_stale_temporaries(folder, writing=_WRITING)
 
 
 def plain(value: Any) -> Any:
