@@ -15,7 +15,9 @@ segments, max_fpr 0.1, normalised by max_fpr as sed_scores_eval does) from one p
 statistics; collar F1 at one global threshold (200 ms onset collar, offset collar the larger of
 200 ms and 20% of the event; the threshold is chosen on the valid split, see
 :mod:`trainer.evaluation.calibration`). :func:`protocol` writes all of that down beside the
-numbers. :class:`Timer` splits the wall time between sed_scores_eval's own calls and the rest.
+numbers. :func:`confusion` tabulates, class by class, how strongly every query fires on each
+class's ground-truth events. :class:`Timer` splits the wall time between sed_scores_eval's own
+calls and the rest.
 """
 
 from __future__ import annotations
@@ -177,6 +179,30 @@ def event_counts(ground_truth: dict) -> dict[str, int]:
         for *_, c in evs:
             events[c] += 1
     return dict(events)
+
+
+def confusion(ids, timestamps_s, probs, ground_truth: dict, classes) -> tuple[np.ndarray, np.ndarray]:
+    """Class-by-class confusion of frame scores -> ``(matrix (C, C), events (C,))``.
+
+    Inputs: per-clip frame probabilities ``(L, C)`` (one column per class of ``classes``, already
+    median-filtered) on frame edges ``(L+1,)`` seconds, and ground truth ``{clip: [(onset_s,
+    offset_s, class)]}``. Cell ``[t, q]`` is the mean, over the events of true class ``t``, of
+    query ``q``'s peak probability on the frames whose interval overlaps the event (by any amount,
+    so a partly covered frame counts); the diagonal is each class on its own events. ``events``
+    counts the events of each row; a class without events (or whose events miss the frame grid,
+    or events of a class not in ``classes``) leaves a row of NaN.
+    """
+    where = {c: k for k, c in enumerate(classes)}
+    total, events = np.zeros((len(where), len(where))), np.zeros(len(where), dtype=int)
+    for i, t, p in zip(ids, timestamps_s, probs):
+        t = np.asarray(t, dtype=np.float64)
+        for on, off, c in ground_truth.get(i, []):
+            inside = (t[:-1] < off) & (t[1:] > on)
+            if c in where and inside.any():
+                total[where[c]] += np.asarray(p)[inside].max(axis=0)
+                events[where[c]] += 1
+    with np.errstate(invalid="ignore"):
+        return total / events[:, None], events
 
 
 def protocol(classes, clips: int, events: int, frame_hop_s: float, median_filter_frames: int, segment_s: float,

@@ -2,8 +2,11 @@
 
 - :func:`detection_figure`: a clip's spectrogram over one row per query with its frame
   probabilities, the ground-truth segments shaded (when known) and detected events as bars
-  (FineLAP Fig. 4/5). The spectrogram is a :class:`Spectrogram`, built block by block in
-  bounded memory, so audio of any length (one sample to hours) gets a picture.
+  (FineLAP Fig. 4/5); optionally, below them, rows for classes absent from the clip, in grey,
+  so wrong classes firing show. The spectrogram is a :class:`Spectrogram`, built block by block
+  in bounded memory, so audio of any length (one sample to hours) gets a picture.
+  :func:`top_absent` picks those classes.
+- :func:`confusion_figure`: a class-by-class matrix (true class x query class) as a heatmap.
 - :func:`write_curve`: an ROC or PSD-ROC curve as a two-column CSV for ``dvc plots``.
 - :func:`curves_figure`: ROC and PSD-ROC curves of several models in one PNG.
 """
@@ -118,13 +121,23 @@ def frame_envelope(timestamps_s: np.ndarray, probs: np.ndarray, max_steps: int =
     return np.r_[timestamps_s[:-1:group], timestamps_s[-1]], padded.min(axis=1), padded.max(axis=1)
 
 
+def top_absent(probs: np.ndarray, classes, present, n: int = 3) -> list[int]:
+    """Columns of ``probs (L, C)`` (one per class of ``classes``) of the ``n`` classes not in
+    ``present`` whose peak probability is highest, highest first (ties: the earlier column)."""
+    peaks = probs.max(axis=0) if len(probs) else np.zeros(len(classes))
+    return [int(c) for c in np.argsort(-peaks, kind="stable") if classes[c] not in present][:n]
+
+
 def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz: int, timestamps_s: np.ndarray, probs: np.ndarray,
                      queries: list[str], truth: dict[str, list[tuple[float, float]]] | None = None,
-                     events: dict[str, list[tuple[float, float, float]]] | None = None, title: str = "", threshold: float = 0.5) -> None:
+                     events: dict[str, list[tuple[float, float, float]]] | None = None, title: str = "", threshold: float = 0.5,
+                     *, absent: int = 0) -> None:
     """``probs (L, Q)`` on the frame grid ``timestamps_s (L+1,)``; ``truth``/``events`` per query.
 
     ``wave`` is the clip's mono samples or a :class:`Spectrogram` already fed with them (long
-    audio: the samples need not be held).
+    audio: the samples need not be held). The last ``absent`` rows of ``probs``/``queries`` are
+    classes absent from the clip: drawn in grey on a grey ground, labelled "(absent)", without
+    ground truth or event bars.
     """
     if not isinstance(wave, Spectrogram):
         sketch = Spectrogram(sample_rate_hz)
@@ -143,23 +156,54 @@ def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz:
     edges, low, high = frame_envelope(timestamps_s, probs)
     colors = plt.get_cmap("tab10")
     for q, (ax, text) in enumerate(zip(axes[1:], queries)):
-        c = colors(q % 10)
-        for on, off in (truth or {}).get(text, []):
-            ax.axvspan(on, off, color=c, alpha=0.18, lw=0)
-        for on, off, _ in (events or {}).get(text, []):
-            ax.plot([on, off], [1.04, 1.04], color=c, lw=4, solid_capstyle="butt")
+        gone = q >= n - absent
+        c = "0.4" if gone else colors(q % 10)
+        if gone:
+            ax.set_facecolor("0.93")
+        else:
+            for on, off in (truth or {}).get(text, []):
+                ax.axvspan(on, off, color=c, alpha=0.18, lw=0)
+            for on, off, _ in (events or {}).get(text, []):
+                ax.plot([on, off], [1.04, 1.04], color=c, lw=4, solid_capstyle="butt")
         if high is not low:
             ax.stairs(high[:, q], edges, baseline=low[:, q], fill=True, color=c, alpha=0.3, lw=0)
         ax.stairs(high[:, q], edges, baseline=None, color=c, lw=1.4)  # one level per frame (or its group's peak), even for one frame
         ax.axhline(threshold, color="0.6", lw=0.6, ls="--")
         ax.set_ylim(0, 1.1)
         ax.set_yticks([0, 1])
-        ax.text(0.005, 0.92, text, transform=ax.transAxes, fontsize=8, va="top", color="0.1")
+        label, ink = (f"{text} (absent)", c) if gone else (text, "0.1")
+        ax.text(0.005, 0.92, label, transform=ax.transAxes, fontsize=8, va="top", color=ink)
     axes[-1].set_xlabel("time (s)")
     if timestamps_s[-1] > timestamps_s[0]:
         axes[-1].set_xlim(0, float(timestamps_s[-1]))
     if truth is not None and n:
         axes[1].text(0.995, 0.92, "shaded: ground truth", transform=axes[1].transAxes, fontsize=7, ha="right", va="top", color="0.3")
+    fig.tight_layout()
+    save_png(fig, path, dpi=110)
+
+
+CONFUSION_TITLE = ("cell: mean, over the row class's ground-truth events, of the column query's\n"
+                   "peak probability (median-filtered) on the frames overlapping the event")
+
+
+def confusion_figure(path: Path, matrix: np.ndarray, classes: list[str], title: str = CONFUSION_TITLE) -> None:
+    """``matrix (C, C)`` (rows: true class, columns: query class, values in [0, 1]; NaN rows, classes
+    without events, stay blank) -> a heatmap PNG at ``path``: class names on both axes, a colour
+    bar, ``title``, and each cell's value written in it when there are at most 20 classes."""
+    plt = _pyplot()
+    n = len(classes)
+    side = min(3.5 + 0.3 * n, 24)
+    fig, ax = plt.subplots(figsize=(side + 1.5, side))
+    image = ax.imshow(np.ma.masked_invalid(np.asarray(matrix, dtype=float).reshape(n, n)), cmap="viridis", vmin=0, vmax=1)
+    ax.set_xticks(range(n), classes, rotation=90, fontsize=7)
+    ax.set_yticks(range(n), classes, fontsize=7)
+    ax.set(xlabel="query class", ylabel="true class")
+    ax.set_title(title, fontsize=8)
+    fig.colorbar(image, ax=ax, label="mean peak probability")
+    if n <= 20:
+        for (r, q), v in np.ndenumerate(matrix):
+            if np.isfinite(v):
+                ax.text(q, r, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.5 else "k")
     fig.tight_layout()
     save_png(fig, path, dpi=110)
 

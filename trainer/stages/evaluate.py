@@ -24,7 +24,14 @@ Output, under ``evaluate.out_dir``:
   computed on, so ``sed_scores_eval`` recomputes every number from these files), and
   ``per_class_<model>.csv``; ``details/benchmarks/<name>/`` the same per benchmark;
   ``details/pictures/<clip>.png`` (each phrase's median-filtered probabilities, its ground truth
-  shaded, the events found at the F1 threshold as bars); ``details/skipped.csv``.
+  shaded, the events found at the F1 threshold as bars; below them, in grey and marked
+  "(absent)", the 3 classes absent from the clip whose median-filtered class query peaks
+  highest, so wrong classes firing show); ``details/skipped.csv``.
+- ``details/test/confusion_trained.csv`` and ``details/pictures/confusion.png``: the trained
+  model's class-by-class confusion on the split (:func:`metrics.confusion`): row = true class
+  (with its event count), column = query class, cell = the mean over the row class's events of
+  the query's peak median-filtered probability on the frames overlapping the event; diagonal =
+  each class on its own events.
 - ``plots/``: ROC and PSD-ROC curves as CSVs for ``dvc plots`` and ``curves.png``.
 
 Every clip is scored once per model (one forward pass over its windows); every metric reads
@@ -39,6 +46,8 @@ import csv
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.outputs import staged_dir, write_json, write_skips
 from pipeline.schema import Skip
 from trainer.data.sources import SourceError
@@ -52,19 +61,22 @@ from trainer.evaluation.encoder_probes import probe_data, protocol, run_probes
 from trainer.evaluation.scoring import (
     classification_metrics,
     detection,
+    frame_classification_metrics,
     grounding,
     retrieval_metrics,
     score_all,
     subset,
+    zero_shot_classes,
 )
 from trainer.evaluation.testset import ShardSplit, event_clips, read_split
 
 HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
-            "t2a_r1", "t2a_r5", "t2a_r10", "zero_shot_accuracy")
+            "t2a_r1", "t2a_r5", "t2a_r10", "zero_shot_accuracy", "zero_shot_frame_accuracy")
 # the probe figures the report prints and the gain compares: (probe, figure)
 PROBE_HEADLINE = (("clip_mean", "top1_accuracy"), ("clip_mean", "mean_average_precision"), ("clip_attention", "top1_accuracy"),
                   ("clip_attention", "mean_average_precision"), ("frame", "frame_auroc_macro"), ("frame", "segment_f1"))
 NOT_TIMED_AS_METRICS = ("model_scoring", "read_", "probes_", "captions_")  # timing.json: steps outside the metric work
+ABSENT_SHOWN = 3  # absent classes drawn under each picture's own phrases
 
 
 def write_truth(folder: Path, ground_truth: dict, durations_s: dict) -> None:
@@ -100,27 +112,61 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
                        keep_waves=e.pictures if model == "trained" else 0, desc=f"evaluate {model}", total=len(split.ids))
     timer.seconds[f"model_scoring_{model}"] += scored.seconds
     folder = details / "test"
-    result = detection(scored, 0, split.ground_truth(), split.durations_s, classes, e, timer, folder, model, threshold_source)
+    truth_events = split.ground_truth()
+    result = detection(scored, 0, truth_events, split.durations_s, classes, e, timer, folder, model, threshold_source)
     segments = {i: [(p["phrase"], [(s["start_s"], s["end_s"]) for s in p["segments"]]) for p in split.phrases[i]] for i in split.ids}
     out = {k: result[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro")}
     out |= grounding(scored, 1, lambda i: segments[i], timer)
     out |= retrieval_metrics(det, scored, {i: [split.captions[i]] for i in split.ids}, timer)
     if clips is not None and clips.audio:
-        clip_scored = score_all(det, clips.audio.items(), lambda i: [], skips, desc=f"event clips {model}", total=len(clips.audio))
+        zs_classes, zs_queries = zero_shot_classes(clips.labels, queries)
+        zs_vocab = det.vocabulary(zs_queries)
+        clip_scored = score_all(det, clips.audio.items(), lambda i: [zs_vocab], skips, desc=f"event clips {model}", total=len(clips.audio))
         timer.seconds[f"model_scoring_{model}"] += clip_scored.seconds
         out["zero_shot_accuracy"] = classification_metrics(det, clip_scored, clips.labels, queries, timer)["accuracy"]
+        out["zero_shot_frame_accuracy"] = frame_classification_metrics(clip_scored, 0, clips.labels, zs_classes, timer)["accuracy"]
         out["zero_shot_clips"] = len(clip_scored.ids)
     out["clips"] = len(scored.ids)
     if model == "trained":
-        for i, w in scored.waves.items():
-            k = scored.ids.index(i)
-            truth = {phrase: segs for phrase, segs in segments[i]}
-            probs, texts = M.smooth(scored.probs[k][1], e.median_filter_frames), list(own[i].texts)  # as F1 sees them
-            found = {t: events(scored.timestamps_s[k], probs[:, q], e.f1_threshold) for q, t in enumerate(texts)}
-            plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k], probs, texts,
-                                   truth, events=found, title=f"{i}: {split.captions[i]}", threshold=e.f1_threshold)
+        pictures(det, split, scored, own, segments, truth_events, e, details)
+        write_confusion(split.classes, scored, truth_events, e, details)
     curves = {k: result[k] for k in ("roc", "psd_1_roc", "psd_2_roc", "psd_1_class_mean", "psd_2_class_mean")}
     return out, {"curves": curves, "protocol": result["protocol"], "clips_per_s": len(scored.ids) / max(scored.seconds, 1e-9)}
+
+
+def pictures(det: Detector, split: ShardSplit, scored, own: dict, segments: dict, truth_events: dict, e, details: Path) -> None:
+    """``details/pictures/<clip>.png`` for each clip whose wave ``scored`` kept: its own phrases
+    (vocabulary 1, ``own[clip]``; ground truth ``segments[clip]``, events at the F1 threshold) and
+    below them the :data:`ABSENT_SHOWN` classes (vocabulary 0) absent from ``truth_events[clip]``
+    whose peak is highest, all median-filtered as the metrics see them."""
+    classes, queries = split.classes, split.queries()
+    for i, w in scored.waves.items():
+        k = scored.ids.index(i)
+        truth = {phrase: segs for phrase, segs in segments[i]}
+        probs, texts = M.smooth(scored.probs[k][1], e.median_filter_frames), list(own[i].texts)
+        found = {t: events(scored.timestamps_s[k], probs[:, q], e.f1_threshold) for q, t in enumerate(texts)}
+        class_probs = M.smooth(scored.probs[k][0], e.median_filter_frames)
+        gone = plots.top_absent(class_probs, classes, {c for *_, c in truth_events[i]}, ABSENT_SHOWN)
+        rows = np.concatenate([probs, class_probs[:, gone]], axis=1)
+        plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k], rows,
+                               texts + [queries[classes[c]] for c in gone], truth, events=found, title=f"{i}: {split.captions[i]}",
+                               threshold=e.f1_threshold, absent=len(gone))
+
+
+def write_confusion(classes, scored, truth_events: dict, e, details: Path) -> None:
+    """The class-by-class confusion of vocabulary 0 of ``scored`` (one query per class of ``classes``,
+    median-filtered) on ``truth_events`` (:func:`metrics.confusion`) -> ``details/test/confusion_trained.csv``
+    (``true_class``, ``events``, one column per query class) and ``details/pictures/confusion.png``."""
+    classes = list(classes)
+    smoothed = (M.smooth(p[0], e.median_filter_frames) for p in scored.probs)
+    matrix, counts = M.confusion(scored.ids, scored.timestamps_s, smoothed, truth_events, classes)
+    folder = details / "test"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "confusion_trained.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["true_class", "events", *classes])
+        w.writerows([c, int(n), *(f"{v:.6g}" for v in row)] for c, n, row in zip(classes, counts, matrix))
+    plots.confusion_figure(details / "pictures" / "confusion.png", matrix, classes)
 
 
 def evaluate_benchmark(det: Detector, name: str, data, e, details: Path, model: str, timer: M.Timer, skips: list[Skip],

@@ -4,8 +4,8 @@ Detection metrics (PSDS1/2, segment AUROC, collar F1) come from sed_scores_eval;
 check that :mod:`trainer.evaluation.metrics` feeds it the right tables and reads back the right
 numbers (perfect, shifted, constant and inverted scores on a 0.1 s frame grid), and that the
 score files the stage writes let sed_scores_eval recompute PSDS1 exactly. Classification,
-alignment, frame labels, the median filter and the timer are checked against values worked
-out by hand.
+alignment, frame labels, the class-by-class confusion, the median filter and the timer are
+checked against values worked out by hand.
 """
 
 from __future__ import annotations
@@ -229,6 +229,33 @@ def test_smooth_removes_single_frame_spikes_and_keeps_longer_runs():
     np.testing.assert_allclose(M.smooth(q, 3)[:, 0], [0.1, 0.2, 0.8, 0.3, 0.7, 0.7])
     np.testing.assert_array_equal(M.smooth(q, 1), q)
     np.testing.assert_array_equal(M.smooth(p, 0), p)
+
+
+# --------------------------------------------------------------------------- confusion
+
+
+def test_confusion_by_hand_counts_partly_covered_frames():
+    grids = [np.array([0.0, 0.5, 1.0, 1.5, 2.0]), np.array([0.0, 1.0, 2.0])]
+    probs = [np.array([[0.9, 0.2], [0.8, 0.3], [0.1, 0.6], [0.0, 0.4]]),  # clip a: columns dog, car
+             np.array([[0.5, 0.1], [0.2, 0.7]])]  # clip b
+    truth = {
+        "a": [(0.0, 0.7, "dog"),  # frames 0 and 1 (0.2 s of frame 1's 0.5 s): dog 0.9, car 0.3 (from the partial frame)
+              (1.2, 2.0, "car")],  # frames 2 (partly) and 3: dog 0.1, car 0.6
+        "b": [(1.0, 1.5, "dog"),  # frame 1 only (frame 0 ends where it starts): dog 0.2, car 0.7
+              (0.2, 0.4, "bell")],  # not a class of the matrix: left out
+        "c": [(0.0, 1.0, "car")],  # a clip that was not scored
+    }
+    matrix, events = M.confusion(["a", "b"], grids, (p for p in probs), truth, ["dog", "car"])
+    np.testing.assert_allclose(matrix, [[(0.9 + 0.2) / 2, (0.3 + 0.7) / 2], [0.1, 0.6]])
+    assert events.tolist() == [2, 1]
+    # a class without events keeps a row of NaN; its column is still filled
+    only_dog = {i: [ev for ev in evs if ev[2] == "dog"] for i, evs in truth.items()}
+    matrix, events = M.confusion(["a", "b"], grids, probs, only_dog, ["dog", "car"])
+    assert events.tolist() == [2, 0] and np.isnan(matrix[1]).all()
+    np.testing.assert_allclose(matrix[0], [0.55, 0.5])
+    # an event shorter than a frame takes the frame it lies in
+    matrix, _ = M.confusion(["b"], grids[1:], probs[1:], {"b": [(1.2, 1.2, "car")]}, ["dog", "car"])
+    np.testing.assert_allclose(matrix[1], [0.2, 0.7])
 
 
 # --------------------------------------------------------------------------- classification
