@@ -131,7 +131,8 @@ def shard_folder(mixed, tmp_path_factory):
     params, mix_dir, _, _ = mixed
     tmp = tmp_path_factory.mktemp("shard_folder")
     captions.run(params, mix_dir, tmp / "captions")
-    clusters.run(params, tmp / "captions", tmp / "clusters")
+    # the inventory's phrases too: phrases naming several clusters, and the negatives' inventory share, get exercised
+    clusters.run(replace(params, clusters=replace(params.clusters, include_inventory_phrases=True)), tmp / "captions", tmp / "clusters")
     p = replace(params, shards=replace(params.shards, shard_size_mb=1.0, row_group_size_mb=0.4))
     shards(p, mix_dir, tmp / "captions", tmp / "clusters", tmp / "dataset")
     return p, tmp / "dataset"

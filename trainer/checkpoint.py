@@ -128,6 +128,9 @@ def calibration_problem(entry: Any) -> str | None:
     t = entry.get("threshold")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t):
         return f"'calibration' has no finite threshold (got {t!r})"
+    k = entry.get("median_filter_frames", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or k % 2 == 0:
+        return f"'calibration' has a median filter that is not an odd number of frames (got {k!r})"
     return None
 
 

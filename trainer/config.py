@@ -95,6 +95,7 @@ class TrainDataParams:
     crop_s: float = 10.0  # pad or crop every clip to this; paper: 10 s
     num_phrases: int = 20  # N: positives plus cluster-based negatives per clip; paper: 20
     negative_sampling: Literal["cluster", "phrase"] = "cluster"  # cluster: uniform over open clusters (authors' code); phrase: over the phrase pool
+    inventory_negative_share: float = 0.25  # with clusters.include_inventory_phrases: at most this share of negatives are inventory phrases
     tag_replacement_p: float = 0.0  # FLAM: 0.5 replaces half the captions with one of the clip's phrases
     min_label_overlap: float = 0.5  # share of a frame (or of a shorter event) that makes the frame active
     shuffle_buffer: int = 256  # undecoded rows held per worker
@@ -145,6 +146,7 @@ class TrainLossParams:
     frame_weight: float = 10.0  # 0 drops the frame loss (ablation); FLAM uses 200
     prior_weight: float = 1.0  # FLAM prior loss (with per_text_logits)
     region_weight: float = 0.0  # >0 adds TACOS's region-wise contrastive frame loss (each region's text against its frames)
+    phrase_clip_weight: float = 1.0  # >0 adds the clip embedding against each phrase (does it sound in the clip?)
     init_scale: float = 10.0  # t = t' at start; paper: 10
     init_bias: float = -10.0  # b = b' at start; paper: -10
     frame_chunk_clips: int = 0  # >0: frame loss this many clips at a time, recomputed in backward
@@ -157,7 +159,7 @@ class TrainOptimParams:
     weight_decay: float = 0.01
     betas: tuple[float, ...] = (0.9, 0.999)
     warmup_steps: int = 50  # paper: 1000
-    epochs: int = 5  # paper: 10
+    epochs: int = 11  # paper: 10
     max_steps: int = 0  # >0 stops early at this many optimizer steps
     grad_accum: int = 1
     clip_grad_norm: float = 1.0  # 0: no clipping
@@ -196,6 +198,8 @@ class EvaluateParams:
     segment_s: float = 1.0  # segment AUROC (TACOS: 1 s)
     max_fpr: float = 0.1  # pAUROC
     f1_threshold: float | Literal["checkpoint"] = "checkpoint"  # collar F1; checkpoint: the one `sedsynth train` chose on the valid split (else 0.5)
+    f1_median_filter_frames: int | Literal["checkpoint"] = "checkpoint"  # collar F1's median filter; checkpoint: chosen with the threshold (else median_filter_frames)
+    f1_median_filters: tuple[int, ...] = (3, 5, 7, 9)  # the filters `sedsynth train` tries with the threshold on the valid split
     window_overlap: float = 0.5  # long audio: sliding windows overlapping by this share
     batch_size: int = 16  # windows per forward pass
     device: str = "auto"
@@ -245,15 +249,16 @@ def check(p: Params) -> None:
     for s in (*t.data.sources, *([t.data.valid] if t.data.valid else [])):
         check_mixing_source(s, p)
     need(t.data.crop_s > 0 and t.data.num_phrases >= 1, "train.data.crop_s", "must be positive and num_phrases at least 1")
+    need(0.0 <= t.data.inventory_negative_share <= 1.0, "train.data.inventory_negative_share", "must be between 0 and 1")
     need(t.data.batch_size >= 1 and t.data.num_workers >= 0, "train.data.batch_size", "must be at least 1 (num_workers 0 or more)")
     need(t.data.piece_rows >= 1 and t.data.shuffle_buffer >= 1, "train.data.piece_rows", "and shuffle_buffer must be at least 1")
     need(0 <= t.data.tag_replacement_p <= 1, "train.data.tag_replacement_p", "must be a probability in [0, 1]")
     need(0 < t.data.min_label_overlap <= 1, "train.data.min_label_overlap", "must be in (0, 1]")
     need(t.model.embed_dim >= 1 and t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
          "must be a positive multiple of adapter_heads")
-    need(min(t.loss.clip_weight, t.loss.frame_weight, t.loss.region_weight) >= 0
+    need(min(t.loss.clip_weight, t.loss.frame_weight, t.loss.region_weight, t.loss.phrase_clip_weight) >= 0
          and t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight + t.loss.caption_weight > 0,
-         "train.loss.clip_weight", "frame_weight, region_weight and caption_weight must be 0 or more, not all 0 "
+         "train.loss.clip_weight", "frame_weight, region_weight, phrase_clip_weight and caption_weight must be 0 or more, not all 0 "
          "(caption_weight alone trains a captioning-only encoder)")
     need(t.loss.init_scale > 0, "train.loss.init_scale", "must be positive")
     need(t.optim.lr > 0 and t.optim.epochs >= 1 and t.optim.grad_accum >= 1, "train.optim.lr", "must be positive (epochs, grad_accum at least 1)")
@@ -262,6 +267,10 @@ def check(p: Params) -> None:
     check_pretrain(p.pretrain)
     v = p.evaluate
     need(v.median_filter_frames >= 1 and v.median_filter_frames % 2 == 1, "evaluate.median_filter_frames", "must be an odd number of frames (1: no filter)")
+    need(len(v.f1_median_filters) >= 1 and all(isinstance(k, int) and k >= 1 and k % 2 == 1 for k in v.f1_median_filters)
+         and (v.f1_median_filter_frames == "checkpoint" or (isinstance(v.f1_median_filter_frames, int) and v.f1_median_filter_frames >= 1
+                                                             and v.f1_median_filter_frames % 2 == 1)),
+         "evaluate.f1_median_filters", "and f1_median_filter_frames must be odd numbers of frames (f1_median_filter_frames may be checkpoint)")
     need(v.segment_s > 0 and 0 < v.max_fpr <= 1, "evaluate.segment_s", "must be positive and max_fpr in (0, 1]")
     need(v.f1_threshold == "checkpoint" or 0 <= v.f1_threshold <= 1, "evaluate.f1_threshold",
          "must be a probability in [0, 1] or checkpoint (the threshold stored in evaluate.checkpoint)")

@@ -265,7 +265,10 @@ class SmallEncoder(AudioEncoder):
     """A 4-block CNN (conv, batch norm, GELU, pooling) on 64-bin fbank that trains on a CPU;
     columns every 8 frames (80 ms).
 
-    ``dense`` is ``(B, 128, 8, width)`` for 1024 frames; ``cls`` is the mean of the grid.
+    ``dense`` is ``(B, 128, 8, width)`` for 1024 frames; ``cls`` pools it as PANNs do (Kong et al.
+    2020): mean over frequency, then the maximum plus the mean over time. The maximum keeps a
+    short event's columns from being averaged away by the rest of the clip (other events, the
+    background, or the zero padding of a clip shorter than the window).
     """
 
     def __init__(self, width: int = 128, fbank: FbankParams | None = None):
@@ -281,7 +284,8 @@ class SmallEncoder(AudioEncoder):
         x = self.features(wave).unsqueeze(1)  # (B, 1, T, F)
         x = self.blocks(x)  # (B, C, T/8, F/8)
         dense = x.permute(0, 2, 3, 1)  # (B, L, F, C)
-        return dense.mean(dim=(1, 2)), dense
+        frames = dense.mean(dim=2)  # (B, L, C)
+        return frames.amax(dim=1) + frames.mean(dim=1), dense
 
 
 ENCODERS = {

@@ -12,6 +12,11 @@
   logits in the backward pass, so memory does not grow with B x N x L; it equals the
   reference computation. With per-text scale and bias (FLAM) those replace ``t'`` and ``b'``;
   the bias reaches the loss detached, so only :class:`PriorLoss` trains it.
+- :class:`PhraseClipLoss`: the clip embedding against each of the clip's N phrases (the frame
+  loss's positives and cluster negatives), a binary loss with its own ``t``, ``b`` whose target is
+  whether the phrase sounds anywhere in the clip, averaged over the valid pairs. It ties the clip
+  path to single sound names, which captions listing 1-5 events do not: zero-shot classification
+  queries one name at a time.
 - :class:`RegionContrastiveLoss` (TACOS eq. 6, Primus et al. 2025): each labelled phrase
   (region text) against the frames it covers, a softmax over that text and the texts of the
   batch's other clips, the log-likelihood summed over the phrase's frames and divided by
@@ -212,6 +217,28 @@ class FrameSigmoidLoss(nn.Module):
         if scale.dim() == 0:
             out |= {"frame_t": scale.detach(), "frame_b": bias.detach()}
         return out
+
+
+class PhraseClipLoss(nn.Module):
+    """clip ``(B, d)``, phrases ``(B, N, d)``, labels ``(B, N, L)`` bool, mask ``(B, N)`` bool
+    -> ``{"phrase_clip": loss, "phrase_clip_t": t, "phrase_clip_b": b}``.
+
+    A phrase is a positive when any of its frames is labelled (it sounds in the clip's crop).
+    Under DDP the pairs are averaged over the valid pairs of every rank."""
+
+    def __init__(self, init_scale: float = 10.0, init_bias: float = -10.0):
+        super().__init__()
+        self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
+        self.bias = nn.Parameter(torch.tensor(float(init_bias)))
+
+    def forward(self, clip, phrases, labels, mask, across_ranks: bool = True) -> dict[str, torch.Tensor]:
+        scale = self.log_scale.exp()
+        logits = scale * torch.einsum("bd,bnd->bn", clip, phrases) + self.bias  # (B, N)
+        z = labels.any(-1).to(clip.dtype) * 2 - 1
+        weight = mask.to(clip.dtype)
+        count = sum_over_ranks(weight.sum(), across_ranks).clamp(min=1.0) / ranks(across_ranks)[1]
+        loss = -(F.logsigmoid(z * logits) * weight).sum() / count
+        return {"phrase_clip": loss, "phrase_clip_t": scale.detach(), "phrase_clip_b": self.bias.detach()}
 
 
 class RegionContrastiveLoss(nn.Module):

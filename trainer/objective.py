@@ -26,7 +26,7 @@ from torch import nn
 
 from trainer.captioner import WordVocabulary, build_decoder, caption_loss, encode_captions, tokenizer_for
 from trainer.data.stream import Batch
-from trainer.losses import FrameSigmoidLoss, PriorLoss, RegionContrastiveLoss, build_clip_loss
+from trainer.losses import FrameSigmoidLoss, PhraseClipLoss, PriorLoss, RegionContrastiveLoss, build_clip_loss
 from trainer.model import Embeddings, FineLAP
 
 KEEP_DTYPE = ("encoder_frames",)  # read by the decoder under the caller's autocast, not copied to float32
@@ -44,6 +44,7 @@ class Objective(nn.Module):
         self.model, self.p = model, p
         self.clip_loss = build_clip_loss(p.clip, p.init_scale, p.init_bias) if p.clip_weight > 0 else None
         self.frame_loss = FrameSigmoidLoss(p.init_scale, p.init_bias, p.frame_chunk_clips) if p.frame_weight > 0 else None
+        self.phrase_clip_loss = PhraseClipLoss(p.init_scale, p.init_bias) if p.phrase_clip_weight > 0 else None
         self.prior_loss = PriorLoss() if model.per_text is not None and p.frame_weight > 0 else None
         self.region_loss = RegionContrastiveLoss(p.init_scale) if p.region_weight > 0 else None
         self.captioner = None
@@ -74,7 +75,7 @@ class Objective(nn.Module):
         depends on its parameters)."""
         idle: list[nn.Module] = []
         m = self.model
-        if self.clip_loss is None and m.local is not None:
+        if self.clip_loss is None and self.phrase_clip_loss is None and m.local is not None:
             idle.append(m.global_proj)
         if self.frame_loss is None and self.region_loss is None and m.local is not None:
             idle.append(m.local)
@@ -115,6 +116,9 @@ class Objective(nn.Module):
         if self.clip_loss is not None:
             terms |= self.clip_loss(e.clip, e.caption, across_ranks)
             total = total + self.p.clip_weight * terms["clip"]
+        if self.phrase_clip_loss is not None:
+            terms |= self.phrase_clip_loss(e.clip, e.phrases, batch.labels, batch.mask, across_ranks)
+            total = total + self.p.phrase_clip_weight * terms["phrase_clip"]
         if self.frame_loss is not None:
             terms |= self.frame_loss(e.frames, e.phrases, batch.labels, batch.mask, e.phrase_scale, e.phrase_bias, across_ranks)
             total = total + self.p.frame_weight * terms["frame"]

@@ -237,7 +237,7 @@ class ClusterParams:
     inventory: str = "default"  # default (pipeline/data/clusters.json) or a file of the same format
     min_similarity: float = 0.5  # nearest-centroid assignments below this are reported
     near_synonym_similarity: float = 0.8  # clusters whose centroids are this close are near-synonyms
-    include_inventory_phrases: bool = True  # the phrase database also holds every cluster's alternatives
+    include_inventory_phrases: bool = False  # FineLAP 3.2: the database is the corpus's phrases; true adds every cluster's alternatives
     batch_size: int = 256
     out_dir: str = "data/clusters"
 

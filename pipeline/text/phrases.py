@@ -1,11 +1,12 @@
 """Natural phrases for AudioSet labels, and joining phrases into English.
 
-Input: an ontology class (display name, description, parents). Output: phrases, most
+Input: an ontology class (display name and parents). Output: phrases, most
 natural first: ``"Chirp, tweet"`` gives ``chirp`` and ``tweet``; ``"Bark"`` (a child of
-``Dog``) gives ``bark`` and ``dog bark``; ``"Coin (dropping)"`` gives ``coin dropping``; a
-description that starts "The sound of ..." adds what follows (``"Plop"`` -> ``a small object
-dropping into a liquid``). These rules make the offline default of
-``pipeline/data/label_phrases.json``; an LLM can add variants (:mod:`pipeline.text.label_phrases`).
+``Dog``) gives ``bark`` and ``dog bark``; ``"Coin (dropping)"`` gives ``coin dropping``. Every
+phrase names the sound: the ontology's descriptions ("A tool or device ...") are never cut into
+phrases, since a fragment such as ``a tool or device`` names no sound and would teach a model a
+wrong word for it. These rules make the offline default of ``pipeline/data/label_phrases.json``;
+an LLM can add variants (:mod:`pipeline.text.label_phrases`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,6 @@ import re
 from pipeline.ontology import Ontology
 
 ANIMAL_MID = "/m/0jbk"
-_DESCRIPTION_LEADS = re.compile(
-    r"^(?:the |a |an )?(?:characteristic |distinctive |typical )?sounds? (?:of|made by|produced by|created by) ", re.IGNORECASE
-)
-_DESCRIPTION_STOPS = re.compile(r"[,;:(]| that | which | where | when | whose | such as | usually | typically | often | especially | e\.g\.")
-MIN_DESCRIPTION_WORDS, MAX_DESCRIPTION_WORDS = 3, 7
 
 
 def _lower(text: str) -> str:
@@ -28,8 +24,10 @@ def _lower(text: str) -> str:
 
 
 def name_phrases(name: str) -> list[str]:
-    """Phrases from a display name: its comma alternatives, parentheses folded in."""
-    parts = [p.strip() for p in name.split(", ")]
+    """Phrases from a display name: its comma alternatives, parentheses folded in. A parenthesis
+    that lists examples (``"Roaring cats (lions, tigers)"``) is dropped, as is a trailing ``etc.``"""
+    name = re.sub(r" \([^()]*,[^()]*\)", "", name)
+    parts = [p.strip() for p in name.split(", ") if p.strip() not in ("etc.", "etc")]
     if len(parts) > 1 and parts[-1].startswith("and "):  # a list: "Dishes, pots, and pans"
         parts = [", ".join(parts[:-1]) + " " + parts[-1]]
     out: list[str] = []
@@ -43,21 +41,6 @@ def name_phrases(name: str) -> list[str]:
         else:
             out.append(part)
     return _unique(_lower(p) for p in out)
-
-
-def description_phrase(description: str) -> str | None:
-    """What a "The sound of ..." description names, if that is a short phrase."""
-    first = description.strip().split(". ")[0].rstrip(".")
-    lead = _DESCRIPTION_LEADS.match(first)
-    if not lead:
-        return None
-    rest = first[lead.end():]
-    stop = _DESCRIPTION_STOPS.search(rest)
-    rest = rest[: stop.start()] if stop else rest
-    words = rest.split()
-    if not MIN_DESCRIPTION_WORDS <= len(words) <= MAX_DESCRIPTION_WORDS:
-        return None
-    return _lower(" ".join(words))
 
 
 def parent_phrase(onto: Ontology, mid: str, phrase: str) -> str | None:
@@ -80,8 +63,7 @@ def label_phrases(onto: Ontology, mid: str, name: str | None = None) -> list[str
     names = name_phrases(name if name is not None else cls.name)
     if cls is None:
         return names
-    extra = [parent_phrase(onto, mid, names[0]), description_phrase(cls.description)]
-    return _unique([*names, *(e for e in extra if e)])
+    return _unique([*names, parent_phrase(onto, mid, names[0])])
 
 
 def join_phrases(phrases: list[str]) -> str:

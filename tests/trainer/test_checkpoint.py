@@ -95,7 +95,8 @@ def test_entries_stored_after_training_read_back_weights_only(tmp_path):
         assert torch.equal(state["model"][k], v), k
 
 
-@pytest.mark.parametrize("bad", [0.5, {"threshold": "high"}, {"threshold": float("nan")}, {"valid_f1": 0.1}])
+@pytest.mark.parametrize("bad", [0.5, {"threshold": "high"}, {"threshold": float("nan")}, {"valid_f1": 0.1},
+                                 {"threshold": 0.5, "median_filter_frames": 4}, {"threshold": 0.5, "median_filter_frames": "7"}])
 def test_a_malformed_calibration_is_refused_naming_the_file(tmp_path, bad):
     path = tmp_path / "ck.pt"
     checkpoint.save(path, torch.nn.Linear(2, 2), None, None, 0, 0, 0, {"train": {}})

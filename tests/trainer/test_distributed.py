@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.losses import FrameSigmoidLoss, PriorLoss, RegionContrastiveLoss, SigmoidClipLoss
+from trainer.losses import FrameSigmoidLoss, PhraseClipLoss, PriorLoss, RegionContrastiveLoss, SigmoidClipLoss
 
 WORLD = 2
 B, D = 3, 4
@@ -75,12 +75,15 @@ def _frame_terms(batch: dict, part: slice) -> tuple[dict, dict]:
     frames, phrases, bias = (batch[k][part].clone().requires_grad_() for k in ("frames", "phrases", "bias"))
     labels, mask, has_frames, names = batch["labels"][part], batch["mask"][part], batch["has_frames"][part], batch["names"][part]
     frame, region = FrameSigmoidLoss().double(), RegionContrastiveLoss(init_scale=5.0).double()
+    phrase_clip = PhraseClipLoss(init_scale=5.0, init_bias=-2.0).double()
     terms = {"frame": frame(frames, phrases, labels, mask)["frame"],
+             "phrase_clip": phrase_clip(frames[:, 0], phrases, labels, mask)["phrase_clip"],
              "region": region(frames, phrases, labels, mask)["region"],
              "prior": PriorLoss()(names, labels, mask, bias, has_frames)["prior"]}
     sum(terms.values()).backward()
     grads = {"frames": frames.grad, "phrases": phrases.grad, "bias": bias.grad,
-             "frame_t": frame.log_scale.grad, "frame_b": frame.bias.grad, "region_t": region.log_scale.grad}
+             "frame_t": frame.log_scale.grad, "frame_b": frame.bias.grad, "region_t": region.log_scale.grad,
+             "phrase_clip_t": phrase_clip.log_scale.grad, "phrase_clip_b": phrase_clip.bias.grad}
     return {k: v.detach() for k, v in terms.items()}, grads
 
 
@@ -98,7 +101,7 @@ def test_frame_region_and_prior_terms_over_two_ranks_equal_one_process(tmp_path:
     # DDP averages over ranks: the ranks' mean is the one-process term
     wrong = [name for name, value in reference.items() if not torch.allclose(sum(r["terms"][name] for r in ranks) / WORLD, value)]
     # a loss's own parameters: DDP averages their gradients
-    wrong += [f"{name} gradient" for name in ("frame_t", "frame_b", "region_t")
+    wrong += [f"{name} gradient" for name in ("frame_t", "frame_b", "region_t", "phrase_clip_t", "phrase_clip_b")
               if not torch.allclose(sum(r["grads"][name] for r in ranks) / WORLD, expected[name])]
     # each rank's inputs: its gradient, averaged, is the global gradient of its slice
     wrong += [f"rank {r} {name} gradient" for r, got in enumerate(ranks) for name in ("frames", "phrases", "bias")

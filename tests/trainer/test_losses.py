@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from trainer.losses import FrameSigmoidLoss, InfoNCEClipLoss, PriorLoss, RegionContrastiveLoss, SigmoidClipLoss
+from trainer.losses import FrameSigmoidLoss, InfoNCEClipLoss, PhraseClipLoss, PriorLoss, RegionContrastiveLoss, SigmoidClipLoss
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:
@@ -110,6 +110,25 @@ def test_frame_loss_matches_formula_and_ignores_invalid_phrases():
     moved = phrases.clone()
     moved[~mask] = unit(torch.ones_like(moved[~mask]))
     assert _frame_run(0, frames, moved, labels, mask)[0]["frame"].item() == pytest.approx(out["frame"].item(), rel=1e-12)
+
+
+def test_phrase_clip_loss_matches_formula_and_ignores_invalid_phrases():
+    frames, phrases, labels, mask = _frame_inputs()
+    clip = unit(frames.mean(dim=1)).requires_grad_()
+    phrases = phrases.clone().requires_grad_()
+    loss_fn = PhraseClipLoss().double()
+    out = loss_fn(clip, phrases, labels, mask)
+    total, count = 0.0, 0
+    for b in range(clip.shape[0]):
+        for n in range(phrases.shape[1]):
+            if mask[b, n]:
+                z = 1.0 if labels[b, n].any() else -1.0  # a phrase sounding in any frame is a positive
+                total += math.log1p(math.exp(-z * (10.0 * float(clip[b] @ phrases[b, n]) - 10.0)))
+                count += 1
+    assert out["phrase_clip"].item() == pytest.approx(total / count, rel=1e-6)
+    out["phrase_clip"].backward()
+    assert torch.all(phrases.grad[~mask] == 0) and torch.any(phrases.grad[mask] != 0)
+    assert loss_fn.log_scale.grad is not None and loss_fn.bias.grad is not None
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3])

@@ -6,6 +6,12 @@ the database and its cluster). Output, per clip: ``N - K`` negative phrases whos
 neither a positive cluster nor an ontology relative or near-synonym of one ("Dog" is never a
 negative for "Bark"). ``mode: cluster`` draws a cluster uniformly, then one of its phrases (the
 authors' code); ``mode: phrase`` draws uniformly from the phrase pool (the paper's text).
+
+The database is the training corpus's phrases (FineLAP 3.2: "we gather all phrases from the
+training corpus"; rows with ``source == "dataset"``). A database built with
+``clusters.include_inventory_phrases`` also holds inventory phrases of classes the data may never
+sound; ``inventory_share`` caps the share of a clip's negatives drawn from those (the rest come
+from the corpus's own phrases, the real competitors).
 """
 
 from __future__ import annotations
@@ -49,24 +55,23 @@ class ClusterTables:
 class NegativeSampler:
     """Draws negative phrases for a clip from the clusters its positives leave open."""
 
-    def __init__(self, tables: ClusterTables, mode: Literal["cluster", "phrase"] = "cluster"):
-        self.mode = mode
+    def __init__(self, tables: ClusterTables, mode: Literal["cluster", "phrase"] = "cluster", inventory_share: float = 1.0):
+        self.mode, self.inventory_share = mode, inventory_share
         self.related: dict[int, frozenset[int]] = {}
         for c in tables.clusters:
             cid = int(c["cluster_id"])
             self.related[cid] = frozenset([cid, *c["ancestor_ids"], *c["descendant_ids"], *c["near_synonym_ids"]])
-        by_cluster: dict[int, list[str]] = {}
-        for p in tables.phrases:
-            by_cluster.setdefault(int(p["cluster_id"]), []).append(p["phrase"])
-        self.cluster_ids = np.array(sorted(by_cluster), dtype=np.int64)
-        self.phrases_of = {cid: sorted(set(v)) for cid, v in by_cluster.items()}
-        self.phrase_pool = [(ph, cid) for cid in self.cluster_ids.tolist() for ph in self.phrases_of[cid]]
         # A phrase may name several clusters ("howl": the dog's and the wind's); it is a negative only
         # when none of them is excluded, and it is drawn at most once.
         self.clusters_of: dict[str, frozenset[int]] = {}
         for p in tables.phrases:
             self.clusters_of[p["phrase"]] = self.clusters_of.get(p["phrase"], frozenset()) | {int(p["cluster_id"])}
-        if len(self.cluster_ids) < 2:
+        # the corpus's own phrases, then the inventory's (a database without a source column is all corpus)
+        corpus = [p for p in tables.phrases if p.get("source", "dataset") == "dataset"]
+        taken = {p["phrase"] for p in corpus}
+        inventory = [p for p in tables.phrases if p["phrase"] not in taken]
+        self.pools = [_Pool(rows) for rows in (corpus, inventory) if rows]
+        if len({cid for pool in self.pools for cid in pool.cluster_ids.tolist()}) < 2:
             raise NegativeError("negatives: the phrase database needs phrases in at least two clusters")
 
     def excluded(self, positive_clusters: list[int]) -> frozenset[int]:
@@ -77,15 +82,38 @@ class NegativeSampler:
         return frozenset(out)
 
     def sample(self, positive_clusters: list[int], count: int, rng: np.random.Generator) -> list[tuple[str, int]]:
-        """``count`` distinct negative phrases with their clusters (fewer only if the pool runs out)."""
+        """``count`` distinct negative phrases with their clusters (fewer only if the pools run out): at
+        most ``inventory_share`` of them inventory phrases, the rest the corpus's."""
         if count <= 0:
             return []
         banned = self.excluded(positive_clusters)
-        if self.mode == "phrase":
+        if len(self.pools) == 1:
+            return self.pools[0].sample(banned, count, self.mode, self.clusters_of, rng)
+        corpus, inventory = self.pools
+        extra = inventory.sample(banned, int(round(self.inventory_share * count)), self.mode, self.clusters_of, rng)
+        return corpus.sample(banned, count - len(extra), self.mode, self.clusters_of, rng) + extra
+
+
+class _Pool:
+    """Phrases of one source by cluster, and how negatives are drawn from them."""
+
+    def __init__(self, rows: list[dict]):
+        by_cluster: dict[int, list[str]] = {}
+        for p in rows:
+            by_cluster.setdefault(int(p["cluster_id"]), []).append(p["phrase"])
+        self.cluster_ids = np.array(sorted(by_cluster), dtype=np.int64)
+        self.phrases_of = {cid: sorted(set(v)) for cid, v in by_cluster.items()}
+        self.phrase_pool = [(ph, cid) for cid in self.cluster_ids.tolist() for ph in self.phrases_of[cid]]
+
+    def sample(self, banned: frozenset[int], count: int, mode: str, clusters_of: dict[str, frozenset[int]],
+               rng: np.random.Generator) -> list[tuple[str, int]]:
+        if count <= 0:
+            return []
+        if mode == "phrase":
             order = rng.permutation(len(self.phrase_pool))
             picked, taken = [], set()
             for ph, cid in (self.phrase_pool[i] for i in order):
-                if ph not in taken and not self.clusters_of[ph] & banned:
+                if ph not in taken and not clusters_of[ph] & banned:
                     taken.add(ph)
                     picked.append((ph, cid))
             return picked[:count]
@@ -96,7 +124,7 @@ class NegativeSampler:
         while len(out) < count and open_clusters:
             remaining = []
             for cid in open_clusters:
-                choices = [p for p in self.phrases_of[cid] if p not in seen and not self.clusters_of[p] & banned]
+                choices = [p for p in self.phrases_of[cid] if p not in seen and not clusters_of[p] & banned]
                 if not choices:
                     continue
                 phrase = choices[int(rng.integers(len(choices)))]

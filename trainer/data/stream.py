@@ -425,7 +425,7 @@ def make_stream(params, encoder, sources: list[SourceParams], shuffle: bool, ran
     folder = d.clusters or default_clusters_folder(d.sources[0].path)
     tables = ClusterTables.read(folder)
     check_inventories(tables, folder, sources)
-    sampler = NegativeSampler(tables, d.negative_sampling)
+    sampler = NegativeSampler(tables, d.negative_sampling, d.inventory_negative_share)
     items = ItemParams(encoder.sample_rate_hz, encoder.input_samples(d.crop_s), d.num_phrases, random_crop=shuffle,
                        tag_replacement_p=d.tag_replacement_p if shuffle else 0.0, min_label_overlap=d.min_label_overlap,
                        captions_per_clip=captions_per_clip, templates=templates)

@@ -1,9 +1,13 @@
-"""One detection threshold for every class, chosen on a held-out split where it maximises macro collar F1.
+"""One detection threshold for every class, and the median filter it applies to, chosen on a held-out
+split where they maximise macro collar F1.
 
 Input: sed_scores_eval score DataFrames (``{clip: DataFrame(onset, offset, <class>...)}``, the
 median-filtered probabilities the evaluate stage scores) and the split's ground truth
 (``{clip: [(onset_s, offset_s, class)]}``). Output: :class:`Calibration`, the threshold and the
 macro collar F1 at it (the collars of the reported F1, :data:`~trainer.evaluation.metrics.COLLAR`).
+:func:`calibrate_checkpoint` tries each median filter of ``evaluate.f1_median_filters`` and keeps
+the filter and threshold with the highest F1 (ties: the shorter filter): a longer filter joins the
+fragments of one event that the collars would count as false detections.
 
 Each class's collar statistics are piecewise constant in the threshold and change only at that
 class's change-point scores, so the macro F1 of a global threshold changes only at the union of
@@ -98,13 +102,14 @@ def choose_threshold(scores: dict[str, pd.DataFrame], ground_truth: dict, max_ca
     return Calibration(float(candidates[best]), float(f1[best]), candidates, f1)
 
 
-def calibrate_checkpoint(path: str | Path, shards: str, split: str, median_filter_frames: int, store_in: Iterable[str | Path] = (),
+def calibrate_checkpoint(path: str | Path, shards: str, split: str, median_filters: Iterable[int], store_in: Iterable[str | Path] = (),
                          device: str = "auto", overlap: float = 0.5, batch_size: int = 16) -> dict:
     """Score ``split`` of the shards at ``shards`` with checkpoint ``path`` (every label a class queried by
-    its most used phrase, median filter of ``median_filter_frames``: the evaluate stage's test-split
-    scoring) and choose the threshold; the plain-data entry is stored as ``calibration`` in each
-    checkpoint of ``store_in`` (atomically) and returned: ``{threshold, valid_f1, shards, split,
-    median_filter_frames, classes, clips, events, step, collars}`` (``step``: the scored checkpoint's).
+    its most used phrase: the evaluate stage's test-split scoring) and choose the median filter (one of
+    ``median_filters``) and threshold; the plain-data entry is stored as ``calibration`` in each
+    checkpoint of ``store_in`` (atomically) and returned: ``{threshold, valid_f1, median_filter_frames,
+    tried, shards, split, classes, clips, events, step, collars}`` (``tried``: each filter's best
+    threshold and F1; ``step``: the scored checkpoint's).
     """
     from trainer.evaluation.detector import Detector
     from trainer.evaluation.scoring import score_all
@@ -115,17 +120,28 @@ def calibrate_checkpoint(path: str | Path, shards: str, split: str, median_filte
     vocab = det.vocabulary([data.queries()[c] for c in data.classes])
     skips: list = []
     scored = score_all(det, data.audio(), lambda i: [vocab], skips, desc=f"calibrate on {split}", total=len(data.ids))
-    probs = [M.smooth(p[0], median_filter_frames) for p in scored.probs]
     truth = data.ground_truth()
-    chosen = choose_threshold(M.score_dataframes(scored.ids, scored.timestamps_s, probs, data.classes),
-                              {i: truth[i] for i in scored.ids})
-    entry = {"threshold": chosen.threshold, "valid_f1": chosen.f1, "shards": str(shards), "split": split,
-             "median_filter_frames": int(median_filter_frames), "classes": len(data.classes), "clips": len(scored.ids),
+    tried = []
+    for k in sorted(set(median_filters)):
+        probs = [M.smooth(p[0], k) for p in scored.probs]
+        chosen = choose_threshold(M.score_dataframes(scored.ids, scored.timestamps_s, probs, data.classes),
+                                  {i: truth[i] for i in scored.ids})
+        tried.append({"median_filter_frames": int(k), "threshold": chosen.threshold, "valid_f1": chosen.f1})
+    best = max(tried, key=lambda t: t["valid_f1"])  # the first (shortest filter) among equals
+    entry = {**best, "tried": tried, "shards": str(shards), "split": split, "classes": len(data.classes), "clips": len(scored.ids),
              "events": sum(len(truth[i]) for i in scored.ids),
              "step": int(checkpoint.read_entry(path, "step")), "collars": asdict(M.COLLAR)}
     for target in store_in:
         checkpoint.store_entry(target, "calibration", entry)
     return entry
+
+
+def f1_median_filter(setting: int | str | None, stored: dict | None, default: int) -> int:
+    """``evaluate.f1_median_filter_frames`` -> frames: a number as it is; ``checkpoint`` (or None) the
+    filter stored with the threshold (``stored``: the checkpoint's calibration), else ``default``."""
+    if setting is not None and not isinstance(setting, str):
+        return int(setting)
+    return int(stored.get("median_filter_frames", default)) if stored else int(default)
 
 
 def threshold_setting(setting: float | str | None, checkpoint_path: str | Path, named: str = "evaluate.f1_threshold",

@@ -34,7 +34,7 @@ import numpy as np
 
 from pipeline.audio import AudioError, read_blocks
 from pipeline.outputs import write_atomic
-from trainer.evaluation.calibration import threshold_setting
+from trainer.evaluation.calibration import f1_median_filter, threshold_setting
 from trainer.evaluation.detector import Detector
 from trainer.evaluation.metrics import smooth
 from trainer.evaluation.plots import Spectrogram, detection_figure
@@ -177,15 +177,17 @@ def main(args, params) -> int:
     queries = check_queries(args.query, score_columns=args.scores is not None)
     detector = Detector.from_checkpoint(checkpoint, device=args.device or evaluate.device,
                                         overlap=evaluate.window_overlap, batch_size=evaluate.batch_size)
-    threshold, source, _ = threshold_setting(args.threshold, checkpoint, "--threshold",
-                                             warn=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr))
-    print(f"sedsynth detect: threshold {threshold:.6g} ({source})", file=sys.stderr)
+    threshold, source, stored = threshold_setting(args.threshold, checkpoint, "--threshold",
+                                                  warn=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr))
+    # the threshold's own filter: the one stored with it, else evaluate's
+    frames = f1_median_filter(evaluate.f1_median_filter_frames if args.threshold is None else evaluate.median_filter_frames, stored,
+                              evaluate.median_filter_frames)
+    print(f"sedsynth detect: threshold {threshold:.6g} after a {frames}-frame median filter ({source})", file=sys.stderr)
     missing = [f for f in args.audio if not Path(f).is_file()]
     for f in missing:
         print(f"sedsynth detect: error: {_shown(f)} does not exist or is not a file", file=sys.stderr)
     tsv = args.format == "tsv"
-    rows, failed = detect(detector, [f for f in args.audio if f not in missing], queries, threshold,
-                          evaluate.median_filter_frames, Path(args.pictures) if args.pictures else None,
+    rows, failed = detect(detector, [f for f in args.audio if f not in missing], queries, threshold, frames, Path(args.pictures) if args.pictures else None,
                           Path(args.scores) if args.scores else None, unique_names=tsv)
     for f, why in failed.items():
         print(f"sedsynth detect: error: {_shown(f)}: {why}", file=sys.stderr)

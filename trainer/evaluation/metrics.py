@@ -113,8 +113,9 @@ def score_dataframes(ids, timestamps_s, probs, classes) -> dict[str, pd.DataFram
 
 
 def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer,
-                segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5) -> dict:
-    """All detection metrics for one score set (collar F1 at ``threshold``).
+                segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5, f1_scores: dict | None = None) -> dict:
+    """All detection metrics for one score set (collar F1 at ``threshold``, on ``f1_scores`` when
+    given: the same scores after collar F1's own median filter).
 
     Returns ``{"psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall",
     "f1_micro": float, "per_class": DataFrame, "psd_1_roc": (etpr, efpr), "psd_2_roc": ...,
@@ -161,7 +162,7 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
     with timer("roc_average"):
         out["roc"] = macro_roc(curves, classes)
     with timer("collar_f1", library=True):
-        f, p, r, _ = collar_based.fscore(scores, ground_truth, threshold, onset_collar=COLLAR.onset_collar_s,
+        f, p, r, _ = collar_based.fscore(scores if f1_scores is None else f1_scores, ground_truth, threshold, onset_collar=COLLAR.onset_collar_s,
                                          offset_collar=COLLAR.offset_collar_s, offset_collar_rate=COLLAR.offset_collar_rate)
     out["f1"], out["precision"], out["recall"] = float(f["macro_average"]), float(p["macro_average"]), float(r["macro_average"])
     out["f1_micro"] = float(f["micro_average"])

@@ -93,8 +93,9 @@ def text_matrix(det: Detector, texts: list[str], batch: int = 256) -> np.ndarray
 def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict, classes, e, timer: M.Timer,
               folder: Path | None, model: str, threshold_source: str = "evaluate.f1_threshold") -> dict:
     """SED metrics of vocabulary ``column`` of ``scored`` (:func:`metrics.sed_metrics`, collar F1 at
-    ``e.f1_threshold``, a number) and their ``protocol`` (:func:`metrics.protocol`); writes the score
-    files and per-class CSV under ``folder``."""
+    ``e.f1_threshold``, a number, after a median filter of ``e.f1_median_filter_frames``) and their
+    ``protocol`` (:func:`metrics.protocol`); writes the score files (``e.median_filter_frames``, the
+    filter PSDS sees) and per-class CSV under ``folder``."""
     from sed_scores_eval.base_modules.io import write_sed_scores
 
     ids = scored.ids
@@ -104,11 +105,19 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
         tables = M.score_dataframes(ids, scored.timestamps_s, probs, classes)
     truth = {i: ground_truth[i] for i in ids}
     durations = {i: min(durations_s[i], float(t[-1])) for i, t in zip(ids, scored.timestamps_s)}
-    result = M.sed_metrics(tables, truth, durations, classes, timer, segment_s=e.segment_s, max_fpr=e.max_fpr, threshold=e.f1_threshold)
+    f1_tables = None
+    if e.f1_median_filter_frames != e.median_filter_frames:
+        with timer("median_filter"):
+            f1_probs = [M.smooth(p[column], e.f1_median_filter_frames) for p in scored.probs]
+        with timer("score_tables", library=True):
+            f1_tables = M.score_dataframes(ids, scored.timestamps_s, f1_probs, classes)
+    result = M.sed_metrics(tables, truth, durations, classes, timer, segment_s=e.segment_s, max_fpr=e.max_fpr, threshold=e.f1_threshold,
+                           f1_scores=f1_tables)
     # a clip's first frame is a whole hop unless the clip is shorter than one
     hop_s = max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan"))
     result["protocol"] = M.protocol(classes, len(ids), sum(len(v) for v in truth.values()), hop_s, e.median_filter_frames,
                                     e.segment_s, e.max_fpr, e.f1_threshold, threshold_source)
+    result["protocol"]["collar_f1"]["median_filter_frames"] = int(e.f1_median_filter_frames)
     if folder is not None:
         with timer("write_scores", library=True):
             write_sed_scores(tables, folder / "scores" / model)
@@ -142,12 +151,28 @@ def retrieval_metrics(det: Detector, scored: Scored, captions: dict[str, Iterabl
         return retrieval(scored.clip_matrix, t, pairs)
 
 
+def zero_shot_classes(labels: dict[str, str], queries: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The classes of the scored clips (``labels``: clip -> class), sorted, and each one's query
+    (``queries``: class -> its text, else the class name in lower case)."""
+    classes = sorted(set(labels.values()))
+    return classes, [queries.get(c, c.replace("_", " ").lower()) for c in classes]
+
+
+def frame_classification_metrics(scored: Scored, column: int, labels: dict[str, str], classes: list[str], timer: M.Timer) -> dict:
+    """Zero-shot accuracy through the frame head: each clip takes the class whose frame probability
+    (vocabulary ``column`` of ``scored``, one entry per class of ``classes``) peaks highest."""
+    with timer("classification"):
+        peaks = np.stack([p[column].max(axis=0) for p in scored.probs]) if scored.ids else np.zeros((0, len(classes)))
+        y = np.array([classes.index(labels[i]) for i in scored.ids])
+        return {"accuracy": float((peaks.argmax(axis=1) == y).mean()) if len(y) else float("nan")}
+
+
 def classification_metrics(det: Detector, scored: Scored, labels: dict[str, str], queries: dict[str, str], timer: M.Timer) -> dict:
     """Zero-shot accuracy: each clip against "The sound of {query}" for every class of the scored clips
     (``labels``: clip -> class; ``queries``: class -> its text, else the class name)."""
-    classes = sorted({labels[i] for i in scored.ids})
+    classes, texts = zero_shot_classes({i: labels[i] for i in scored.ids}, queries)
     with timer("model_scoring_text"):  # a model forward pass, like the audio scoring
-        t = text_matrix(det, [ZERO_SHOT_TEMPLATE.format(queries.get(c, c.replace("_", " ").lower())) for c in classes])
+        t = text_matrix(det, [ZERO_SHOT_TEMPLATE.format(q) for q in texts])
     with timer("classification"):
         y = np.array([classes.index(labels[i]) for i in scored.ids])
         return M.classification(scored.clip_matrix, t, y)

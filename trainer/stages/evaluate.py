@@ -27,7 +27,7 @@ Output, under ``evaluate.out_dir``:
   shaded, the events found at the F1 threshold as bars; below them, in grey and marked
   "(absent)", the 3 classes absent from the clip whose median-filtered class query peaks
   highest, so wrong classes firing show); ``details/skipped.csv``.
-- ``details/test/confusion_trained.csv`` and ``details/pictures/confusion.png``: the trained
+- ``details/test/confusion_trained.csv`` and ``details/test/confusion_trained.png``: the trained
   model's class-by-class confusion on the split (:func:`metrics.confusion`): row = true class
   (with its event count), column = query class, cell = the mean over the row class's events of
   the query's peak median-filtered probability on the frames overlapping the event; diagonal =
@@ -53,7 +53,7 @@ from pipeline.schema import Skip
 from trainer.data.sources import SourceError
 from trainer.evaluation import metrics as M
 from trainer.evaluation import plots
-from trainer.evaluation.calibration import threshold_setting
+from trainer.evaluation.calibration import f1_median_filter, threshold_setting
 from trainer.evaluation.captioning import split_captions
 from trainer.evaluation.detect import events
 from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector
@@ -144,7 +144,8 @@ def pictures(det: Detector, split: ShardSplit, scored, own: dict, segments: dict
         k = scored.ids.index(i)
         truth = {phrase: segs for phrase, segs in segments[i]}
         probs, texts = M.smooth(scored.probs[k][1], e.median_filter_frames), list(own[i].texts)
-        found = {t: events(scored.timestamps_s[k], probs[:, q], e.f1_threshold) for q, t in enumerate(texts)}
+        found_in = M.smooth(scored.probs[k][1], e.f1_median_filter_frames)  # the events collar F1 counts
+        found = {t: events(scored.timestamps_s[k], found_in[:, q], e.f1_threshold) for q, t in enumerate(texts)}
         class_probs = M.smooth(scored.probs[k][0], e.median_filter_frames)
         gone = plots.top_absent(class_probs, classes, {c for *_, c in truth_events[i]}, ABSENT_SHOWN)
         rows = np.concatenate([probs, class_probs[:, gone]], axis=1)
@@ -156,7 +157,7 @@ def pictures(det: Detector, split: ShardSplit, scored, own: dict, segments: dict
 def write_confusion(classes, scored, truth_events: dict, e, details: Path) -> None:
     """The class-by-class confusion of vocabulary 0 of ``scored`` (one query per class of ``classes``,
     median-filtered) on ``truth_events`` (:func:`metrics.confusion`) -> ``details/test/confusion_trained.csv``
-    (``true_class``, ``events``, one column per query class) and ``details/pictures/confusion.png``."""
+    (``true_class``, ``events``, one column per query class) and ``details/test/confusion_trained.png``."""
     classes = list(classes)
     smoothed = (M.smooth(p[0], e.median_filter_frames) for p in scored.probs)
     matrix, counts = M.confusion(scored.ids, scored.timestamps_s, smoothed, truth_events, classes)
@@ -166,7 +167,7 @@ def write_confusion(classes, scored, truth_events: dict, e, details: Path) -> No
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["true_class", "events", *classes])
         w.writerows([c, int(n), *(f"{v:.6g}" for v in row)] for c, n, row in zip(classes, counts, matrix))
-    plots.confusion_figure(details / "pictures" / "confusion.png", matrix, classes)
+    plots.confusion_figure(folder / "confusion_trained.png", matrix, classes)
 
 
 def evaluate_benchmark(det: Detector, name: str, data, e, details: Path, model: str, timer: M.Timer, skips: list[Skip],
@@ -261,9 +262,6 @@ def collar_threshold(e) -> tuple[float, str, dict | None]:
     """``evaluate.f1_threshold`` resolved against the trained checkpoint (:func:`threshold_setting`):
     ``(threshold, its source, the stored calibration or None)``; both models use it."""
     threshold, source, stored = threshold_setting(e.f1_threshold, e.checkpoint)
-    if stored is not None and stored.get("median_filter_frames") != e.median_filter_frames:
-        print(f"warning: the stored threshold was chosen with a median filter of {stored.get('median_filter_frames')} frames; "
-              f"evaluate.median_filter_frames is {e.median_filter_frames}")
     return threshold, f"{source}; every model at this threshold", stored
 
 
@@ -280,7 +278,7 @@ def run(params) -> dict:
         clips = event_clips(e.event_clips, split) if e.event_clips else None
     models = detectors(e, params.seed)
     threshold, source, stored = collar_threshold(e)
-    e = replace(e, f1_threshold=threshold)
+    e = replace(e, f1_threshold=threshold, f1_median_filter_frames=f1_median_filter(e.f1_median_filter_frames, stored, e.median_filter_frames))
     skips: list[Skip] = list(split.skips)  # the split's bad rows and shards, each with its reason
     summary: dict = {"test": {}, "benchmarks": {}}
     extras: dict = {}

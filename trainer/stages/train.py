@@ -383,16 +383,17 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
 
 
 def calibrate(params, setup: Setup) -> dict:
-    """``{"calibration": entry}``: the collar-F1 threshold chosen on the ``train.data.valid`` shards with
-    ``best.pt``, scored as ``evaluate`` scores (its median filter, overlap and batch size), and stored in
+    """``{"calibration": entry}``: the collar-F1 threshold and median filter (one of
+    ``evaluate.f1_median_filters``) chosen on the ``train.data.valid`` shards with ``best.pt``, scored
+    as ``evaluate`` scores (its overlap and batch size), and stored in
     ``best.pt`` and ``latest.pt`` (:func:`calibrate_checkpoint`); ``{}`` without a valid split of shards."""
     valid, e = setup.train.data.valid, params.evaluate
     if valid is None or valid.kind != "shards" or not setup.best_path.exists():
         return {}
-    entry = calibrate_checkpoint(setup.best_path, valid.path, valid.split, e.median_filter_frames, store_in=(setup.best_path, setup.latest),
+    entry = calibrate_checkpoint(setup.best_path, valid.path, valid.split, e.f1_median_filters, store_in=(setup.best_path, setup.latest),
                                  device=str(setup.world.device), overlap=e.window_overlap, batch_size=e.batch_size)
-    print(f"train: collar F1 threshold {entry['threshold']:.4g} chosen on the {valid.split} split (macro F1 {entry['valid_f1']:.3f}), "
-          "stored in best.pt and latest.pt")
+    print(f"train: collar F1 threshold {entry['threshold']:.4g} after a {entry['median_filter_frames']}-frame median filter chosen "
+          f"on the {valid.split} split (macro F1 {entry['valid_f1']:.3f}), stored in best.pt and latest.pt")
     return {"calibration": entry}
 
 

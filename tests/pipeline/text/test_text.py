@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,10 +21,10 @@ from pipeline.schema import (
 )
 from pipeline.stages import captions, clusters
 from pipeline.text import inventory
+from pipeline.text.inventory import DATA_DIR
 from pipeline.text.templates import DEFAULT_TEMPLATES, CaptionError, fill, validate_templates
 from pipeline.text.llm import MalformedCompletion
 from pipeline.text.phrases import (
-    description_phrase,
     join_phrases,
     label_phrases,
     name_phrases,
@@ -46,17 +47,35 @@ def mid(name: str) -> str:
     ("Coin (dropping)", ["coin dropping", "coin"]),
     ("Keyboard (musical)", ["musical keyboard", "keyboard"]),
     ("Telephone dialing, DTMF", ["telephone dialing", "DTMF"]),
+    ("Bee, wasp, etc.", ["bee", "wasp"]),
+    ("Roaring cats (lions, tigers)", ["roaring cats"]),
 ])
 def test_name_phrases(name: str, expected: list[str]) -> None:
     assert name_phrases(name) == expected
 
 
-def test_label_phrases_add_animal_parent_and_description() -> None:
+def test_label_phrases_add_animal_parent() -> None:
     assert label_phrases(ONTO, mid("Bark"))[:2] == ["bark", "dog bark"]
     assert "cat meow" in label_phrases(ONTO, mid("Meow"))
-    assert label_phrases(ONTO, mid("Chop"))[-1] == "cutting a solid material"
-    assert description_phrase("The sound of a small, round piece of metal.") is None  # too short once cut
-    assert description_phrase("Principal communication sound produced by dogs.") is None
+    assert label_phrases(ONTO, mid("Hammer")) == ["hammer"]
+    assert label_phrases(ONTO, mid("Vehicle horn, car horn, honking")) == ["vehicle horn", "car horn", "honking"]
+
+
+def test_every_shipped_phrase_names_its_sound() -> None:
+    """No description fragment ("a tool or device") becomes a phrase: every word of every shipped
+    label phrase and inventory alternative comes from the class's display name or its parents'."""
+    shipped = json.loads((DATA_DIR / "label_phrases.json").read_text())["phrases"]
+    inventory = json.loads((DATA_DIR / "clusters.json").read_text())["clusters"]
+    checked = 0
+    for m, phrases in [*shipped.items(), *((c["mid"], c["alternatives"]) for c in inventory)]:
+        if m not in ONTO.by_mid:
+            continue
+        names = [ONTO.by_mid[m].name, *(ONTO.by_mid[p].name for p in ONTO.parent_mids.get(m, ()))]
+        words = set(re.findall(r"[\w'-]+", " ".join(names).lower()))
+        for phrase in phrases:
+            assert set(re.findall(r"[\w'-]+", phrase.lower())) <= words, (m, phrase)
+            checked += 1
+    assert checked > 1000
 
 
 def test_join_and_fill() -> None:
@@ -176,10 +195,23 @@ def test_template_file_and_missing_inputs(mixed, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def clustered(captioned, tmp_path_factory):
+    """The clusters stage with the inventory's phrases in the database too (the option that covers every table)."""
     params, _mix_dir, cap_dir, _ = captioned
+    params = replace(params, clusters=replace(params.clusters, include_inventory_phrases=True))
     out = tmp_path_factory.mktemp("clusters") / "clusters"
     summary = clusters.run(params, cap_dir, out)
     return params, cap_dir, out, summary
+
+
+def test_the_default_phrase_database_is_the_corpus_phrases(captioned, tmp_path) -> None:
+    """FineLAP 3.2: the database is the training corpus's phrases (each label's phrases), and only those."""
+    params, _mix_dir, cap_dir, _ = captioned
+    assert params.clusters.include_inventory_phrases is False
+    clusters.run(params, cap_dir, tmp_path / "clusters")
+    rows = from_table(pq.read_table(tmp_path / "clusters" / "phrases.parquet"), PhraseAssignment)
+    used = from_table(pq.read_table(cap_dir / "phrases.parquet"), LabelPhrase)
+    assert {r.source for r in rows} == {"dataset"} and {r.label for r in rows} == {u.label for u in used}
+    assert {u.phrase for u in used} <= {r.phrase for r in rows}
 
 
 def test_every_dataset_label_goes_to_its_own_mid(clustered) -> None:

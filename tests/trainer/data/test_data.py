@@ -285,6 +285,23 @@ def test_negatives_exhaust_exactly_the_open_phrases(tables, ontology, mode):
         assert set(got) == open_phrases
 
 
+def test_inventory_phrases_take_at_most_their_share_of_negatives():
+    """A database with inventory phrases (``source: inventory``) gives them at most
+    ``inventory_share`` of a clip's negatives; the corpus's phrases fill the rest."""
+    t = hand_tables()
+    corpus_clusters = {1, 2, 3, 4, 5, 6, 8}  # rain (7) never sounds in this corpus
+    phrases = [{**p, "source": "dataset" if p["cluster_id"] in corpus_clusters else "inventory"} for p in t.phrases]
+    tables = ClusterTables(t.clusters, phrases)
+    rain = {p["phrase"] for p in t.phrases if p["cluster_id"] == 7}
+    for share, most in ((0.0, 0), (0.25, 2), (1.0, 8)):
+        sampler = NegativeSampler(tables, "cluster", inventory_share=share)
+        for seed in range(20):
+            got = [ph for ph, _ in sampler.sample([2], 8, np.random.default_rng(seed))]
+            assert len(got) == len(set(got)) and sum(ph in rain for ph in got) == most, (share, got)
+    # without a source column every phrase is the corpus's: the share does not apply
+    assert sum(ph in rain for ph, _ in NegativeSampler(t, "cluster", 0.0).sample([2], 8, np.random.default_rng(0))) > 0
+
+
 def hand_tables(rain_phrases: int = 10) -> ClusterTables:
     """Dog (1) is the parent of Bark (2), Cat (3) of Meow (4); Knock (5) and Tap (6) are near-synonyms;
     Rain (7) has many phrases; Door (8) shares the phrase "knock" with Knock."""

@@ -422,16 +422,16 @@ def test_without_threshold_detect_uses_the_checkpoint_threshold_and_says_so(setu
     code, rows, err = detect_main(setup, capsys, calibrated, None)
     assert code == 0 and rows[0] == DCASE_HEADER
     assert [(r[0], r[3]) for r in rows[1:]] == [(setup.files["b"].name, QUERIES[0])]
-    assert "threshold 0 (stored in the checkpoint: chosen on the valid split" in err
+    assert "threshold 0 after a 3-frame median filter (stored in the checkpoint: chosen on the valid split" in err
     # --threshold still wins
     code, rows, err = detect_main(setup, capsys, calibrated, 0.5)
-    assert code == 0 and rows == [DCASE_HEADER] and "threshold 0.5 (--threshold)" in err
+    assert code == 0 and rows == [DCASE_HEADER] and "threshold 0.5 after a 3-frame median filter (--threshold)" in err
 
 
 def test_without_threshold_or_calibration_detect_falls_back_to_one_half(setup, capsys):
     code, rows, err = detect_main(setup, capsys, setup.ckpt, None)
     assert code == 0 and rows == [DCASE_HEADER]
-    assert "holds no calibrated threshold" in err and "threshold 0.5 (fallback 0.5" in err
+    assert "holds no calibrated threshold" in err and "threshold 0.5 after a 3-frame median filter (fallback 0.5" in err
 
 
 def test_names_with_a_tab_or_line_break_cannot_forge_tsv_rows(tmp_path):

@@ -176,6 +176,9 @@ def test_plots_and_pictures(evaluated):
     assert (out / "plots" / "curves.png").stat().st_size > 10_000
     pictures = sorted((out / "details" / "pictures").glob("*.png"))
     assert len(pictures) == 2 and all(p.stat().st_size > 10_000 for p in pictures)
+    confusion = read_rows(out / "details" / "test" / "confusion_trained.csv", csv.reader)
+    assert confusion[0][:2] == ["true_class", "events"] and len(confusion) == len(confusion[0]) - 1  # a row per class
+    assert (out / "details" / "test" / "confusion_trained.png").stat().st_size > 10_000
 
 
 def test_benchmarks_present_absent_and_bad_audio(evaluated):

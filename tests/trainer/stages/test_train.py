@@ -70,11 +70,19 @@ def test_the_end_of_a_run_stores_the_threshold_chosen_on_the_valid_split(smoke_r
     valid = read_split(p.train.data.valid.path, p.train.data.valid.split)
     assert (entry["split"], entry["classes"], entry["clips"]) == ("valid", len(valid.classes), len(valid.ids))
     assert entry["events"] == sum(len(v) for v in valid.ground_truth().values())
-    assert entry["median_filter_frames"] == p.evaluate.median_filter_frames and entry["step"] == summary["best"]["step"]
+    assert entry["step"] == summary["best"]["step"]
     assert 0.0 <= entry["valid_f1"] <= 1.0 and math.isfinite(entry["threshold"])
+    # the filter and threshold with the best valid F1 among every filter tried (the shorter among equals)
+    tried = entry["tried"]
+    assert [t["median_filter_frames"] for t in tried] == sorted(p.evaluate.f1_median_filters)
+    best = max(tried, key=lambda t: t["valid_f1"])
+    assert {k: entry[k] for k in best} == best
     # chosen with best.pt: scoring it again gives the same entry
-    again = calibrate_checkpoint(out / "checkpoints" / "best.pt", p.train.data.valid.path, "valid", p.evaluate.median_filter_frames, device="cpu")
+    again = calibrate_checkpoint(out / "checkpoints" / "best.pt", p.train.data.valid.path, "valid", p.evaluate.f1_median_filters, device="cpu")
     assert again == entry
+    # one filter: that filter's own best threshold
+    alone = calibrate_checkpoint(out / "checkpoints" / "best.pt", p.train.data.valid.path, "valid", [5], device="cpu")
+    assert {k: alone[k] for k in ("median_filter_frames", "threshold", "valid_f1")} == next(t for t in tried if t["median_filter_frames"] == 5)
 
 
 def test_no_calibration_without_a_valid_split_of_shards(smoke_run):
