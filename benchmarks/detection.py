@@ -2,10 +2,12 @@
 
 Trains ``params.train`` for ``--epochs`` epochs into ``--out`` (``<out>/finelap``) keeping one
 checkpoint per epoch (``train.keep_epoch_checkpoints``), then scores every epoch's checkpoint on
-``evaluate.split`` as ``sedsynth evaluate`` does (its protocol, without pictures, zero-shot or
-the untrained model). Prints one row per epoch: steps, wall-clock minutes since training started
-(held-out scoring after each epoch included), PSDS1 with alpha_st 1 and 0, PSDS2, segment AUROC
-and collar F1 at 0.5, and writes ``<out>/psds_curve.csv`` and ``<out>/psds_curve.png``.
+``evaluate.split`` as ``sedsynth evaluate`` does (its protocol and linear probes, without pictures
+or the untrained model after epoch 1). Prints one row per epoch: steps, wall-clock minutes since
+training started (held-out scoring after each epoch included), PSDS1 with alpha_st 1 and 0, PSDS2,
+segment AUROC, collar F1 at 0.5, zero-shot accuracy through the clip embedding and the frame head,
+and the frozen encoder's frame probe (AUROC, 1 s segment F1), and writes ``<out>/psds_curve.csv``
+and ``<out>/psds_curve.png``.
 
 The learning-rate schedule spans all ``--epochs``, so an early row is a checkpoint in the middle
 of a longer schedule, not a shorter run of its own: it answers "how far does more training
@@ -22,7 +24,8 @@ from pipeline.figures import pyplot, save_png
 
 # Scores a detector should reach on this test split (dashed in the picture).
 TARGETS = ((0.30, "PSDS1 target 0.30"), (0.50, "PSDS2 target 0.50"))
-COLUMNS = ("epoch", "step", "train_min", "psds1", "psds1_astat0", "psds2", "auroc", "f1")
+COLUMNS = ("epoch", "step", "train_min", "psds1", "psds1_astat0", "psds2", "auroc", "f1", "zero_shot_accuracy",
+           "zero_shot_frame_accuracy", "probe_frame_auroc", "probe_segment_f1")
 
 
 def run(params, out: Path, epochs: int) -> list[dict]:
@@ -41,11 +44,14 @@ def run(params, out: Path, epochs: int) -> list[dict]:
     scores: dict[int, dict] = {}
     for epoch in range(1, epochs + 1):
         e = replace(params.evaluate, checkpoint=str(run_dir / "checkpoints" / f"epoch{epoch:03d}.pt"), untrained=epoch == 1,
-                    pictures=0, event_clips=None, benchmarks={}, f1_threshold=0.5, out_dir=str(out / "evaluation" / f"epoch{epoch:03d}"))
-        test = evaluate.run(replace(params, evaluate=e))["test"]
-        scores[epoch] = test["trained"]
-        if epoch == 1:
-            scores[0] = test["untrained"]
+                    pictures=0, benchmarks={}, f1_threshold=0.5, f1_median_filter_frames=params.evaluate.median_filter_frames,
+                    out_dir=str(out / "evaluation" / f"epoch{epoch:03d}"))
+        summary = evaluate.run(replace(params, evaluate=e))
+        for model, at in (("trained", epoch), ("untrained", 0)):
+            if model in summary["test"]:
+                frame = ((summary.get("probes") or {}).get(model) or {}).get("frame", {})
+                scores[at] = summary["test"][model] | {"probe_frame_auroc": frame.get("frame_auroc_macro", float("nan")),
+                                                       "probe_segment_f1": frame.get("segment_f1", float("nan"))}
     rows = [{"epoch": epoch, "step": int(log[epoch]["step"]), "train_min": float(log[epoch]["wall_s"] or 0.0) / 60.0,
              **{k: s.get(k, float("nan")) for k in COLUMNS[3:]}} for epoch, s in sorted(scores.items())]
     write_curve(rows, out)
@@ -61,8 +67,10 @@ def write_curve(rows: list[dict], out: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     minutes = [r["train_min"] for r in rows]
-    for key, label in (("psds1", "PSDS1 (alpha_st 1)"), ("psds1_astat0", "PSDS1 (alpha_st 0)"), ("psds2", "PSDS2")):
-        ax.plot(minutes, [r[key] for r in rows], marker="o", label=label)
+    for key, label, style in (("psds1", "PSDS1 (alpha_st 1)", "-"), ("psds1_astat0", "PSDS1 (alpha_st 0)", "-"), ("psds2", "PSDS2", "-"),
+                              ("zero_shot_frame_accuracy", "zero-shot (frame head)", ":"),
+                              ("probe_segment_f1", "encoder frame probe, segment F1", "--")):
+        ax.plot(minutes, [r[key] for r in rows], marker="o", ls=style, label=label)
     ax.set_xlabel("training minutes (held-out scoring after each epoch included)")
     ax.set_ylabel("score on the test split")
     for target, label in TARGETS:
@@ -77,7 +85,8 @@ def write_curve(rows: list[dict], out: Path) -> None:
 
 def print_figures(rows: list[dict]) -> None:
     print("bench detection: each epoch's checkpoint on the test split (epoch 0: untrained)")
-    print("  epoch  step  minutes  PSDS1  PSDS1(a_st=0)  PSDS2  AUROC  F1@0.5")
+    print("  epoch  step  minutes  PSDS1  PSDS1(a_st=0)  PSDS2  AUROC  F1@0.5  ZS clip  ZS frame  probe AUROC  probe seg F1")
     for r in rows:
         print(f"  {r['epoch']:5d} {r['step']:5d} {r['train_min']:8.1f}  {r['psds1']:.3f}  {r['psds1_astat0']:13.3f}  "
-              f"{r['psds2']:.3f}  {r['auroc']:.3f}  {r['f1']:.3f}")
+              f"{r['psds2']:.3f}  {r['auroc']:.3f}  {r['f1']:.3f}  {r['zero_shot_accuracy']:7.3f}  {r['zero_shot_frame_accuracy']:8.3f}  "
+              f"{r['probe_frame_auroc']:11.3f}  {r['probe_segment_f1']:12.3f}")

@@ -14,7 +14,7 @@ from tests.conftest import tiny_train_params
 def test_every_epoch_is_scored_on_the_test_split(shard_folder, tmp_path):
     params, folder = shard_folder
     p = tiny_train_params(params, folder, tmp_path / "unused")
-    p = replace(p, evaluate=replace(p.evaluate, shards=str(folder), device="cpu"))
+    p = replace(p, evaluate=replace(p.evaluate, shards=str(folder), device="cpu", event_clips=None, probe_steps=20, probe_clips=16))
     rows = run(p, tmp_path / "bench", epochs=2)
     assert [r["epoch"] for r in rows] == [0, 1, 2]
     assert rows[0]["step"] == 0 and rows[0]["train_min"] == 0.0
@@ -23,6 +23,7 @@ def test_every_epoch_is_scored_on_the_test_split(shard_folder, tmp_path):
         for key in ("psds1", "psds1_astat0", "psds2", "auroc"):
             assert 0.0 <= r[key] <= 1.0, (r["epoch"], key)
         assert r["psds1"] <= r["psds1_astat0"]
+        assert 0.0 <= r["probe_frame_auroc"] <= 1.0 and 0.0 <= r["probe_segment_f1"] <= 1.0, r  # the untrained encoder's too
     checkpoints = sorted(p.name for p in (tmp_path / "bench" / "finelap" / "checkpoints").glob("epoch*.pt"))
     assert checkpoints == ["epoch001.pt", "epoch002.pt"]
     with (tmp_path / "bench" / "psds_curve.csv").open() as f:

@@ -333,12 +333,12 @@ def report(summary: dict, timing: dict) -> str:
     lines = ["evaluate: held-out split"]
     test = summary["test"]
     names = [n for n in ("trained", "untrained", "gain") if n in test]
-    lines.append(f"  {'metric':<20}" + "".join(f"{n:>11}" for n in names))
+    lines.append(f"  {'metric':<25}" + "".join(f"{n:>11}" for n in names))
     for k in HEADLINE:
         if any(k in test[n] for n in names):
-            lines.append(f"  {k:<20}" + "".join(f"{test[n].get(k, float('nan')):>11.3f}" for n in names))
+            lines.append(f"  {k:<25}" + "".join(f"{test[n].get(k, float('nan')):>11.3f}" for n in names))
     f1 = summary["protocol"]["collar_f1"]
-    lines.append(f"  collar F1 at threshold {f1['threshold']:.4g} ({f1['threshold_source']})")
+    lines.append(f"  collar F1 at threshold {f1['threshold']:.4g} after a {f1.get('median_filter_frames', '?')}-frame median filter ({f1['threshold_source']})")
     lines += probe_lines(summary.get("probes"), summary.get("captions"))
     for name, b in summary["benchmarks"].items():
         lines.append(f"  benchmark {name}: " + (b["skipped"] if "skipped" in b else
