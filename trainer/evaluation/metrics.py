@@ -118,10 +118,11 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
     given: the same scores after collar F1's own median filter).
 
     Returns ``{"psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall",
-    "f1_micro": float, "per_class": DataFrame, "psd_1_roc": (etpr, efpr), "psd_2_roc": ...,
+    "f1_micro", "segment_f1" (micro over ``segment_s`` segments at ``threshold``), "segment_f1_macro":
+    float, "per_class": DataFrame, "psd_1_roc": (etpr, efpr), "psd_2_roc": ...,
     "psd_1_class_mean", "psd_2_class_mean", "roc": (tpr, fpr) macro average over classes}``.
     """
-    from sed_scores_eval import collar_based, intersection_based
+    from sed_scores_eval import collar_based, intersection_based, segment_based
     from sed_scores_eval.base_modules.roc import (
         auroc_from_intermediate_statistics,
         roc_curve_from_intermediate_statistics,
@@ -166,6 +167,10 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
                                          offset_collar=COLLAR.offset_collar_s, offset_collar_rate=COLLAR.offset_collar_rate)
     out["f1"], out["precision"], out["recall"] = float(f["macro_average"]), float(p["macro_average"]), float(r["macro_average"])
     out["f1_micro"] = float(f["micro_average"])
+    with timer("segment_f1", library=True):  # the frame probe's figure, for the head: 1 s segments at the same threshold
+        sf, _, _, _ = segment_based.fscore(scores if f1_scores is None else f1_scores, ground_truth, durations_s, threshold,
+                                           segment_length=segment_s)
+    out["segment_f1"], out["segment_f1_macro"] = float(sf["micro_average"]), float(sf["macro_average"])
     for key, d in (("f1", f), ("precision", p), ("recall", r)):
         per_class[key] = pd.Series({k: float(v) for k, v in d.items() if not k.endswith("_average")})
     per_class.insert(0, "events", pd.Series(event_counts(ground_truth)).reindex(per_class.index).fillna(0).astype(int))

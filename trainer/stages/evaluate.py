@@ -70,7 +70,7 @@ from trainer.evaluation.scoring import (
 )
 from trainer.evaluation.testset import ShardSplit, event_clips, read_split
 
-HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
+HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "segment_f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
             "t2a_r1", "t2a_r5", "t2a_r10", "zero_shot_accuracy", "zero_shot_frame_accuracy")
 # the probe figures the report prints and the gain compares: (probe, figure)
 PROBE_HEADLINE = (("clip_mean", "top1_accuracy"), ("clip_mean", "mean_average_precision"), ("clip_attention", "top1_accuracy"),
@@ -115,7 +115,8 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
     truth_events = split.ground_truth()
     result = detection(scored, 0, truth_events, split.durations_s, classes, e, timer, folder, model, threshold_source)
     segments = {i: [(p["phrase"], [(s["start_s"], s["end_s"]) for s in p["segments"]]) for p in split.phrases[i]] for i in split.ids}
-    out = {k: result[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro")}
+    out = {k: result[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro",
+                                  "segment_f1", "segment_f1_macro")}
     out |= grounding(scored, 1, lambda i: segments[i], timer)
     out |= retrieval_metrics(det, scored, {i: [split.captions[i]] for i in split.ids}, timer)
     if clips is not None and clips.audio:

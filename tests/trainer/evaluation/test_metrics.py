@@ -82,7 +82,7 @@ def test_score_dataframes_layout_and_library_check():
 
 def test_perfect_scores_score_perfectly():
     r = sed(perfect_probs())
-    for key in ("psds1", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro"):
+    for key in ("psds1", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro", "segment_f1", "segment_f1_macro"):
         assert r[key] == pytest.approx(1.0), key
     per_class = r["per_class"].set_index("class")
     assert list(per_class.index) == CLASSES
@@ -108,6 +108,8 @@ def test_an_event_detected_40_percent_late_fails_psds1_but_not_psds2():
     assert r["psds1"] == pytest.approx(0.6 * below + 0.4 * above, abs=1e-9)
     per_class = r["per_class"].set_index("class")
     assert per_class.loc["dog", "psds1"] == pytest.approx(0.4 * 2 / 3)
+    # 1 s segments: the dog of c1 (2-7 s) found at 4-9 s is 3 true, 2 false and 2 missed segments
+    assert r["segment_f1"] < 1.0 and r["segment_f1_macro"] < 1.0
     assert per_class.loc["car", "psds1"] == pytest.approx(1.0) and per_class.loc["bell", "psds1"] == pytest.approx(1.0)
     # collar F1: the late onset misses the 200 ms collar -> dog has tp 2, fp 1, fn 1 (F1 2/3)
     assert per_class.loc["dog", "f1"] == pytest.approx(2 / 3)
