@@ -26,7 +26,9 @@ choices on the full model: ``caption_loss`` (Cacophony's auxiliary captioning lo
 ``sam`` (Cacophony's SAM, rho 0.075), ``mae_init`` (the encoder starts from the ``pretrain`` stage's
 weights; in a DVC experiment the pretrain stage reruns with the experiment's seed first) and
 ``captioning_only`` (CaptionStew's captioning-only encoder: the decoder's loss alone; compare its
-linear probes with ``no_frame_loss``, the contrastive-only encoder). Their paper columns are blank; ``--queue`` and the table
+linear probes with ``no_frame_loss``, the contrastive-only encoder), and ``no_phrase_clip`` (the
+full model without its phrase-clip loss, which FineLAP does not have). ``no_clip_loss`` drops both
+clip-level terms (the caption loss and the phrase-clip loss). Their paper columns are blank; ``--queue`` and the table
 take them when named, and the full table shows them once they have a run.
 """
 
@@ -50,13 +52,15 @@ PRETRAINED_ENCODER = "<pretrain.encoder_file>"  # a variant's value for the pret
 VARIANTS: dict[str, tuple[str, dict]] = {
     "full": ("FineLAP (Ours)", {}),
     "no_frame_loss": ("w/o Frame-level Loss", {"loss": {"frame_weight": 0.0}}),
-    "no_clip_loss": ("w/o Clip-level Loss", {"loss": {"clip_weight": 0.0}}),
+    "no_clip_loss": ("w/o Clip-level Loss", {"loss": {"clip_weight": 0.0, "phrase_clip_weight": 0.0}}),
     "shared_projector": ("w/o Decoupled Projector", {"model": {"adapter": "shared"}}),
     "infonce": ("FineLAP-InfoNCE", {"loss": {"clip": "infonce"}}),
     "caption_loss": ("+ Captioning loss (Cacophony)", {"loss": {"caption_weight": 1.0}}),
     "sam": ("+ SAM (Cacophony, rho 0.075)", {"optim": {"sam_rho": 0.075}}),
     "mae_init": ("+ MAE initialisation (Cacophony stage 1)", {"model": {"encoder_checkpoint": PRETRAINED_ENCODER}}),
-    "captioning_only": ("+ Captioning-only encoder (CaptionStew)", {"loss": {"clip_weight": 0.0, "frame_weight": 0.0, "caption_weight": 1.0}}),
+    "captioning_only": ("+ Captioning-only encoder (CaptionStew)", {"loss": {"clip_weight": 0.0, "phrase_clip_weight": 0.0, "frame_weight": 0.0,
+                                                                              "caption_weight": 1.0}}),
+    "no_phrase_clip": ("w/o phrase-clip loss", {"loss": {"phrase_clip_weight": 0.0}}),
 }
 
 # FineLAP Table 5 (R@1 in %, PSDS1 / PSDS2021 for SED and grounding, accuracy in %)
