@@ -5,8 +5,11 @@ Input: ``evaluate`` params (checkpoint, shard folder and split, clip folder, ben
 Output, under ``evaluate.out_dir``:
 
 - ``metrics.json``: per model (``trained``, ``untrained``) and the ``gain``: PSDS1 (``psds1``,
-  alpha_st 1, and ``psds1_astat0``, alpha_st 0), PSDS2, segment AUROC/pAUROC, collar F1,
-  alignment, retrieval R@1/5/10 both ways and zero-shot accuracy; per benchmark the same keys or
+  alpha_st 1, and ``psds1_astat0``, alpha_st 0), PSDS2, segment AUROC/pAUROC, collar F1 (at the
+  threshold and median filter chosen on the valid split), 1 s segment F1 (``segment_f1``, micro,
+  at the same threshold), alignment, retrieval R@1/5/10 both ways and zero-shot accuracy on the
+  event clips two ways (``zero_shot_accuracy``: the clip embedding against "The sound of
+  {query}"; ``zero_shot_frame_accuracy``: the class whose frame probability peaks highest); per benchmark the same keys or
   ``{"skipped": reason}``; a ``protocol`` block at the top (the test split) and in each
   benchmark's entry that states how the numbers were computed (:func:`metrics.protocol`: library
   version, PSDS settings, median filter, collar F1 threshold and its source, classes, clips,

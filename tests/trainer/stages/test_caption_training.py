@@ -53,7 +53,7 @@ def test_a_captioning_only_encoder_trains_on_the_decoders_loss_alone(shard_folde
     """CaptionStew's captioning-only encoder (sedsynth ablate captioning_only): no contrastive or frame term."""
     params, folder = shard_folder
     p = caption_params(params, folder, tmp_path)
-    p = replace(p, train=replace(p.train, loss=replace(p.train.loss, clip_weight=0.0, frame_weight=0.0)))
+    p = replace(p, train=replace(p.train, loss=replace(p.train.loss, clip_weight=0.0, phrase_clip_weight=0.0, frame_weight=0.0)))
     run(p)
     rows = read_csv(tmp_path / "train_log.csv")
     assert rows and all("clip" not in r or r["clip"] in ("", None) for r in rows)
@@ -74,7 +74,7 @@ def test_a_caption_run_logs_the_term_and_stores_decoder_and_vocabulary(caption_r
     for r in rows:
         caption = float(r["caption"])
         assert math.isfinite(caption) and 0 < caption < 2 * math.log(305)
-        total = float(r["clip"]) + 10.0 * float(r["frame"]) + 1.0 * caption  # lambda_cap = 1 beside the other terms
+        total = float(r["clip"]) + float(r["phrase_clip"]) + 10.0 * float(r["frame"]) + 1.0 * caption  # lambda_cap = 1 beside the other terms
         assert float(r["loss"]) == pytest.approx(total, rel=1e-5)
     assert all(math.isfinite(float(r["valid_caption"])) for r in read_csv(out / "valid_log.csv"))  # held-out too
 
