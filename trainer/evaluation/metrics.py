@@ -212,11 +212,12 @@ def confusion(ids, timestamps_s, probs, ground_truth: dict, classes) -> tuple[np
 
 
 def protocol(classes, clips: int, events: int, frame_hop_s: float, median_filter_frames: int, segment_s: float,
-             max_fpr: float, threshold: float, threshold_source: str) -> dict:
+             max_fpr: float, threshold: float, threshold_source: str, f1_median_filter_frames: int | None = None) -> dict:
     """How the detection numbers of one set were computed, as plain data for its metrics file:
-    the sed_scores_eval version, every PSDS setting, the median filter, the collar F1 settings and
-    threshold (and where it came from), the AUROC segments, the classes, the clips and events
-    scored and the frame hop of the scores."""
+    the sed_scores_eval version, every PSDS setting, the median filter, the collar F1 settings,
+    threshold (and where it came from) and median filter (``f1_median_filter_frames``, default
+    ``median_filter_frames``), the AUROC segments, the classes, the clips and events scored and
+    the frame hop of the scores."""
     from importlib.metadata import version
 
     classes = list(classes)
@@ -227,7 +228,8 @@ def protocol(classes, clips: int, events: int, frame_hop_s: float, median_filter
         "median_filter_frames": int(median_filter_frames),
         "collar_f1": {"onset_collar_s": COLLAR.onset_collar_s, "offset_collar_s": COLLAR.offset_collar_s,
                       "offset_collar_rate": COLLAR.offset_collar_rate, "threshold": float(threshold),
-                      "threshold_source": threshold_source, "average": "macro over classes (f1_micro: micro)"},
+                      "threshold_source": threshold_source, "average": "macro over classes (f1_micro: micro)",
+                      "median_filter_frames": int(median_filter_frames if f1_median_filter_frames is None else f1_median_filter_frames)},
         "segment_auroc": {"segment_s": float(segment_s), "pauroc_max_fpr": float(max_fpr),
                           "pauroc_normalisation": "area up to max_fpr divided by max_fpr (no McClish correction)"},
         "classes": classes,

@@ -116,8 +116,7 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
     # a clip's first frame is a whole hop unless the clip is shorter than one
     hop_s = max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan"))
     result["protocol"] = M.protocol(classes, len(ids), sum(len(v) for v in truth.values()), hop_s, e.median_filter_frames,
-                                    e.segment_s, e.max_fpr, e.f1_threshold, threshold_source)
-    result["protocol"]["collar_f1"]["median_filter_frames"] = int(e.f1_median_filter_frames)
+                                    e.segment_s, e.max_fpr, e.f1_threshold, threshold_source, e.f1_median_filter_frames)
     if folder is not None:
         with timer("write_scores", library=True):
             write_sed_scores(tables, folder / "scores" / model)
