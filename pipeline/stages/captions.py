@@ -26,6 +26,7 @@ default run needs no network, and an LLM run repeated later reads the cache.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -149,5 +150,5 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
         write_json(staging / "label_phrases.json", by_label)
         write_json(staging / "summary.json", summary)
     print(f"captions: {summary['mixtures']} captions, {summary['phrases']} label phrases "
-          f"({summary['distinct_phrases']} distinct) from {summary['templates']} templates -> {out_dir}")
+          f"({summary['distinct_phrases']} distinct) from {summary['templates']} templates -> {out_dir}", file=sys.stderr)
     return summary

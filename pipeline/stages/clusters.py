@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def run(params, captions_dir: Path | None = None, out_dir: Path | None = None) -
                    [[k[0], k[1], a[0], clusters[a[0]]["name"], a[1], a[3], clusters[a[3]]["name"], a[4]] for k, a in low])
         write_json(staging / "summary.json", summary)
     print(f"clusters: {summary['phrases']} phrases in {summary['clusters_used']} of {summary['clusters']} clusters "
-          f"({summary['by_method']}), {summary['low_similarity']} below similarity {p.min_similarity} -> {out_dir}")
+          f"({summary['by_method']}), {summary['low_similarity']} below similarity {p.min_similarity} -> {out_dir}", file=sys.stderr)
     return summary
 
 

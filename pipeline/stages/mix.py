@@ -45,6 +45,7 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -505,7 +506,7 @@ def _run(params: Params, events_dir: Path, backgrounds_dir: Path, out_dir: Path)
         partitions = plan_partitions(p, mix_run)
         pending = [pt for pt in partitions if not (stage / PARTS / f"{pt.key}.done.json").exists()]
         if resumed:
-            print(f"mix: resuming: {len(partitions) - len(pending)} of {len(partitions)} partitions already done")
+            print(f"mix: resuming: {len(partitions) - len(pending)} of {len(partitions)} partitions already done", file=sys.stderr)
         pictured = tuple(exports.timeline_mixtures(dataclasses.asdict(p.mixtures), p.export.timelines))
         picture = [Timelines(mix_run, pictured)] if pictured and not (stage / PARTS / TIMELINES_PART).exists() else []
         map_ordered(run_task, picture + pending, compute, desc="mix partitions", workers=workers)  # the picture first: no tail
@@ -536,7 +537,7 @@ def _run(params: Params, events_dir: Path, backgrounds_dir: Path, out_dir: Path)
         shutil.rmtree(bank, ignore_errors=True)
         (stage / PLAN).unlink()
     rejected_report_path(out_dir).unlink(missing_ok=True)  # a report of an earlier refused run no longer applies
-    print(format_mix_summary(summary))
+    print(format_mix_summary(summary), file=sys.stderr)
     return summary
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import shutil
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -124,6 +125,6 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
         card.write(staging, params, mix_dir, index)
     per_split = ", ".join(f"{s} {v['num_rows']}" for s, v in index["splits"].items())
     print(f"shards: {len(recipes)} rows in {len(files)} shards ({per_split}), "
-          f"{sum(f['num_bytes'] for f in files) / MB:.1f} MB -> {out_dir}")
+          f"{sum(f['num_bytes'] for f in files) / MB:.1f} MB -> {out_dir}", file=sys.stderr)
     return index
 

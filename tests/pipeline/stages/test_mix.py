@@ -227,7 +227,7 @@ def test_killed_run_resumes_without_redoing_partitions(sources, tmp_path: Path) 
 
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
-    resumed = [line for line in again.stdout.splitlines() if "resuming" in line]
+    resumed = [line for line in again.stderr.splitlines() if "resuming" in line]
     assert resumed and int(resumed[0].split("resuming: ")[1].split()[0]) >= done_before
 
     reference = tmp_path / "reference"

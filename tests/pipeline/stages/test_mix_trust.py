@@ -212,7 +212,7 @@ def test_partial_licence_drop_is_counted_per_kind_and_licence(mixed, tmp_path: P
     assert dropped["events"] == {"CC-BY-NC": nc} and nc > 0
     skipped = (out / "skipped.csv").read_text().splitlines()[1:]
     assert len(skipped) == nc + sum(dropped["backgrounds"].values()) == summary["skipped_by_reason"]["license-not-allowed"]
-    assert f"dropped {nc} event clips (CC-BY-NC {nc})" in capsys.readouterr().out
+    assert f"dropped {nc} event clips (CC-BY-NC {nc})" in capsys.readouterr().err
 
 
 # --- item 22: refusals state counts; zero mixtures is an error -------------------------------------
