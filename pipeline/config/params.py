@@ -9,6 +9,7 @@ would be accepted.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -407,6 +408,11 @@ def _check_ranges(p: Params) -> None:
             raise ParamsError(f"params: '{key}' is {value!r}; use {accepted}")
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported; found without importing it, so checking params stays fast."""
+    return importlib.util.find_spec(module) is not None
+
+
 def check(p: Params) -> None:
     """Cross-key rules of the data stages' sections; the first broken one raises :class:`ParamsError`."""
     _check_ranges(p)
@@ -475,6 +481,12 @@ def check(p: Params) -> None:
          f"is true, but the spec augments mixtures ({', '.join(augmented)}), which a JAMS file for Scaper cannot describe "
          "(Scaper has no per-event rooms or generated backgrounds, and stretches with another algorithm); "
          "set mix.export.jams: false, or leave those knobs off")
+    # Packages a setting needs that the install may lack: refused here, not after mixing everything.
+    need(not m.export.jams or installed("jams"), "mix.export.jams",
+         "is true but the jams package is not installed; pip install -e '.[jams]' (the jams extra), or set mix.export.jams: false")
+    stretched = spec.pitch_shift_semitones is not None or spec.time_stretch_factor is not None
+    need(not (stretched and spec.stretch_method == "rubberband") or installed("pedalboard"), "mix.spec.stretch_method",
+         "is rubberband but the pedalboard package is not installed; pip install pedalboard, or set mix.spec.stretch_method: varispeed")
 
 
 def read_params(path: Path | str = "params.yaml", overrides: dict | None = None) -> dict:

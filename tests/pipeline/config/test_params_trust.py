@@ -247,3 +247,27 @@ def test_an_overrides_file_that_is_not_params_is_named_but_its_contents_are_not_
 def test_a_long_value_is_cut_in_the_error(capsys) -> None:
     code, err = _cli(capsys, "--params", str(PARAMS), "--set", "clip.plot_examples=" + "x" * 5000)
     assert code == 2 and "'clip.plot_examples' must be int, got 'xxx" in err and len(err) < 200
+
+
+@pytest.mark.parametrize("sets, missing, message", [
+    (["mix.export.jams=true"], "jams",
+     "sedsynth mix: error: params: 'mix.export.jams' is true but the jams package is not installed; "
+     "pip install -e '.[jams]' (the jams extra), or set mix.export.jams: false\n"),
+    (["mix.spec.time_stretch_factor=[uniform, 0.9, 1.1]"], "pedalboard",
+     "sedsynth mix: error: params: 'mix.spec.stretch_method' is rubberband but the pedalboard package is not installed; "
+     "pip install pedalboard, or set mix.spec.stretch_method: varispeed\n"),
+])
+def test_a_setting_whose_package_is_missing_is_refused_when_params_load(tmp_path: Path, capsys, monkeypatch, sets, missing,
+                                                                         message) -> None:
+    """Refused in one line naming what to install, before any mixture is made (not a traceback after mixing them all)."""
+    from pipeline.config import params
+
+    installed = params.installed
+    monkeypatch.setattr(params, "installed", lambda module: module != missing and installed(module))
+    out = tmp_path / "mix"
+    args = ["mix", "--params", str(PARAMS), "--set", f"mix.out_dir={out}", *[a for s in sets for a in ("--set", s)]]
+    assert main(args) == 2
+    assert capsys.readouterr().err == message
+    assert not out.exists() and not list(tmp_path.iterdir())
+    monkeypatch.setattr(params, "installed", lambda module: True)
+    _load(*sets)  # with the package installed the same settings load
