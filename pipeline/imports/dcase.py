@@ -3,7 +3,13 @@
 A DCASE strong TSV is tab separated, ``filename onset offset event_label`` (times in seconds
 from the clip's start), one row per event, with a header row in the published files. A row
 with an empty onset, offset and label (``Y...wav\\t\\t\\t``, or the file name alone) states a
-clip without events.
+clip without events; a row with a label but no times is a weak label, which a strong TSV
+cannot use (``malformed-row``). The durations TSV beside it (``filename duration``) is read by
+:func:`read_durations_tsv`.
+
+This module is the one reader of the format: the importers below and the evaluation's
+benchmark reader (:func:`trainer.evaluation.readers.read_desed`) both take their rows, regions
+and skips from :func:`read_strong_tsv` and :func:`annotated_audio`.
 
 :func:`read_desed` reads DESED as the ``desed`` package and the DCASE task 4 baselines lay it
 out (turpaultn/DESED ``download_real``; DESED_task ``confs/*.yaml``; the DESED_public_eval
@@ -70,17 +76,31 @@ DESED_SETS = (
 
 @dataclass(frozen=True)
 class TsvRow:
-    """One data row of a strong TSV; ``onset``/``offset``/``label`` are the raw texts."""
+    """One data row of a strong TSV; ``onset``/``offset``/``label`` are the raw texts.
+
+    ``problem`` says why a row whose file name reads cannot be read otherwise (too few fields);
+    the row still names its file, so the file's clip knows it lost a row.
+    """
 
     line_no: int
     filename: str
     onset: str
     offset: str
     label: str
+    problem: str = ""
 
     @property
     def states_no_event(self) -> bool:
-        return not (self.onset or self.offset or self.label)
+        return not (self.problem or self.onset or self.offset or self.label)
+
+
+@dataclass(frozen=True)
+class AnnotatedAudio:
+    """One audio file a strong TSV annotates: its clip id, its path relative to the root, its regions."""
+
+    clip_id: str
+    audio_path: str
+    regions: tuple[ImportedRegion, ...]
 
 
 def load_class_map(path: Path) -> dict[str, str]:
@@ -189,35 +209,70 @@ def read_strong_tsv(path: Path, rel: str) -> tuple[list[TsvRow], list[Skip]]:
         fields = [x.strip() for x in line.split("\t")]
         filename = fields[columns["filename"]] if len(fields) > columns["filename"] else ""
         rest = [fields[i] if i < len(fields) else "" for i in (columns["onset"], columns["offset"], columns["event_label"])]
-        item = f"{rel}#line{line_no}"
-        if len(fields) < width and any(rest):
-            skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: {len(fields)} fields, expected {width} (tab separated)"))
-        elif not plain_relative_name(filename):
-            skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: file name {filename!r} is not a plain relative path"))
+        if not plain_relative_name(filename):
+            skips.append(Skip(f"{rel}#line{line_no}", rel, "malformed-row", f"line {line_no}: file name {filename!r} is not a plain relative path"))
+        elif len(fields) < width and any(rest):
+            rows.append(TsvRow(line_no, filename, *rest, problem=f"line {line_no}: {len(fields)} fields, expected {width} (tab separated)"))
         else:
             rows.append(TsvRow(line_no, filename, *rest))
     return rows, skips
 
 
-def clips_from_rows(
+def read_durations_tsv(path: Path, rel: str) -> tuple[dict[str, float | None], list[Skip]]:
+    """A DCASE durations TSV (``filename duration``, tab separated, header optional) -> {file name: seconds}.
+
+    A row whose duration is not a positive number is a Skip and maps its file to None (the
+    duration is then taken from elsewhere, the audio header); a file listed again is a Skip, the
+    first row kept; a header lacking either column makes the whole file one Skip.
+    """
+    lines = path.read_text(encoding="utf-8-sig", errors="replace").splitlines()
+    numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    at_name, at_duration = 0, 1
+    if numbered and "filename" in (first := [x.strip().lower() for x in numbered[0][1].split("\t")]):
+        if "duration" not in first:
+            return {}, [Skip(rel, rel, "malformed-row", f"header {first} lacks duration (expected filename duration, tab separated)")]
+        at_name, at_duration = first.index("filename"), first.index("duration")
+        numbered = numbered[1:]
+    durations: dict[str, float | None] = {}
+    skips: list[Skip] = []
+    for line_no, line in numbered:
+        fields = [x.strip() for x in line.split("\t")]
+        filename = fields[at_name] if len(fields) > at_name else ""
+        text = fields[at_duration] if len(fields) > at_duration else ""
+        seconds = parse_seconds(text)
+        item = f"{rel}#line{line_no}"
+        if not plain_relative_name(filename):
+            skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: file name {filename!r} is not a plain relative path"))
+        elif filename in durations:
+            skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: {filename} is listed again; its first row is kept"))
+        else:
+            durations[filename] = seconds if seconds is not None and seconds > 0 else None
+            if durations[filename] is None:
+                skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: duration {text!r} of {filename} is not a positive number"))
+    return durations, skips
+
+
+def annotated_audio(
     root: Path,
     rows: list[TsvRow],
     rel_tsv: str,
     audio_dir: str,
-    split: str,
-    id_prefix: str,
+    clip_id_of: Callable[[str], str],
     mid_of: Callable[[str], str | None],
-    attribution: str,
-    license_text: str = "",
-) -> tuple[list[ImportedClip], list[Skip]]:
-    """Clips from strong-TSV rows of one audio folder; ``mid_of(label)`` is None for an unknown label."""
+) -> tuple[list[AnnotatedAudio], list[Skip]]:
+    """The audio files that strong-TSV rows annotate, in one audio folder, with their regions.
+
+    ``clip_id_of(filename)`` names a file's clip; ``mid_of(label)`` is None for an unknown label.
+    A file whose every row was skipped (``no-label``) or whose audio is absent
+    (``missing-file``) is left out, each with its Skip.
+    """
     by_file: dict[str, list[TsvRow]] = {}
     for row in rows:
         by_file.setdefault(row.filename, []).append(row)
-    clips: list[ImportedClip] = []
+    found: list[AnnotatedAudio] = []
     skips: list[Skip] = []
     for filename, file_rows in by_file.items():
-        clip_id = f"{id_prefix}-{PurePosixPath(filename).stem}"
+        clip_id = clip_id_of(filename)
         regions: list[ImportedRegion] = []
         row_skips: list[Skip] = []
         for row in file_rows:
@@ -234,12 +289,33 @@ def clips_from_rows(
         elif not (root / audio_path).is_file():
             skips.append(Skip(clip_id, audio_path, "missing-file", f"{audio_path} not found ({rel_tsv} lists it)"))
         else:
-            clips.append(ImportedClip(clip_id, audio_path, split, (), sort_regions(regions), license_text, attribution))
-    return clips, skips
+            found.append(AnnotatedAudio(clip_id, audio_path, sort_regions(regions)))
+    return found, skips
+
+
+def clips_from_rows(
+    root: Path,
+    rows: list[TsvRow],
+    rel_tsv: str,
+    audio_dir: str,
+    split: str,
+    id_prefix: str,
+    mid_of: Callable[[str], str | None],
+    attribution: str,
+    license_text: str = "",
+) -> tuple[list[ImportedClip], list[Skip]]:
+    """Clips (``<id_prefix>-<file stem>``) from strong-TSV rows of one audio folder (:func:`annotated_audio`)."""
+    found, skips = annotated_audio(root, rows, rel_tsv, audio_dir, lambda name: f"{id_prefix}-{PurePosixPath(name).stem}", mid_of)
+    return [ImportedClip(a.clip_id, a.audio_path, split, (), a.regions, license_text, attribution) for a in found], skips
 
 
 def _region_of(row: TsvRow, rel_tsv: str, clip_id: str, mid_of: Callable[[str], str | None]) -> tuple[ImportedRegion | None, Skip | None]:
     item = f"{clip_id}#line{row.line_no}"
+    if row.problem:
+        return None, Skip(item, rel_tsv, "malformed-row", row.problem)
+    if not (row.onset or row.offset):  # a weak label: the event is there, but not when
+        return None, Skip(item, rel_tsv, "malformed-row", f"line {row.line_no}: label {row.label!r} without onset and offset "
+                                                          "(a weak label); a strong TSV gives every event its times")
     onset_s, offset_s = parse_seconds(row.onset), parse_seconds(row.offset)
     if onset_s is None or offset_s is None:
         return None, Skip(item, rel_tsv, "malformed-row", f"line {row.line_no}: onset {row.onset!r} / offset {row.offset!r} are not numbers")

@@ -6,16 +6,23 @@ never decoded; only ``soundfile.info`` is read for durations when the benchmark 
 Output: one small frozen structure per benchmark, every dict sorted by clip id:
 
 - :class:`SedSet` (closed-vocabulary sound event detection: DESED, URBAN-SED, AudioSet-Strong),
-  with same-class overlapping or touching events merged and zero-length events dropped;
+  with same-class overlapping or touching events merged;
 - :class:`GroundingSet` (text-to-audio grounding: AudioGrounding);
 - :class:`RetrievalSet` (audio-caption retrieval: AudioCaps, Clotho);
 - :class:`ClassificationSet` (zero-shot classification: ESC-50, UrbanSound8K).
 
-Clips whose audio file is absent are dropped with one warning that gives their count; when no
-audio file is found at all, or a given path does not exist, :class:`BenchmarkMissing` names the
-path and the ``evaluate.benchmarks.<kind>.<key>`` parameter to set. Malformed files raise
-:class:`BenchmarkError` naming the file, the line (or JSON item) and the problem.
-:func:`read_benchmark` dispatches on the benchmark kind with the keyword paths from params.
+The sound event detection sets are parsed by the corpus readers of :mod:`pipeline.imports`, the
+same code that imports them as training data, so both see the same events in the same files. A
+ground-truth row or clip those readers cannot use is left out with its reason: it is kept in
+``SedSet.skips`` and the count is warned about in one line (a clip whose every row was skipped
+is left out rather than scored as a clip without events).
+
+For the other sets, clips whose audio file is absent are dropped with one warning that gives
+their count, and malformed files raise :class:`BenchmarkError` naming the file, the line (or
+JSON item) and the problem. When no audio file is found at all, or a given path does not
+exist, :class:`BenchmarkMissing` names the path and the ``evaluate.benchmarks.<kind>.<key>``
+parameter to set. :func:`read_benchmark` dispatches on the benchmark kind with the keyword
+paths from params.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import csv
 import inspect
 import json
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -32,7 +40,9 @@ from typing import Any
 
 import soundfile as sf
 
+from pipeline.imports import dcase
 from pipeline.ontology import DATA_DIR
+from pipeline.schema import ImportedRegion, Skip
 
 
 class BenchmarkMissing(FileNotFoundError):
@@ -45,7 +55,10 @@ class BenchmarkError(ValueError):
 
 @dataclass(frozen=True)
 class SedSet:
-    """Closed-vocabulary sound event detection (DESED, URBAN-SED, AudioSet-Strong)."""
+    """Closed-vocabulary sound event detection (DESED, URBAN-SED, AudioSet-Strong).
+
+    ``skips`` lists every ground-truth row and clip the corpus reader left out, with its reason.
+    """
 
     name: str
     audio: dict[str, str]
@@ -54,6 +67,7 @@ class SedSet:
     classes: tuple[str, ...]
     queries: dict[str, str]
     alpha_st: float = 1.0
+    skips: tuple[Skip, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -248,43 +262,110 @@ def _sed_set(name: str, audio: dict[str, str], events: list[_Event], durations_s
     )
 
 
+SedClip = tuple[str, str, tuple[ImportedRegion, ...]]  # (clip id, audio file, regions) as a corpus reader found them
+
+
+def _skip_line(name: str, clips: int, skips: list[Skip]) -> str:
+    """One line: how many rows and clips were left out, by reason, and the first of them."""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(Counter(s.reason for s in skips).items()))
+    first = skips[0]
+    return (f"benchmark {name}: {clips} clips read; {len(skips)} ground-truth rows or clips left out ({reasons}), "
+            f"e.g. {first.item_id}: {first.detail}; SedSet.skips lists each")
+
+
+def _no_clip(name: str, key: str, audio_dir: Path, skips: list[Skip]) -> None:
+    """Raise for a set without a usable clip: BenchmarkMissing when files were not found, else BenchmarkError."""
+    absent = [s for s in skips if s.reason == "missing-file"]
+    if absent:
+        problem = f"holds none of the {len(absent)} audio files the annotations name (e.g. {absent[0].detail})"
+    elif all(s.reason == "not-in-metadata" for s in skips):
+        problem = "holds no annotated clip"
+    else:
+        raise BenchmarkError(f"benchmark {name}: no usable clip; {len(skips)} rows or clips left out: "
+                             + "; ".join(f"{s.path}: {s.detail}" for s in skips[:3]))
+    raise BenchmarkMissing(_missing_message(name, key, audio_dir, problem))
+
+
+def _sed_set_of(name: str, key: str, audio_dir: Path, clips: list[SedClip], skips: list[Skip],
+                durations_s: dict[str, float], alpha_st: float = 1.0) -> SedSet:
+    """A :class:`SedSet` from the clips a corpus reader found and the rows and clips it skipped.
+
+    Same-class regions that overlap or touch are merged; durations missing from ``durations_s``
+    come from the audio headers; classes are the labels of the clips kept. The skips are kept
+    in ``skips`` and counted in one warning. ``key`` names the path parameter to blame when no
+    clip is left (:func:`_no_clip`).
+    """
+    skips = list(skips)
+    kept: dict[str, SedClip] = {}
+    for clip in sorted(clips):
+        if clip[0] in kept:
+            skips.append(Skip(clip[0], clip[1], "malformed-row", f"clip id {clip[0]} is already taken by {kept[clip[0]][1]}"))
+        else:
+            kept[clip[0]] = clip
+    if not kept:
+        _no_clip(name, key, audio_dir, skips)
+    if skips:
+        warnings.warn(_skip_line(name, len(kept), skips), stacklevel=3)
+    classes = tuple(sorted({r.label for _, _, regions in kept.values() for r in regions}))
+    return SedSet(
+        name=name,
+        audio={clip: path for clip, path, _ in kept.values()},
+        ground_truth={clip: _merged_events(regions) for clip, _, regions in kept.values()},
+        durations_s={clip: durations_s[clip] if clip in durations_s else _duration_s(path) for clip, path, _ in kept.values()},
+        classes=classes,
+        queries={c: _query(c) for c in classes},
+        alpha_st=alpha_st,
+        skips=tuple(skips),
+    )
+
+
+def _merged_events(regions: Iterable[ImportedRegion]) -> list[tuple[float, float, str]]:
+    """``(onset, offset, class)`` sorted, with same-class regions that overlap or touch merged."""
+    by_label: dict[str, list[tuple[float, float]]] = {}
+    for r in regions:
+        by_label.setdefault(r.label, []).append((r.onset_s, r.offset_s))
+    return sorted((a, b, label) for label, spans in by_label.items() for a, b in _merge_spans(spans))
+
+
 def read_desed(audio_dir: Path | str, events_tsv: Path | str, durations_tsv: Path | str | None = None) -> SedSet:
-    """DESED / DCASE task 4 strong labels -> :class:`SedSet` named ``desed``.
+    """DESED / DCASE task 4 strong labels -> :class:`SedSet` named ``desed``, parsed by :mod:`pipeline.imports.dcase`.
 
     Layout: ``events_tsv`` with header ``filename  onset  offset  event_label`` (tab separated,
-    filename with ``.wav``; rows with empty onset and offset are weak labels and are skipped),
-    audio ``audio_dir/<filename>``, optional ``durations_tsv`` with header
-    ``filename  duration`` (without it, durations come from the audio headers). Clips are
-    those named in either TSV (clip id = filename without extension); a clip without strong
-    events has an empty list. Classes are the labels of the strong rows; query = label in lower
-    case with spaces for underscores.
+    filename with ``.wav``; a row with only the file name states a clip without events), audio
+    ``audio_dir/<filename>``, optional ``durations_tsv`` with header ``filename  duration``
+    (without it, or for a clip it lacks, durations come from the audio headers). Clips are
+    those named in either TSV (clip id = filename without its audio extension); a clip without
+    strong events has an empty list. Every label is a class (the project's own mixtures are
+    read here too); query = label in lower case with spaces for underscores.
+
+    Left out and reported (:attr:`SedSet.skips`): a weak label (a label without times), times
+    that are not numbers, a negative time or onset >= offset, a short row, a clip whose every
+    row was skipped, a clip without audio, an unusable durations row (its clip then takes the
+    audio header's duration).
     """
     audio_dir = _need("desed", "audio_dir", audio_dir)
     events_tsv = _need("desed", "events_tsv", events_tsv)
-    filenames: dict[str, str] = {}
-    events: list[_Event] = []
-    for line, r in _read_table(events_tsv, ("filename", "onset", "offset", "event_label"), "\t"):
-        where = f"line {line}"
-        if not r["filename"]:
-            raise BenchmarkError(f"{events_tsv}: {where}: empty filename")
-        clip = _strip_ext(r["filename"])
-        filenames.setdefault(clip, r["filename"])
-        if not r["onset"] and not r["offset"]:
-            continue
-        if not r["event_label"]:
-            raise BenchmarkError(f"{events_tsv}: {where}: empty event_label")
-        onset = _number(r["onset"], events_tsv, where, "onset")
-        offset = _number(r["offset"], events_tsv, where, "offset")
-        events.append((events_tsv, where, clip, onset, offset, r["event_label"]))
+    rows, skips = dcase.read_strong_tsv(events_tsv, str(events_tsv))
+    found, clip_skips = dcase.annotated_audio(audio_dir, rows, str(events_tsv), ".", _strip_ext, lambda label: "")
+    skips += clip_skips
+    clips: list[SedClip] = [(a.clip_id, str(audio_dir / a.audio_path), a.regions) for a in found]
     durations: dict[str, float] = {}
     if durations_tsv is not None:
         durations_tsv = _need("desed", "durations_tsv", durations_tsv)
-        for line, r in _read_table(durations_tsv, ("filename", "duration"), "\t"):
-            clip = _strip_ext(r["filename"])
-            filenames.setdefault(clip, r["filename"])
-            durations[clip] = _number(r["duration"], durations_tsv, f"line {line}", "duration")
-    audio = _keep_present("desed", "audio_dir", audio_dir, {c: [audio_dir / f] for c, f in filenames.items()})
-    return _sed_set("desed", audio, events, durations)
+        listed, duration_skips = dcase.read_durations_tsv(durations_tsv, str(durations_tsv))
+        skips += duration_skips
+        named = {r.filename for r in rows}  # a file the events TSV names keeps what it says, even when that is a skip
+        for filename, seconds in listed.items():
+            clip = _strip_ext(filename)
+            if seconds is not None:
+                durations[clip] = seconds
+            if filename in named:
+                continue
+            if (audio_dir / filename).is_file():
+                clips.append((clip, str(audio_dir / filename), ()))
+            else:
+                skips.append(Skip(clip, filename, "missing-file", f"{filename} not found ({durations_tsv} lists it)"))
+    return _sed_set_of("desed", "audio_dir", audio_dir, clips, skips, durations)
 
 
 def _urbansed_txt(path: Path, clip: str) -> list[_Event]:

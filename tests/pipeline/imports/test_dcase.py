@@ -73,7 +73,8 @@ def test_desed_skip_reasons(desed: Path) -> None:
         ("desed-Y1_0.000_10.000#line6", "unknown-label"),
         ("desed-Y1_0.000_10.000#line7", "malformed-row"),
         ("desed-Y3_0.000_10.000", "missing-file"),
-        (f"{tsv}#line10", "malformed-row"),
+        ("desed-Y4_0.000_10.000#line10", "malformed-row"),  # a short row still names its clip,
+        ("desed-Y4_0.000_10.000", "no-label"),               # which is not kept as a clip without events
         ("desed-Y5_0.000_10.000#line11", "bad-region"),
         ("desed-Y5_0.000_10.000", "no-label"),
         (f"{tsv}#line12", "malformed-row"),
@@ -151,6 +152,29 @@ def test_dcase_tsv_needs_its_options(tmp_path: Path) -> None:
         dcase.read_dcase_tsv(tmp_path, {"audio_dir": "wav"})
     with pytest.raises(FileNotFoundError, match="nothing.tsv"):
         dcase.read_dcase_tsv(tmp_path, {"tsv": "nothing.tsv", "audio_dir": "wav"})
+
+
+def test_a_weak_label_in_a_strong_tsv_is_left_out_and_reported(tmp_path: Path) -> None:
+    write(tmp_path / "strong.tsv", ["filename\tonset\toffset\tevent_label", "a.wav\t\t\tDog", "a.wav\t0.5\t1.0\tCat", "b.wav\t\t\tDog"])
+    write_audio(tmp_path / "a.wav")
+    write_audio(tmp_path / "b.wav")
+    clips, skips = dcase.read_dcase_tsv(tmp_path, {"tsv": "strong.tsv", "audio_dir": "."})
+    assert [(c.clip_id, c.regions) for c in clips] == [("dcase-a", (ImportedRegion("Cat", "", "", 0.5, 1.0),))]
+    assert [(s.item_id, s.reason) for s in skips] == [("dcase-a#line2", "malformed-row"), ("dcase-b#line4", "malformed-row"),
+                                                      ("dcase-b", "no-label")]
+    assert "weak label" in skips[0].detail
+
+
+def test_durations_tsv_rows_and_their_skips(tmp_path: Path) -> None:
+    write(tmp_path / "durations.tsv", ["filename\tduration", "a.wav\t10.0", "b.wav\tten", "c.wav\t0", "a.wav\t9.0", "../d.wav\t1"])
+    durations, skips = dcase.read_durations_tsv(tmp_path / "durations.tsv", "durations.tsv")
+    assert durations == {"a.wav": 10.0, "b.wav": None, "c.wav": None}
+    assert [(s.item_id, s.reason) for s in skips] == [(f"durations.tsv#line{n}", "malformed-row") for n in (3, 4, 5, 6)]
+    write(tmp_path / "headless.tsv", ["a.wav\t10.0"])
+    assert dcase.read_durations_tsv(tmp_path / "headless.tsv", "headless.tsv") == ({"a.wav": 10.0}, [])
+    write(tmp_path / "wrong.tsv", ["filename\tseconds", "a.wav\t10.0"])
+    durations, skips = dcase.read_durations_tsv(tmp_path / "wrong.tsv", "wrong.tsv")
+    assert durations == {} and [(s.item_id, s.reason) for s in skips] == [("wrong.tsv", "malformed-row")]
 
 
 def test_kind_dispatch() -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from pipeline.imports.dcase import read_dcase_tsv as import_dcase_tsv
 from trainer.evaluation.readers import (
     READERS,
     BenchmarkError,
@@ -77,9 +78,10 @@ def desed_fixture(tmp_path: Path) -> tuple[Path, Path, Path]:
     return audio, events, durations
 
 
-def test_desed_reads_events_merges_and_skips_weak_rows(tmp_path):
+def test_desed_reads_events_merges_and_reports_the_rows_it_leaves_out(tmp_path):
     audio, events, durations = desed_fixture(tmp_path)
-    with pytest.warns(UserWarning, match=r"1 of 4 clips have no audio file"):
+    with pytest.warns(UserWarning, match=r"benchmark desed: 3 clips read; 3 ground-truth rows or clips left out "
+                                         r"\(bad-region 1, malformed-row 1, missing-file 1\)"):
         s = read_desed(audio_dir=audio, events_tsv=events, durations_tsv=durations)
     assert isinstance(s, SedSet) and s.name == "desed" and s.alpha_st == 1.0
     assert list(s.audio) == ["a", "b", "c"]
@@ -92,45 +94,56 @@ def test_desed_reads_events_merges_and_skips_weak_rows(tmp_path):
     assert s.durations_s == {"a": 10.0, "b": 9.5, "c": 8.0}
     assert s.classes == ("Alarm_bell_ringing", "Dog", "Speech")
     assert s.queries == {"Alarm_bell_ringing": "alarm bell ringing", "Dog": "dog", "Speech": "speech"}
+    # the zero-length event, the weak label (a label without times) and the clip without audio
+    assert sorted((x.item_id, x.reason) for x in s.skips) == [("a#line6", "bad-region"), ("b#line7", "malformed-row"),
+                                                              ("d", "missing-file")]
+    assert "weak label" in next(x.detail for x in s.skips if x.item_id == "b#line7")
 
 
 def test_desed_durations_from_audio_headers(tmp_path):
     audio, events, _ = desed_fixture(tmp_path)
-    with pytest.warns(UserWarning, match="1 of 3"):
+    with pytest.warns(UserWarning, match=r"2 clips read; 3 ground-truth rows or clips left out"):
         s = read_desed(audio_dir=audio, events_tsv=events)
     assert list(s.audio) == ["a", "b"]
     assert s.durations_s == pytest.approx({"a": 1.0, "b": 0.5})
 
 
-def test_desed_inverted_event_names_file_and_line(tmp_path):
+def test_desed_a_bad_row_is_left_out_and_reported_not_raised(tmp_path):
     audio, _, _ = desed_fixture(tmp_path)
-    events = write_text(tmp_path / "bad.tsv", "filename\tonset\toffset\tevent_label\na.wav\t0.1\t0.4\tDog\na.wav\t0.5\t0.2\tDog\n")
-    with pytest.raises(BenchmarkError, match=r"bad\.tsv: line 3: offset 0\.2 is before onset 0\.5"):
-        read_desed(audio_dir=audio, events_tsv=events)
+    events = write_text(tmp_path / "bad.tsv", "filename\tonset\toffset\tevent_label\n"
+                                              "a.wav\t0.1\t0.4\tDog\na.wav\t0.5\t0.2\tDog\n"  # inverted
+                                              "b.wav\tzero\t0.4\tDog\nb.wav\t0.1\t0.2\tDog\n"  # not a number
+                                              "c.wav\t0.1\n")  # a field short: c is not scored as a clip without events
+    with pytest.warns(UserWarning, match=r"2 clips read; 4 ground-truth rows or clips left out"):
+        s = read_desed(audio_dir=audio, events_tsv=events)
+    assert s.ground_truth == {"a": [(0.1, 0.4, "Dog")], "b": [(0.1, 0.2, "Dog")]}
+    assert sorted((x.item_id, x.reason, x.path) for x in s.skips) == [
+        ("a#line3", "bad-region", str(events)), ("b#line4", "malformed-row", str(events)),
+        ("c", "no-label", str(events)), ("c#line6", "malformed-row", str(events))]
+    assert "onset 0.5 s is not before offset 0.2 s" in s.skips[0].detail
 
 
-def test_desed_unparsable_number_names_line_and_column(tmp_path):
-    audio, _, _ = desed_fixture(tmp_path)
-    events = write_text(tmp_path / "bad.tsv", "filename\tonset\toffset\tevent_label\na.wav\tzero\t0.4\tDog\n")
-    with pytest.raises(BenchmarkError, match=r"bad\.tsv: line 2: onset 'zero' is not a number"):
-        read_desed(audio_dir=audio, events_tsv=events)
+def test_desed_a_durations_row_left_out_falls_back_to_the_audio_header(tmp_path):
+    audio, events, _ = desed_fixture(tmp_path)
+    durations = write_text(tmp_path / "d.tsv", "filename\tduration\na.wav\tlong\nb.wav\t9.5\nc.wav\t8.0\nc.wav\t7.0\n")
+    with pytest.warns(UserWarning):
+        s = read_desed(audio_dir=audio, events_tsv=events, durations_tsv=durations)
+    assert s.durations_s == pytest.approx({"a": 1.0, "b": 9.5, "c": 8.0})
+    assert {(x.item_id, x.reason) for x in s.skips} >= {(f"{durations}#line2", "malformed-row"), (f"{durations}#line5", "malformed-row")}
 
 
-def test_desed_missing_column_and_short_row(tmp_path):
+def test_desed_without_a_usable_row_names_the_file(tmp_path):
     audio, _, _ = desed_fixture(tmp_path)
     no_label = write_text(tmp_path / "nolabel.tsv", "filename\tonset\toffset\na.wav\t0.1\t0.4\n")
-    with pytest.raises(BenchmarkError, match=r"nolabel\.tsv: line 1: missing column\(s\) event_label"):
+    with pytest.raises(BenchmarkError, match=r"no usable clip; 1 rows or clips left out: .*nolabel\.tsv: header .* lacks event_label"):
         read_desed(audio_dir=audio, events_tsv=no_label)
-    short = write_text(tmp_path / "short.tsv", "filename\tonset\toffset\tevent_label\na.wav\t0.1\t0.4\tDog\nb.wav\t0.1\n")
-    with pytest.raises(BenchmarkError, match=r"short\.tsv: line 3: 2 fields where the header has 4"):
-        read_desed(audio_dir=audio, events_tsv=short)
 
 
 def test_desed_without_any_audio_is_missing(tmp_path):
     _, events, _ = desed_fixture(tmp_path)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(BenchmarkMissing, match=r"none of the 3 audio files is under .*empty.*evaluate\.benchmarks\.desed\.audio_dir"):
+    with pytest.raises(BenchmarkMissing, match=r"empty holds none of the 3 audio files .*evaluate\.benchmarks\.desed\.audio_dir"):
         read_desed(audio_dir=empty, events_tsv=events)
 
 
@@ -138,6 +151,36 @@ def test_desed_missing_path_names_the_param(tmp_path):
     audio, _, _ = desed_fixture(tmp_path)
     with pytest.raises(BenchmarkMissing, match=r"nope\.tsv does not exist; set evaluate\.benchmarks\.desed\.events_tsv to the DESED eval events TSV"):
         read_desed(audio_dir=audio, events_tsv=tmp_path / "nope.tsv")
+
+
+def test_desed_evaluation_and_import_read_the_same_events(tmp_path):
+    """One DCASE TSV with its quirks: the importer (dcase-tsv, no class map) and the benchmark reader keep
+    the same clips with the same events and leave out the same rows for the same reasons."""
+    audio, _, _ = desed_fixture(tmp_path)
+    wav(audio / "e.wav", 1.0)
+    events = write_text(tmp_path / "public.tsv", DESED_EVENTS + "e.wav\t0.2\t0.1\tDog\nc.wav\n")
+    clips, import_skips = import_dcase_tsv(tmp_path, {"tsv": str(events), "audio_dir": str(audio), "split": "test", "id_prefix": "x"})
+    with pytest.warns(UserWarning):
+        s = read_desed(audio_dir=audio, events_tsv=events)
+    imported = {c.clip_id.removeprefix("x-"): c.regions for c in clips}
+    assert set(imported) == set(s.ground_truth) == {"a", "b", "c"}
+    for clip, regions in imported.items():
+        assert s.ground_truth[clip] == _merged(regions)
+    # the same rows left out for the same reasons (file-level details name the paths each was given)
+    by_row = {x.item_id.removeprefix("x-"): (x.reason, x.detail if "#line" in x.item_id else "") for x in import_skips}
+    assert by_row == {x.item_id: (x.reason, x.detail if "#line" in x.item_id else "") for x in s.skips}
+    assert set(by_row) == {"a#line6", "b#line7", "d", "e#line10", "e"}
+
+
+def _merged(regions) -> list[tuple[float, float, str]]:
+    """The importer's regions as the scorer takes them: same-class spans that overlap or touch merged."""
+    out: list[list] = []
+    for label, onset, offset in sorted((r.label, r.onset_s, r.offset_s) for r in regions):
+        if out and out[-1][2] == label and onset <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], offset)
+        else:
+            out.append([onset, offset, label])
+    return sorted((a, b, label) for a, b, label in out)
 
 
 # --- URBAN-SED -----------------------------------------------------------------------------
