@@ -340,8 +340,9 @@ def write_import(clips: list[ImportedClip], skips: list[Skip], root: Path, out_d
         by_split = {s: items for s, items in by_split.items() if items}
         table_of = functools.partial(row_group_table, scratch=scratch, schema=shard_schema(rate), sample_rate_hz=rate, seed=params.seed,
                                      cluster_of=cluster_of, templates=templates, empty_caption=params.captions.empty_caption)
-        shard_index = write_shards(staging, rate, by_split, lambda item: item[1].num_bytes, None, params.shards.shard_size_mb,
-                                   params.shards.row_group_size_mb, params.shards.compression, desc=f"shards {kind}", table_of=table_of)
+        shard_index = write_shards(staging, rate, by_split, lambda item: item[1].num_bytes, row_of=None,
+                                   shard_size_mb=params.shards.shard_size_mb, row_group_size_mb=params.shards.row_group_size_mb,
+                                   compression=params.shards.compression, desc=f"shards {kind}", table_of=table_of)
         shutil.rmtree(scratch)
 
         (staging / "clusters").mkdir()

@@ -115,7 +115,7 @@ def write_txt(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[st
 
 
 def write_partition_files(stage: Path, prefix: Path, recipes: list[MixtureRecipe], occurrences: list[EventOccurrence],
-                          segments: list[LabelSegment], txt: bool, jams: bool, spec: MixSpec, sources: Sources,
+                          segments: list[LabelSegment], *, txt: bool, jams: bool, spec: MixSpec, sources: Sources,
                           events_dir: Path, backgrounds_dir: Path, events: list[EventClip],
                           backgrounds: list[BackgroundSegment]) -> None:
     """One partition's exports, from its records: ``<prefix>.events.tsv`` and ``<prefix>.durations.tsv``
@@ -125,7 +125,8 @@ def write_partition_files(stage: Path, prefix: Path, recipes: list[MixtureRecipe
     if txt:
         write_txt(stage, recipes, occurrences_of)
     if jams:
-        write_jams(stage, recipes, occurrences_of, spec, sources, events_dir, backgrounds_dir, events, backgrounds)
+        write_jams(stage, recipes, occurrences_of, spec=spec, sources=sources, events_dir=events_dir,
+                   backgrounds_dir=backgrounds_dir, events=events, backgrounds=backgrounds)
     for name, rows in dcase_rows(recipes, by_mixture(segments)).items():
         write_atomic(Path(f"{prefix}.{name}"), rows)
 

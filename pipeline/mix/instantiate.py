@@ -282,8 +282,9 @@ def draw_mixture(ctx: MixContext, split: str, index: int, mixture_id: str, audio
             clips[clip.clip_id] = clip
     drawn.sort(key=lambda o: (o["onset_s"], o["event_index"], o["source_in_s"]))
     occurrences = [EventOccurrence(occurrence_index=i, **o) for i, o in enumerate(drawn)]
-    return Draw(_recipe(split, index, mixture_id, audio_path, num_samples, sr, spec.level_mode, bg, occurrences, clips, placed),
-                occurrences, bg.segment, clips, dropped)
+    recipe = _recipe(split, index, mixture_id, audio_path, num_samples=num_samples, sr=sr, mode=spec.level_mode, bg=bg,
+                     occurrences=occurrences, clips=clips, placed=placed)
+    return Draw(recipe, occurrences, bg.segment, clips, dropped)
 
 
 def _draw_position(d: Distribution, rng: np.random.Generator, fit_s: float, sr: int) -> int:
@@ -405,7 +406,7 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
     return out, len(spans) - len(out)
 
 
-def _recipe(split: str, index: int, mixture_id: str, audio_path: str, num_samples: int, sr: int, mode: str, bg: _Background,
+def _recipe(split: str, index: int, mixture_id: str, audio_path: str, *, num_samples: int, sr: int, mode: str, bg: _Background,
             occurrences: list[EventOccurrence], clips: dict[str, EventClip], placed: list[tuple[int, int]]) -> MixtureRecipe:
     """The drawn mixture's recipe row, before rendering sets its mixture gain and peak."""
     segment = bg.segment

@@ -69,7 +69,7 @@ def scaper_span(start: int, length: int, sample_rate_hz: int) -> tuple[float, fl
     return t, _step_up_until(length / sr, ok, step)
 
 
-def write_jams(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]], spec: MixSpec,
+def write_jams(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]], *, spec: MixSpec,
                sources: Sources, events_dir: Path, backgrounds_dir: Path, events: list[EventClip],
                backgrounds: list[BackgroundSegment]) -> None:
     """One ``<id>.jams`` beside each mixture's FLAC; ``occurrences_of`` maps mixture ids to their occurrences."""

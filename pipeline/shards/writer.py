@@ -49,7 +49,7 @@ def column_compression(schema, codec: str) -> dict[str, str]:
     return {path: ("none" if path == "audio.bytes" else codec) for path in paths}
 
 
-def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, Sequence], size_of: Callable[[object], int],
+def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, Sequence], size_of: Callable[[object], int], *,
                  row_of: Callable[[object], ShardRow] | None, shard_size_mb: float, row_group_size_mb: float, compression: str,
                  desc: str = "shards", table_of: Callable[[Sequence], pa.Table] | None = None) -> dict:
     """Write every split's rows into ``staging/data/`` and ``staging/index.json``; returns the index.

@@ -96,7 +96,8 @@ def _segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int,
             if block.shape[0] < span:
                 out.append(Skip(seg_id, rec.rel_path, "unreadable", f"file ends at sample {k * span + block.shape[0]}, header says {total}"))
                 break
-            out.append(_one_segment(rec, seg_id, k, block, sr, channels, target_len, p, sample_rate_hz, audio_dir))
+            out.append(_one_segment(rec, seg_id, k, block, sr, channels=channels, target_len=target_len, p=p,
+                                    sample_rate_hz=sample_rate_hz, audio_dir=audio_dir))
     return out
 
 
@@ -106,6 +107,7 @@ def _one_segment(
     k: int,
     block: np.ndarray,
     sr: int,
+    *,
     channels: int,
     target_len: int,
     p: AmbienceParams,

@@ -379,8 +379,9 @@ def render_partition(part: Partition) -> dict:
     parts = stage / PARTS
     r = part.run
     exports.write_partition_files(stage, parts / part.key, rows[MIXTURES], rows[OCCURRENCES], rows[SEGMENTS],
-                                  r.export_txt, r.export_jams, r.spec, ctx.sources, Path(r.events_dir),
-                                  Path(r.backgrounds_dir), ctx.events[part.split], ctx.backgrounds[part.split])
+                                  txt=r.export_txt, jams=r.export_jams, spec=r.spec, sources=ctx.sources,
+                                  events_dir=Path(r.events_dir), backgrounds_dir=Path(r.backgrounds_dir),
+                                  events=ctx.events[part.split], backgrounds=ctx.backgrounds[part.split])
     for name, records in rows.items():
         write_manifest(parts / f"{part.key}.{name}", records, RECORDS[name])
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})

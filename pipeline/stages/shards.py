@@ -114,8 +114,9 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
     for r in sorted(recipes, key=lambda r: (SPLITS.index(r.split), r.index)):
         by_split[r.split].append(r)
     with staged_dir(out_dir) as staging:
-        index = write_shards(staging, rate, by_split, lambda r: (mix_dir / r.audio_path).stat().st_size, row_of,
-                             p.shard_size_mb, p.row_group_size_mb, p.compression, desc="shards")
+        index = write_shards(staging, rate, by_split, lambda r: (mix_dir / r.audio_path).stat().st_size, row_of=row_of,
+                             shard_size_mb=p.shard_size_mb, row_group_size_mb=p.row_group_size_mb, compression=p.compression,
+                             desc="shards")
         files = index["files"]
         (staging / "clusters").mkdir()
         for name in ("clusters.parquet", "phrases.parquet", "labels.csv"):
