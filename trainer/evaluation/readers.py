@@ -40,7 +40,7 @@ from typing import Any
 
 import soundfile as sf
 
-from pipeline.imports import dcase
+from pipeline.imports import dcase, urban_sed
 from pipeline.ontology import DATA_DIR
 from pipeline.schema import ImportedRegion, Skip
 
@@ -368,76 +368,31 @@ def read_desed(audio_dir: Path | str, events_tsv: Path | str, durations_tsv: Pat
     return _sed_set_of("desed", "audio_dir", audio_dir, clips, skips, durations)
 
 
-def _urbansed_txt(path: Path, clip: str) -> list[_Event]:
-    events = []
-    for i, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not text.strip():
-            continue
-        parts = text.split("\t") if "\t" in text else text.split()
-        if len(parts) != 3:
-            raise BenchmarkError(f"{path}: line {i}: expected 'onset<TAB>offset<TAB>label', got {text!r}")
-        where = f"line {i}"
-        onset = _number(parts[0].strip(), path, where, "onset")
-        offset = _number(parts[1].strip(), path, where, "offset")
-        events.append((path, where, clip, onset, offset, parts[2].strip()))
-    return events
-
-
-def _urbansed_jams(path: Path, clip: str) -> list[_Event]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise BenchmarkError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from e
-    annotations = [a for a in doc.get("annotations", []) if isinstance(a, dict) and a.get("namespace") == "scaper"]
-    if not annotations:
-        raise BenchmarkError(f"{path}: no annotation with namespace 'scaper'")
-    events = []
-    for i, ann in enumerate(annotations, start=1):
-        data = ann.get("data", [])
-        if isinstance(data, dict):
-            data = [dict(zip(data, values)) for values in zip(*data.values())]
-        for k, obs in enumerate(data, start=1):
-            where = f"scaper annotation {i}, observation {k}"
-            value = obs.get("value") if isinstance(obs, dict) else None
-            if not isinstance(value, dict) or "label" not in value:
-                raise BenchmarkError(f"{path}: {where}: value has no 'label'")
-            if value.get("role") != "foreground":
-                continue
-            onset = _number(obs.get("time"), path, where, "time")
-            duration = _number(obs.get("duration"), path, where, "duration")
-            events.append((path, where, clip, onset, onset + duration, str(value["label"])))
-    return events
-
-
-def read_urbansed(root: Path | str, split: str = "test") -> SedSet:
-    """URBAN-SED v2.0.0 -> :class:`SedSet` named ``urbansed``.
+def read_urbansed(root: Path | str, split: str = "test", format: str = "txt") -> SedSet:
+    """URBAN-SED v2.0.0 -> :class:`SedSet` named ``urbansed``, parsed by :mod:`pipeline.imports.urban_sed`.
 
     Layout: audio ``root/audio/<split>/<name>.wav``; annotations
     ``root/annotations/<split>/<name>.txt`` (``onset<TAB>offset<TAB>label`` per line, no
-    header) or, when the txt is absent, ``<name>.jams`` (JSON; the ``scaper`` annotation's
-    observations with ``value.role == "foreground"`` are the events, ``time`` and
-    ``time + duration`` their bounds; background observations are ignored). Every wav of the
-    split is a clip (clip id = file stem); durations come from the audio headers. Classes are
-    the labels found (the 10 UrbanSound8K classes on the full set).
+    header) or ``<name>.jams`` (the ``scaper`` annotation's foreground observations, ``time``
+    and ``time + duration`` their bounds, stored as a list or as JAMS 0.2 columns); ``format``
+    picks the one read where both exist, and a soundscape with only the other is read from it.
+    Clip id = file stem; durations come from the audio headers. Labels are the ten
+    UrbanSound8K classes; the classes are those found (all ten on the full set).
+
+    Left out and reported (:attr:`SedSet.skips`): a line or observation that does not parse, an
+    unknown label, a negative time or onset >= offset, a soundscape whose every event was
+    skipped, an annotation without audio and audio without an annotation.
     """
     root = _need("urbansed", "root", root)
     audio_dir, annotation_dir = root / "audio" / split, root / "annotations" / split
     for folder in (audio_dir, annotation_dir):
         if not folder.is_dir():
             raise BenchmarkMissing(_missing_message("urbansed", "root", folder, f"does not exist (split {split!r}; URBAN-SED has train, validate, test)"))
-    wavs = sorted(p for p in audio_dir.iterdir() if p.suffix.lower() == ".wav")
-    if not wavs:
-        raise BenchmarkMissing(_missing_message("urbansed", "root", audio_dir, "holds no .wav file"))
-    events: list[_Event] = []
-    for wav in wavs:
-        txt, jams = annotation_dir / f"{wav.stem}.txt", annotation_dir / f"{wav.stem}.jams"
-        if txt.is_file():
-            events += _urbansed_txt(txt, wav.stem)
-        elif jams.is_file():
-            events += _urbansed_jams(jams, wav.stem)
-        else:
-            raise BenchmarkMissing(f"benchmark urbansed: neither {txt} nor {jams} exists for {wav}")
-    return _sed_set("urbansed", {w.stem: str(w) for w in wavs}, events, {})
+    if format not in urban_sed.FORMATS:
+        raise ValueError(f"benchmark urbansed: format {format!r}; one of {', '.join(urban_sed.FORMATS)}")
+    soundscapes, skips = urban_sed.read_folder(root, split, format)
+    clips: list[SedClip] = [(s.clip_id, str(root / s.audio_path), s.regions) for s in soundscapes]
+    return _sed_set_of("urbansed", "root", audio_dir, clips, skips, {})
 
 
 @cache

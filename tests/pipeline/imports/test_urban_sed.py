@@ -103,7 +103,45 @@ def test_jams_foreground_events_only(corpus: Path) -> None:
         ("urbansed-soundscape_train_bimodal0#event3", "unknown-label"),
         ("urbansed-soundscape_train_bimodal0#event4", "malformed-row"),
         ("urbansed-soundscape_validate_uniform3", "malformed-row"),
+        ("urbansed-soundscape_test_unimodal1", "missing-file"),  # it has only a txt, which is read in its place
     ])
+
+
+def test_jams_stored_as_columns_reads_as_the_list_does(corpus: Path) -> None:
+    """JAMS 0.2 stores an annotation's data as columns (time, duration, value, confidence)."""
+    path = corpus / "annotations/train/soundscape_train_bimodal0.jams"
+    jam = json.loads(path.read_text())
+    rows = jam["annotations"][0]["data"][:4]
+    as_list, as_list_skips = urban_sed.read(corpus, {"format": "jams"})
+    jam["annotations"][0]["data"] = {c: [row[c] for row in rows] for c in ("time", "duration", "value", "confidence")}
+    path.write_text(json.dumps(jam))
+    as_columns, skips = urban_sed.read(corpus, {"format": "jams"})
+    assert as_columns == as_list
+    assert {s.item_id for s in as_list_skips} - {s.item_id for s in skips} == {"urbansed-soundscape_train_bimodal0#event4"}
+    jam["annotations"][0]["data"]["time"].pop()  # columns of different lengths: not a table
+    path.write_text(json.dumps(jam))
+    _, skips = urban_sed.read(corpus, {"format": "jams"})
+    assert ("urbansed-soundscape_train_bimodal0", "malformed-row") in {(s.item_id, s.reason) for s in skips}
+
+
+def test_the_urban_sed_1_namespace_and_a_second_annotation(corpus: Path) -> None:
+    path = corpus / "annotations/train/soundscape_train_bimodal0.jams"
+    jam = json.loads(path.read_text())
+    first = dict(jam["annotations"][0], namespace="sound_event")
+    second = dict(first, data=[observation(4.0, 1.0, "siren", "foreground")])
+    path.write_text(json.dumps(dict(jam, annotations=[first, second])))
+    clips, skips = urban_sed.read(corpus, {"format": "jams"})
+    bimodal = next(c for c in clips if c.clip_id == "urbansed-soundscape_train_bimodal0")
+    assert [r.onset_s for r in bimodal.regions] == [0.5, 9.5]  # the first annotation's events only
+    second_skip = next(s for s in skips if s.item_id == "urbansed-soundscape_train_bimodal0#annotation1")
+    assert second_skip.reason == "malformed-row" and "is not read" in second_skip.detail
+
+
+def test_audio_without_an_annotation_is_reported(corpus: Path) -> None:
+    write_audio(corpus / "audio/test/soundscape_test_unimodal7.wav")
+    _, skips = urban_sed.read(corpus, {})
+    unannotated = [s for s in skips if s.item_id == "urbansed-soundscape_test_unimodal7"]
+    assert [(s.path, s.reason) for s in unannotated] == [("audio/test/soundscape_test_unimodal7.wav", "not-in-metadata")]
 
 
 def test_missing_split_folder_and_bad_options(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -12,6 +12,7 @@ import pytest
 import soundfile as sf
 
 from pipeline.imports.dcase import read_dcase_tsv as import_dcase_tsv
+from pipeline.imports.urban_sed import read as import_urban_sed
 from trainer.evaluation.readers import (
     READERS,
     BenchmarkError,
@@ -232,15 +233,60 @@ def test_urbansed_txt_and_jams_fallback(tmp_path):
     assert read_urbansed(root=root, split="validate").ground_truth == {"soundscape_validate_1": []}
 
 
-def test_urbansed_missing_annotation_and_bad_line(tmp_path):
+def test_urbansed_a_bad_line_is_left_out_and_reported_not_raised(tmp_path):
     root = tmp_path / "urbansed"
     wav(root / "audio" / "test" / "s1.wav", 0.5)
     (root / "annotations" / "test").mkdir(parents=True)
-    with pytest.raises(BenchmarkMissing, match=r"neither .*s1\.txt nor .*s1\.jams exists"):
+    with pytest.raises(BenchmarkMissing, match=r"audio/test holds no annotated clip; set evaluate\.benchmarks\.urbansed\.root"):
         read_urbansed(root=root)
-    write_text(root / "annotations" / "test" / "s1.txt", "0.0\t0.3\tsiren\n0.1 dog_bark\n")
-    with pytest.raises(BenchmarkError, match=r"s1\.txt: line 2: expected"):
-        read_urbansed(root=root)
+    write_text(root / "annotations" / "test" / "s1.txt", "0.0\t0.3\tsiren\n0.1 dog_bark\n0.2\t0.4\tcow\n")
+    wav(root / "audio" / "test" / "s2.wav", 0.5)  # no annotation: reported, not scored as a clip without events
+    with pytest.warns(UserWarning, match=r"benchmark urbansed: 1 clips read; 3 ground-truth rows or clips left out "
+                                         r"\(malformed-row 1, not-in-metadata 1, unknown-label 1\)"):
+        s = read_urbansed(root=root)
+    assert s.ground_truth == {"s1": [(0.0, 0.3, "siren")]}
+    assert sorted((x.item_id, x.reason) for x in s.skips) == [("s1#line2", "malformed-row"), ("s1#line3", "unknown-label"),
+                                                              ("s2", "not-in-metadata")]
+
+
+def test_urbansed_jams_stored_as_columns(tmp_path):
+    """JAMS 0.2 stores an annotation's data as columns; the observations are the same."""
+    root = tmp_path / "urbansed"
+    wav(root / "audio" / "test" / "s1.wav", 2.0)
+    rows = [obs(0.0, 2.0, "brown_noise", "background"), obs(0.5, 1.0, "dog_bark", "foreground"), obs(0.25, 0.5, "car_horn", "foreground")]
+    doc = json.loads(jams_doc(rows))
+    doc["annotations"][1]["data"] = {column: [row[column] for row in rows] for column in ("time", "duration", "value", "confidence")}
+    write_text(root / "annotations" / "test" / "s1.jams", json.dumps(doc))
+    s = read_urbansed(root=root, format="jams")
+    assert s.ground_truth == {"s1": [(0.25, 0.75, "car_horn"), (0.5, 1.5, "dog_bark")]} and s.skips == ()
+
+
+def test_urbansed_evaluation_and_import_read_the_same_events(tmp_path):
+    """One URBAN-SED folder with its quirks, in both formats: the importer and the benchmark reader keep the
+    same soundscapes with the same events and leave out the same lines and observations for the same reasons."""
+    root = tmp_path / "URBAN-SED_v2.0.0"
+    ann = root / "annotations" / "test"
+    for n in range(1, 6):
+        wav(root / "audio" / "test" / f"s{n}.wav", 2.0)
+    write_text(ann / "s1.txt", "0.0\t0.8\tdog_bark\n0.5\t1.2\tdog_bark\n1.0\t1.9\tsiren\nbad line\n1.5\t1.5\tsiren\n")
+    write_text(ann / "s1.jams", jams_doc([obs(0.0, 0.8, "dog_bark", "foreground"), obs(0.5, 0.7, "dog_bark", "foreground"),
+                                          obs(1.0, 0.9, "siren", "foreground"), {"time": 1.0}, obs(0.0, 2.0, "x", "background")]))
+    write_text(ann / "s2.jams", jams_doc([obs(0.25, 0.5, "car_horn", "foreground"), obs(0.5, 1.0, "cow", "foreground")]))
+    write_text(ann / "s3.txt", "1\t0.5\tsiren\n")  # its only event is backwards
+    write_text(ann / "s4.txt", "")  # a soundscape without foreground events
+    write_text(ann / "s6.txt", "0\t1\tsiren\n")  # no audio
+    for fmt in ("txt", "jams"):
+        clips, import_skips = import_urban_sed(root, {"format": fmt})
+        with pytest.warns(UserWarning):
+            s = read_urbansed(root=root, format=fmt)
+        imported = {c.clip_id.removeprefix("urbansed-"): c.regions for c in clips}
+        assert set(imported) == set(s.ground_truth) == {"s1", "s2", "s4"}, fmt
+        for clip, regions in imported.items():
+            assert s.ground_truth[clip] == _merged(regions), (fmt, clip)
+        # the importer also reports the splits it has no folder for
+        by_item = {x.item_id.removeprefix("urbansed-"): (x.reason, x.detail) for x in import_skips if "/" not in x.item_id}
+        assert by_item == {x.item_id: (x.reason, x.detail) for x in s.skips}, fmt
+        assert {"s2#event1", "s3", "s5", "s6"} <= set(by_item), fmt
 
 
 # --- AudioSet-Strong -----------------------------------------------------------------------
