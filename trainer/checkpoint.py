@@ -238,7 +238,12 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not (skip and k.startswith(skip))}
 
 
-def save(path: Path, model: nn.Module, optimizer, scheduler, step: int, epoch: int, batches_in_epoch: int, config: dict, metrics: dict | None = None) -> None:
+def save(path: Path, model: nn.Module, *, optimizer=None, scheduler=None, step: int, epoch: int, batches_in_epoch: int, config: dict,
+         metrics: dict | None = None) -> None:
+    """Write a trainer checkpoint to ``path`` (atomically): ``model``'s trainable weights, the
+    ``optimizer`` and ``scheduler`` states (None in a checkpoint that is not resumed, such as
+    ``best.pt``), the position (``step``, ``epoch``, ``batches_in_epoch`` done in it), torch's RNG
+    states, the run's ``config`` and ``metrics``; :func:`read` and :func:`restore` read it back."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
         "model": trainable_state(model),

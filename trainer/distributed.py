@@ -13,6 +13,7 @@ the process group's timeout, :data:`COLLECTIVE_TIMEOUT`, for a peer that hangs o
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -59,6 +60,21 @@ def setup(device: str = "auto", timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
             torch.cuda.set_device(dev)
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
     return World(rank, size, local, dev, joined)
+
+
+def wrap(module: torch.nn.Module, world: World, find_unused_parameters: bool = False) -> torch.nn.Module:
+    """``module`` as a training loop calls it: itself in a world of one; with several ranks, wrapped in
+    DDP, whose backward averages the gradients across ranks. ``find_unused_parameters``: some trainable
+    weights get no gradient (an ablation's idle head), so DDP must not wait for theirs."""
+    if world.size == 1:
+        return module
+    return torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused_parameters)
+
+
+def gradients_kept_local(module: torch.nn.Module, world: World, sync: bool) -> contextlib.AbstractContextManager:
+    """The context of a backward whose gradient stays on this rank (DDP's ``no_sync``, for the
+    micro-batches before the last of an optimizer step) unless ``sync`` or in a world of one."""
+    return contextlib.nullcontext() if sync or world.size == 1 else module.no_sync()
 
 
 def all_have(flag: bool, world: World) -> bool:

@@ -3,7 +3,7 @@
 Input: the objective (model and loss heads) and ``train.optim`` (lr, weight_decay, betas,
 warmup_steps, sam_rho, sam_adaptive). Output: an AdamW optimizer over the trainable parameters
 (wrapped in :class:`~trainer.sam.SAM` when ``sam_rho > 0``: its ``step`` then takes a closure that
-recomputes the loss, see :func:`trainer.stages.train.train_epoch`) and the multiplier of the
+recomputes the loss, see :func:`trainer.stages.train.optimizer_step`) and the multiplier of the
 learning rate at each optimizer step, for ``torch.optim.lr_scheduler.LambdaLR``.
 """
 

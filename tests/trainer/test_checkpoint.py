@@ -38,7 +38,7 @@ def test_checkpoint_round_trip(smoke_run, tmp_path):
         first(batch)["loss"].backward()
         optimizer.step(), scheduler.step(), optimizer.zero_grad()
     path = tmp_path / "ck" / "latest.pt"
-    checkpoint.save(path, first, optimizer, scheduler, step=2, epoch=1, batches_in_epoch=5, config={"train": {"x": 1}}, metrics={"best": {"a": 1}})
+    checkpoint.save(path, first, optimizer=optimizer, scheduler=scheduler, step=2, epoch=1, batches_in_epoch=5, config={"train": {"x": 1}}, metrics={"best": {"a": 1}})
     rng = torch.get_rng_state()
     torch.rand(10)  # move the generator on
 
@@ -77,7 +77,7 @@ def test_entries_stored_after_training_read_back_weights_only(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     path = tmp_path / "best.pt"
-    checkpoint.save(path, model, None, None, step=4, epoch=1, batches_in_epoch=0, config={"train": {"x": 1}})
+    checkpoint.save(path, model, step=4, epoch=1, batches_in_epoch=0, config={"train": {"x": 1}})
     assert checkpoint.read_entry(path, "calibration") is None  # a checkpoint from before calibration: no entry, still reads
     before = checkpoint.read(path)
     entry = {"threshold": np.float64(0.0123), "valid_f1": np.float32(0.5), "split": "valid", "classes": np.int64(7)}
@@ -99,7 +99,7 @@ def test_entries_stored_after_training_read_back_weights_only(tmp_path):
                                  {"threshold": 0.5, "median_filter_frames": 4}, {"threshold": 0.5, "median_filter_frames": "7"}])
 def test_a_malformed_calibration_is_refused_naming_the_file(tmp_path, bad):
     path = tmp_path / "ck.pt"
-    checkpoint.save(path, torch.nn.Linear(2, 2), None, None, 0, 0, 0, {"train": {}})
+    checkpoint.save(path, torch.nn.Linear(2, 2), step=0, epoch=0, batches_in_epoch=0, config={"train": {}})
     state = torch.load(path, weights_only=True)
     torch.save(state | {"calibration": bad}, path)
     for read in (lambda: checkpoint.read(path), lambda: checkpoint.read_entry(path, "calibration")):

@@ -240,7 +240,8 @@ def test_what_the_trainer_saves_reads_back_weights_only(shard_folder, tmp_path):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     path = tmp_path / "ck.pt"
     metrics = {"best": {"valid_loss": np.float32(0.5), "epoch": np.int64(2)}, "where": Path("x")}
-    checkpoint.save(path, objective, optimizer, scheduler, 3, 1, 2, config_of(p), metrics)
+    checkpoint.save(path, objective, optimizer=optimizer, scheduler=scheduler, step=3, epoch=1, batches_in_epoch=2, config=config_of(p),
+                    metrics=metrics)
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
     state = checkpoint.read(path)
     assert state["config"] == config_of(p)

@@ -124,7 +124,8 @@ def test_bf16_checkpoint_round_trip(tiny_bert, tmp_path):
         loss.backward()
         optimizer.step(), scheduler.step(), optimizer.zero_grad()
     path = tmp_path / "latest.pt"
-    checkpoint.save(path, first, optimizer, scheduler, 2, 0, 2, {"train": {"precision": "bf16"}})
+    checkpoint.save(path, first, optimizer=optimizer, scheduler=scheduler, step=2, epoch=0, batches_in_epoch=2,
+                    config={"train": {"precision": "bf16"}})
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
     second = tiny_objective(tiny_bert, seed=1)
     optimizer2 = optimizer_for(second, GPU.optim)

@@ -68,8 +68,9 @@ def one_sam_step(tmp_path, scales: list[float], rho: float, lr: float, clip: flo
     t = replace(t, log_every_steps=1, optim=replace(t.optim, grad_accum=len(scales), clip_grad_norm=clip, sam_rho=rho))
     optimizer = SAM(torch.optim.SGD(objective.parameters(), lr=lr), rho)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    setup = Setup(0, t, distributed.World(0, 1, 0, torch.device("cpu")), objective, NoStream(), [ScaledBatch(s) for s in scales],
-                  None, optimizer, scheduler, contextlib.nullcontext, 1, {}, tmp_path, passes=2)
+    setup = Setup(seed=0, train=t, world=distributed.World(0, 1, 0, torch.device("cpu")), objective=objective, stream=NoStream(),
+                  loader=[ScaledBatch(s) for s in scales], valid_loader=None, optimizer=optimizer, scheduler=scheduler,
+                  autocast=contextlib.nullcontext, total_steps=1, config={}, out=tmp_path, passes=2)
     logs = Logs(CsvLog(tmp_path / "train_log.csv"), CsvLog(tmp_path / "valid_log.csv"), _Quiet(), skipped_items=[])
     assert train_epoch(setup, objective, logs, 0, 0, 0, {}) == (1, len(scales), False)
     return objective, logs.train.rows

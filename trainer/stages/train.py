@@ -88,15 +88,14 @@ def train(params, world: distributed.World, out: Path) -> dict:
     # step: optimizer steps taken; micro_batches_done: in this epoch; best: the best held-out scores so far
     step, epoch, micro_batches_done, best = start_or_resume(setup.latest, setup.train.resume, setup.config, setup.objective,
                                                             setup.optimizer, setup.scheduler)
-    ddp = setup.objective
-    if world.size > 1:  # an ablation's idle head gets no gradient: DDP must not wait for it
-        ddp = torch.nn.parallel.DistributedDataParallel(setup.objective, find_unused_parameters=bool(setup.objective.unused_parameters()))
+    # what the loop runs forward: the objective, DDP-wrapped across several ranks
+    objective = distributed.wrap(setup.objective, world, find_unused_parameters=bool(setup.objective.unused_parameters()))
     logs = start_logs(setup, step, epoch)
 
     # the epoch loop: micro-batches of batch_size clips, an optimizer step every grad_accum of them, then
     # held-out scores and checkpoints (max_steps can stop it mid-epoch)
     while not setup.finished(step, epoch):
-        step, micro_batches_done, data_ended = train_epoch(setup, ddp, logs, step, epoch, micro_batches_done, best)
+        step, micro_batches_done, data_ended = train_epoch(setup, objective, logs, step, epoch, micro_batches_done, best)
         best = end_epoch(setup, logs, step, epoch, micro_batches_done, data_ended, best)
         epoch, micro_batches_done = epoch + 1, 0
 
@@ -124,7 +123,7 @@ def source_shares(sources, clips_by_source: collections.Counter) -> dict[str, di
             for i, s in enumerate(sources)}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Setup:
     """What a run trains with, built by :func:`set_up` on every rank."""
 
@@ -195,8 +194,9 @@ def set_up(params, world: distributed.World, out: Path) -> Setup:
         valid_loader = DataLoader(make_stream(params, model.encoder, [t.data.valid], shuffle=False), batch_size=batch_size,
                                   num_workers=0, collate_fn=collate)
     config = config_of(params, data_fingerprint(stream), vocabulary.as_dict() if vocabulary is not None else None)
-    return Setup(params.seed, t, world, objective, stream, loader, valid_loader, optimizer, scheduler,
-                 autocast_for(t.precision, world.device), total_steps, config, out, passes_per_step(optimizer))
+    return Setup(seed=params.seed, train=t, world=world, objective=objective, stream=stream, loader=loader, valid_loader=valid_loader,
+                 optimizer=optimizer, scheduler=scheduler, autocast=autocast_for(t.precision, world.device), total_steps=total_steps,
+                 config=config, out=out, passes=passes_per_step(optimizer))
 
 
 @dataclasses.dataclass
@@ -211,6 +211,12 @@ class Logs:
     clips_seen: int = 0  # by this rank in this process
     clips_by_source: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # train.data.sources index -> clips
     started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def add_batch(self, batch: Batch) -> None:
+        """Count a micro-batch's clips (in all and per source) and keep the rows it could not decode."""
+        self.skipped_items += batch.skips
+        self.clips_seen += len(batch.ids)
+        self.clips_by_source.update(batch.sources)
 
     def clips_per_s(self, world_size: int) -> float:
         """Training clips per second over all ranks since ``started``."""
@@ -263,28 +269,27 @@ def save_latest(setup: Setup, logs: Logs, step: int, resume_at: tuple[int, int],
     resume drops their rows past it)."""
     logs.train.flush(), logs.valid.flush()
     write_skips(setup.out / "skipped.csv", logs.skipped_items)
-    checkpoint.save(setup.latest, setup.objective, setup.optimizer, setup.scheduler, step, *resume_at, setup.config,
-                    progress_record(setup, logs, best))
+    epoch, micro_batches_done = resume_at
+    checkpoint.save(setup.latest, setup.objective, optimizer=setup.optimizer, scheduler=setup.scheduler, step=step, epoch=epoch,
+                    batches_in_epoch=micro_batches_done, config=setup.config, metrics=progress_record(setup, logs, best))
 
 
-def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batches_done: int,
+def train_epoch(setup: Setup, objective, logs: Logs, step: int, epoch: int, micro_batches_done: int,
                 best: dict) -> tuple[int, int, bool]:
     """Train through ``epoch`` of ``setup.loader`` from its ``micro_batches_done`` on, until the data
     runs out on some rank or ``setup.total_steps`` optimizer steps are taken.
 
-    ``ddp`` is ``setup.objective``, wrapped for DDP when there are several ranks. Every micro-batch adds
-    its gradient; every ``grad_accum``-th ends in an optimizer step. Rank 0 adds a ``train_log`` row
-    every ``log_every_steps`` and saves ``latest.pt`` (recording ``best``) every
-    ``checkpoint_every_steps``, after that step's row. ``logs`` gains the clips seen and the skipped rows. Returns ``(step,
-    micro_batches_done, data_ended)``: optimizer steps taken in the run, micro-batches done in
-    this epoch, and whether the data ran out.
+    ``objective`` is what the loop runs forward: ``setup.objective``, wrapped for DDP when there are
+    several ranks (:func:`distributed.wrap`). Every micro-batch adds its gradient; every
+    ``grad_accum``-th ends in an optimizer step (:func:`optimizer_step`). Rank 0 adds a ``train_log``
+    row every ``log_every_steps`` (:func:`log_step`) and saves ``latest.pt`` (recording ``best``) every
+    ``checkpoint_every_steps``, after that step's row. ``logs`` gains the clips seen and the skipped
+    rows. Returns ``(step, micro_batches_done, data_ended)``: optimizer steps taken in the run,
+    micro-batches done in this epoch, and whether the data ran out.
 
-    With SAM (``train.optim.sam_rho > 0``) the step's micro-batches are kept: the gradient they
-    added (at the weights ``w``, synchronised across ranks as usual) gives SAM its perturbation,
-    then :func:`second_pass` runs them again at ``w + e_w`` with the same dropout and the base
-    optimizer applies that gradient at ``w``. Only the applied (second) gradient is clipped; the
-    first only sets the direction of ``e_w``, which a clip by its norm does not change. The loss
-    terms logged are the first pass's (the loss at ``w``, as without SAM).
+    With SAM (``train.optim.sam_rho > 0``) the step's micro-batches are held, each with its dropout
+    seed, for SAM's second pass (:func:`optimizer_step`). The loss terms logged are the first pass's
+    (the loss at ``w``, as without SAM).
     """
     t, world, grad_accum = setup.train, setup.world, setup.train.optim.grad_accum
     setup.stream.set_epoch(epoch, micro_batches_done, t.data.batch_size)  # a resume skips the micro-batches done
@@ -294,56 +299,83 @@ def train_epoch(setup: Setup, ddp, logs: Logs, step: int, epoch: int, micro_batc
         batch = next(batches, None)
         if not distributed.all_have(batch is not None, world):
             return step, micro_batches_done, True
-        logs.skipped_items += batch.skips
+        logs.add_batch(batch)
         batch = batch.to(world.device)
-        seed = setup.seed + 1000 * world.rank + 7919 * step + micro_batches_done  # dropout: fixed per rank and step
+        seed = dropout_seed(setup.seed, world.rank, step, micro_batches_done)
         sync = (micro_batches_done + 1) % grad_accum == 0  # the last micro-batch before an optimizer step
-        terms = forward_backward(setup, ddp, batch, seed, sync)
-        micro_batches_done, logs.clips_seen = micro_batches_done + 1, logs.clips_seen + len(batch.ids)
-        logs.clips_by_source.update(batch.sources)
+        terms = forward_backward(setup, objective, batch, seed, sync)
+        micro_batches_done += 1
         if setup.passes > 1:
             held.append((batch, seed))
         if not sync:
             continue
-        if setup.passes > 1:
-            setup.optimizer.step(lambda: second_pass(setup, ddp, held))  # SAM: perturb, pass again, restore, AdamW step
-            held = []
-        else:
-            clip_gradients(setup)
-            setup.optimizer.step()
-        setup.scheduler.step()
-        setup.optimizer.zero_grad(set_to_none=True)
-        step += 1
-        logs.progress.update(1)
-        logs.progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")},
-                                  refresh=False)
-        if world.main and (step % t.log_every_steps == 0 or step == setup.total_steps):
-            logs.train.add({"step": step, "epoch": epoch, "lr": setup.scheduler.get_last_lr()[0],
-                            **logs.throughput(world.size, setup.passes), **{k: float(v.detach()) for k, v in terms.items()}})
+        optimizer_step(setup, objective, held)
+        step, held = step + 1, []
+        log_step(setup, logs, step, epoch, terms)
         if world.main and t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
             save_latest(setup, logs, step, (epoch, micro_batches_done), best)
     return step, micro_batches_done, False
 
 
-def forward_backward(setup: Setup, ddp, batch: Batch, seed: int, sync: bool) -> dict[str, torch.Tensor]:
+# The dropout seed's strides (see :func:`dropout_seed`); changing them changes every run's dropout masks.
+RANK_SEED_STRIDE = 1000  # between ranks
+STEP_SEED_STRIDE = 7919  # between optimizer steps: the 1000th prime, so no factor in common with RANK_SEED_STRIDE
+
+
+def dropout_seed(run_seed: int, rank: int, step: int, micro_batch: int) -> int:
+    """The seed of torch's RNG (dropout) for one micro-batch's forward pass: on ``rank``, at optimizer
+    step ``step`` of a run seeded ``run_seed``, micro-batch ``micro_batch`` of the epoch (from 0):
+    ``run_seed + 1000 rank + 7919 step + micro_batch``.
+
+    A function of the micro-batch's place alone, so SAM's second pass draws the first pass's
+    dropout and a resumed run draws the dropout of a run that was never stopped. The strides keep
+    seeds apart: within an epoch a rank's seeds rise with every micro-batch; at the same step and
+    micro-batch, ranks are 1000 apart; an epoch's micro-batch count starts again at 0 while steps go
+    on, and a step's 7919 outweighs the count while an epoch holds fewer than 7,920 micro-batches;
+    and as 1000 and 7919 share no factor, an offset in ranks (1000 x ranks) never equals one in
+    steps (7919 x steps) below 7919 ranks.
+    """
+    return run_seed + RANK_SEED_STRIDE * rank + STEP_SEED_STRIDE * step + micro_batch
+
+
+def forward_backward(setup: Setup, objective, batch: Batch, seed: int, sync: bool) -> dict[str, torch.Tensor]:
     """One micro-batch: torch's RNG seeded with ``seed`` (dropout), the forward pass under autocast and
     the backward of ``loss / grad_accum``, its gradient added to ``p.grad`` (synchronised across ranks
     when ``sync``). Returns the loss terms."""
     torch.manual_seed(seed)
-    with (contextlib.nullcontext() if sync or setup.world.size == 1 else ddp.no_sync()), setup.autocast():
-        terms = ddp(batch)
+    with distributed.gradients_kept_local(objective, setup.world, sync), setup.autocast():
+        terms = objective(batch)
     (terms["loss"] / setup.train.optim.grad_accum).backward()
     return terms
 
 
-def second_pass(setup: Setup, ddp, held: list[tuple[Batch, int]]) -> torch.Tensor:
+def optimizer_step(setup: Setup, objective, held: list[tuple[Batch, int]]) -> None:
+    """The optimizer step that ends a step's micro-batches, whose gradient is in ``p.grad``; then
+    the schedule's step, and the gradients zeroed.
+
+    Without SAM the gradient is clipped (:func:`clip_gradients`) and applied. With SAM the gradient
+    at the weights ``w`` gives SAM its perturbation ``e_w`` (a clip by its norm would not change its
+    direction, so it is not clipped), then :func:`second_pass` runs the micro-batches ``held``
+    (each with its dropout seed) again at ``w + e_w`` and the base optimizer applies that clipped
+    gradient at ``w``.
+    """
+    if setup.passes > 1:
+        setup.optimizer.step(lambda: second_pass(setup, objective, held))  # SAM: perturb, pass again, restore, AdamW step
+    else:
+        clip_gradients(setup)
+        setup.optimizer.step()
+    setup.scheduler.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+
+
+def second_pass(setup: Setup, objective, held: list[tuple[Batch, int]]) -> torch.Tensor:
     """SAM's closure: the step's micro-batches ``held`` (each with its dropout seed) again, at the
     perturbed weights, their gradients summed as in the first pass and clipped as a one-pass step's
     are. Returns the loss at the perturbed weights (the micro-batches' mean)."""
     setup.optimizer.zero_grad(set_to_none=True)
     loss = torch.zeros((), device=setup.world.device)
     for k, (batch, seed) in enumerate(held):
-        loss += forward_backward(setup, ddp, batch, seed, sync=k == len(held) - 1)["loss"].detach() / len(held)
+        loss += forward_backward(setup, objective, batch, seed, sync=k == len(held) - 1)["loss"].detach() / len(held)
     clip_gradients(setup)
     return loss
 
@@ -352,6 +384,18 @@ def clip_gradients(setup: Setup) -> None:
     """Clip the gradient's norm over every parameter to ``train.optim.clip_grad_norm`` (0: no clipping)."""
     if setup.train.optim.clip_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(setup.objective.parameters(), setup.train.optim.clip_grad_norm)
+
+
+def log_step(setup: Setup, logs: Logs, step: int, epoch: int, terms: dict[str, torch.Tensor]) -> None:
+    """After optimizer step ``step`` of ``epoch``: the progress bar moves on and shows the main loss
+    terms, and rank 0 adds a ``train_log`` row (lr, throughput, every term of the step's last
+    micro-batch) every ``log_every_steps`` and at the run's last step."""
+    logs.progress.update(1)
+    logs.progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")},
+                              refresh=False)
+    if setup.world.main and (step % setup.train.log_every_steps == 0 or step == setup.total_steps):
+        logs.train.add({"step": step, "epoch": epoch, "lr": setup.scheduler.get_last_lr()[0],
+                        **logs.throughput(setup.world.size, setup.passes), **{k: float(v.detach()) for k, v in terms.items()}})
 
 
 def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_done: int, data_ended: bool, best: dict) -> dict:
@@ -373,10 +417,11 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
         logs.valid.add({"epoch": epochs_done, "step": step, **scores, "wall_s": round(time.perf_counter() - logs.started, 1)})
         if improves(scores, best, setup.train.best_by):
             best = {"epoch": epochs_done, "step": step, **scores}
-            checkpoint.save(setup.best_path, setup.objective, None, None, step, epochs_done, 0, setup.config, {"best": best})
+            checkpoint.save(setup.best_path, setup.objective, step=step, epoch=epochs_done, batches_in_epoch=0, config=setup.config,
+                            metrics={"best": best})
         if setup.train.keep_epoch_checkpoints and epoch_finished:
-            checkpoint.save(setup.out / "checkpoints" / f"epoch{epochs_done:03d}.pt", setup.objective, None, None, step,
-                            epochs_done, 0, setup.config, {"scores": scores})
+            checkpoint.save(setup.out / "checkpoints" / f"epoch{epochs_done:03d}.pt", setup.objective, step=step, epoch=epochs_done,
+                            batches_in_epoch=0, config=setup.config, metrics={"scores": scores})
         save_latest(setup, logs, step, resume_at, best)
     distributed.barrier(setup.world)
     return best

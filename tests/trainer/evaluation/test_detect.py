@@ -64,13 +64,13 @@ def setup(shard_folder, tmp_path_factory) -> Setup:
     torch.manual_seed(0)
     objective = Objective(build_model(p.train.model), p.train.loss)
     ckpt = tmp / "ckpt.pt"
-    checkpoint.save(ckpt, objective, None, None, 0, 0, 0, config_of(p))
+    checkpoint.save(ckpt, objective, step=0, epoch=0, batches_in_epoch=0, config=config_of(p))
     zero = Objective(build_model(p.train.model), p.train.loss)
     zero.load_state_dict(objective.state_dict())
     with torch.no_grad():
         zero.frame_loss.bias.fill_(0.0)
     ckpt_zero = tmp / "ckpt_zero_bias.pt"
-    checkpoint.save(ckpt_zero, zero, None, None, 0, 0, 0, config_of(p))
+    checkpoint.save(ckpt_zero, zero, step=0, epoch=0, batches_in_epoch=0, config=config_of(p))
 
     audio = tmp / "audio"
     audio.mkdir()

@@ -57,7 +57,7 @@ def ckpt(tmp_path_factory) -> Path:
     with torch.no_grad():
         objective.frame_loss.bias.fill_(0.0)
     path = tmp / "ckpt.pt"
-    checkpoint.save(path, objective, None, None, 0, 0, 0, config_of(p))
+    checkpoint.save(path, objective, step=0, epoch=0, batches_in_epoch=0, config=config_of(p))
     return path
 
 

@@ -98,7 +98,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_logs_of_a_straight_run(s
 
     def save_then_die(path, *args, **kwargs):
         save(path, *args, **kwargs)
-        if path.name == "latest.pt" and args[3] == 3:  # step 3, mid-epoch 0
+        if path.name == "latest.pt" and kwargs["step"] == 3:  # step 3, mid-epoch 0
             raise Killed
 
     monkeypatch.setattr(checkpoint, "save", save_then_die)
