@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
+from pipeline.clip.plots import plot_clipping_examples
 from pipeline.stages import ambience, clip
 from sedsynth.cli import main
 from pipeline.outputs import NoOutputError, rejected_report_path
@@ -77,7 +78,7 @@ def test_clipping_examples_show_one_panel_per_refusal_reason(refusals: Path, tmp
     records = from_table(pq.read_table(out / "manifest.parquet"), EventClip)
     with (out / "skipped.csv").open() as f:
         all_skips = [Skip(r["item_id"], r["path"], r["reason"], r["detail"]) for r in csv.DictReader(f)]
-    titles = clip.plot_clipping_examples(records[:1], all_skips, refusals, p.clip, tmp_path / "again.png")
+    titles = plot_clipping_examples(records[:1], all_skips, refusals, p.clip, tmp_path / "again.png")
     for clip_id, reason in skips.items():
         if reason in energy_reasons:
             assert any(clip_id in t and reason in t for t in titles), (clip_id, reason, titles)

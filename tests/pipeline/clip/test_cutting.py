@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 
 from pipeline.config.params import ClipParams
-from pipeline.events import AUDIO_DIR, clip_one, plan_clips
+from pipeline.clip.cutting import AUDIO_DIR, clip_one, plan_clips
 from pipeline.schema import EventClip, Skip
 from tests.conftest import BARK, BARK_AND_MEOW, ROOT, tone_burst, write_fsd50k
 from tests.test_layers import import_graph
@@ -45,5 +45,5 @@ def test_clip_one_writes_the_segment_it_describes(corpus: Path, tmp_path: Path) 
 
 def test_the_clip_benchmark_imports_the_machinery_not_the_stage() -> None:
     imports = import_graph(ROOT)["benchmarks.run"]
-    assert "pipeline.events" in imports
+    assert "pipeline.clip.cutting" in imports
     assert not any(m.startswith("pipeline.stages") for m in imports)
