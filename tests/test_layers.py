@@ -6,7 +6,7 @@ Layers, top to bottom (a module may import its own layer or a lower one):
     4  trainer.stages              the trainer's DVC stages (train, evaluate)
     3  trainer                     the trainer's machinery
     2  pipeline.stages             the data stages, one file per DVC stage
-    1  pipeline.clip, .corpus, .mix, .text, .shards   the data stages' machinery
+    1  pipeline.clip, .ambience, .corpus, .mix, .text, .shards   the data stages' machinery
     0  pipeline (root modules), pipeline.config   schema, audio, outputs, configuration, ...
 
 Within a layer, stage files never import each other, and the import graph has no cycles (every
@@ -25,7 +25,7 @@ from tests.conftest import ROOT
 from tests.test_dvc_trust import _import_nodes as _imports  # every import statement, TYPE_CHECKING blocks left out
 
 PACKAGES = ("pipeline", "trainer", "sedsynth", "benchmarks")
-MACHINERY = ("pipeline.clip", "pipeline.corpus", "pipeline.imports", "pipeline.mix", "pipeline.text", "pipeline.shards")
+MACHINERY = ("pipeline.clip", "pipeline.ambience", "pipeline.corpus", "pipeline.imports", "pipeline.mix", "pipeline.text", "pipeline.shards")
 STAGES = ("pipeline.stages", "trainer.stages")
 
 

@@ -1,6 +1,6 @@
 """Stage ``ambience``: cut ambience recordings into clean 10 s background segments.
 
-Input: ``sources.ambience_dir`` (an ambience library, see :mod:`pipeline.ambience_library`)
+Input: ``sources.ambience_dir`` (an ambience library, see :mod:`pipeline.ambience.recordings`)
 and ``params.ambience``. Each selected recording is read one segment at a time (so hour-long
 files need no more memory than a segment), downmixed, resampled to ``sample_rate_hz`` and
 cut into non-overlapping ``segment_s`` pieces; the remainder shorter than a segment is
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.ambience_library import AmbienceRecording, read_ambience_library
+from pipeline.ambience.recordings import AmbienceRecording, read_ambience_library
 from pipeline.audio import (
     AudioError,
     clipped_fraction,

@@ -2,7 +2,7 @@
 
 Input: ``mix.events`` and ``mix.backgrounds`` (null: ``clip.out_dir`` and ``ambience.out_dir``),
 each a stage output (manifest and FLAC files) or a Scaper-layout library (label sub-folders of
-audio files, read by :mod:`pipeline.mix.library`), ``params.mix`` and the top-level
+audio files, read by :mod:`pipeline.mix.scaper_library`), ``params.mix`` and the top-level
 ``sample_rate_hz`` (the mixtures' rate). Output (``mix.out_dir``, file names in
 :mod:`pipeline.mix.layout`):
 
@@ -63,7 +63,7 @@ from pipeline.mix import exports
 from pipeline.mix.augment import AugmentError, room_file, usable_rooms
 from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
 from pipeline.mix.instantiate import MixContext, instantiate
-from pipeline.mix.library import LIBRARY_DATASET, label_folders, write_libraries
+from pipeline.mix.scaper_library import LIBRARY_DATASET, label_folders, write_libraries
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, RECORDS, SEGMENTS, SPEC, TIMELINES, audio_path, mixture_id
 from pipeline.outputs import (
     MANIFEST,

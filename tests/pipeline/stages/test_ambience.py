@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from pipeline.stages import ambience
-from pipeline.ambience_library import read_ambience_library
+from pipeline.ambience.recordings import read_ambience_library
 from pipeline.config.params import ComputeParams
 from pipeline.schema import BackgroundSegment, from_table
 from tests.conftest import tree_digest

@@ -1,4 +1,4 @@
-"""Reader for ambience libraries: a folder tree of recordings, with or without a metadata CSV.
+"""The ambience stage's input: an ambience library, a folder tree of recordings with or without a metadata CSV.
 
 Input: the library root and :class:`~pipeline.config.params.AmbienceParams`. With a metadata CSV
 (``metadata_csv``, path relative to the root), each row names a file (``path_column``,
