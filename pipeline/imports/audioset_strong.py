@@ -14,11 +14,16 @@ Input, under the corpus root (names as Google publishes them, each changeable by
 Output: one :class:`~pipeline.schema.ImportedClip` per segment with at least one known label
 (train TSV -> ``train``, or ``valid`` for the ``valid_fraction`` of segments a stable hash of
 the segment id picks; eval TSV -> ``test``), regions named by the AudioSet ontology; and a
-:class:`~pipeline.schema.Skip` per unusable row (``malformed-row``, ``unknown-label``: a MID
-neither the AudioSet-Strong class list, ``mid_to_display_name.tsv`` nor the ontology knows)
-and per segment without audio (``missing-file``); a TSV that a symbolic link leads out of the
-root is skipped as ``outside-root`` (``mid_to_display_name.tsv`` then read as absent). Region
-times are passed on as written; the writer checks them against the decoded audio.
+:class:`~pipeline.schema.Skip` per unusable row (``malformed-row``; ``bad-region``: a negative
+time or onset >= offset; ``unknown-label``: a MID neither the AudioSet-Strong class list,
+``mid_to_display_name.tsv`` nor the ontology knows) and per segment without audio
+(``missing-file``); a TSV that a symbolic link leads out of the root is skipped as
+``outside-root`` (``mid_to_display_name.tsv`` then read as absent). Regions past the segment's
+end are passed on as written; the writer checks them against the decoded audio.
+
+This module is the one reader of the format: the importer (:func:`read`) and the evaluation's
+benchmark reader (:func:`trainer.evaluation.readers.read_audioset_strong`) both take their
+regions from :func:`read_segments_tsv` and their audio from :func:`segment_audio`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.imports.dcase import OUTSIDE_ROOT, outside_root
+from pipeline.imports.dcase import OUTSIDE_ROOT, outside_root, parse_seconds, region_problem
 from pipeline.ontology import DATA_DIR, default_ontology
 from pipeline.schema import ImportedClip, ImportedRegion, Skip
 
@@ -94,11 +99,11 @@ def class_names(names_tsv: Path | None) -> dict[str, str]:
     return names
 
 
-class _Finder:
+class AudioFinder:
     """The first existing file of some patterns, each folder listed once (not one stat per candidate)."""
 
-    def __init__(self, root: Path, patterns: list[str]):
-        self.root, self.patterns = root, patterns
+    def __init__(self, patterns: list[str]):
+        self.patterns = patterns
         self.listed: dict[str, set[str]] = {}
 
     def _names(self, folder: Path) -> set[str]:
@@ -141,15 +146,59 @@ def _options(options: dict) -> dict:
     return merged
 
 
-def _rows(tsv: Path) -> list[tuple[int, list[str]]]:
-    """(line number, fields) of every data row, the header checked."""
-    with open(tsv, newline="", encoding="utf-8") as f:
-        lines = list(csv.reader(f, delimiter="\t"))
-    if not lines or tuple(c.strip() for c in lines[0]) != HEADER:
-        got = lines[0] if lines else "nothing"
-        raise AudioSetStrongError(f"audioset-strong: {tsv} must start with the header {'<TAB>'.join(HEADER)} (found {got}); "
-                                  "is it an AudioSet-Strong segments TSV?")
-    return [(n, row) for n, row in enumerate(lines[1:], start=2) if any(c.strip() for c in row)]
+def segment_audio(finder: AudioFinder, folder: Path, segment_id: str, root: Path) -> tuple[Path | None, Skip | None]:
+    """The audio file of a segment in ``folder``, or None and a ``missing-file`` Skip naming every name tried (relative to ``root``)."""
+    path, tried = finder.find(folder, name_fields(segment_id))
+    if path is not None:
+        return path, None
+    return None, Skip(segment_id, os.path.relpath(tried[0], root), "missing-file",
+                      f"no audio: tried {', '.join(os.path.relpath(t, root) for t in tried)}")
+
+
+def read_segments_tsv(tsv: Path, names: dict[str, str], names_from: str = "the AudioSet-Strong class list nor the ontology",
+                      ) -> tuple[dict[str, list[ImportedRegion]], list[Skip]]:
+    """The regions of one segments TSV by segment id (rows in file order), and a Skip per row that cannot be used.
+
+    Columns are found by their header names, extra ones ignored; AudioSetStrongError when one of
+    :data:`HEADER` is absent. A row is ``malformed-row`` (a field count other than the header's,
+    a segment id that is not ``<YouTube id>_<start ms>``, times that are not numbers),
+    ``bad-region`` (a negative time or onset >= offset) or ``unknown-label`` (a MID ``names``,
+    gathered from ``names_from``, lacks).
+    """
+    with open(tsv, newline="", encoding="utf-8-sig", errors="replace") as f:
+        lines = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))  # one line, one row: no quoting in these files
+    header = [c.strip() for c in lines[0]] if lines else []
+    missing = [c for c in HEADER if c not in header]
+    if missing:
+        raise AudioSetStrongError(f"audioset-strong: {tsv} lacks the column(s) {', '.join(missing)} (its header is {lines[0] if lines else 'nothing'}); "
+                                  f"a segments TSV starts with the header {'<TAB>'.join(HEADER)}: is it an AudioSet-Strong segments TSV?")
+    at = [header.index(c) for c in HEADER]
+    regions: dict[str, list[ImportedRegion]] = defaultdict(list)
+    skips: list[Skip] = []
+    for line, row in enumerate(lines[1:], start=2):
+        if not any(c.strip() for c in row):
+            continue
+        where = f"{tsv.name}:{line}"
+        if len(row) != len(header):
+            item = row[at[0]].strip() if len(row) > at[0] and row[at[0]].strip() else where
+            skips.append(Skip(item, where, "malformed-row", f"{len(row)} fields, {len(header)} expected"))
+            continue
+        segment_id, onset, offset, mid = (row[i].strip() for i in at)
+        onset_s, offset_s = parse_seconds(onset), parse_seconds(offset)
+        try:
+            split_segment_id(segment_id)
+        except ValueError as e:
+            skips.append(Skip(segment_id or where, where, "malformed-row", str(e)))
+            continue
+        if onset_s is None or offset_s is None:
+            skips.append(Skip(segment_id, where, "malformed-row", f"start {onset!r} / end {offset!r} are not numbers"))
+        elif problem := region_problem(onset_s, offset_s):
+            skips.append(Skip(segment_id, where, "bad-region", f"{mid}: {problem}"))
+        elif mid not in names:
+            skips.append(Skip(segment_id, where, "unknown-label", f"label {mid!r} is in neither {names_from}"))
+        else:
+            regions[segment_id].append(ImportedRegion(names[mid], mid, "", onset_s, offset_s))
+    return dict(regions), skips
 
 
 def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
@@ -168,41 +217,24 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
                                   "audioset_train_strong.tsv / audioset_eval_strong.tsv (or name them with --option train_tsv=... "
                                   "eval_tsv=...)")
     names = class_names(None if outside_root(root, o["names_tsv"]) else root / o["names_tsv"])
-    finder = _Finder(root, list(o["patterns"]))
+    finder = AudioFinder(list(o["patterns"]))
     skips: list[Skip] = linked_out
     clips: list[ImportedClip] = []
     owner: dict[str, str] = {}  # segment id -> the TSV that listed it first
     for split, tsv in present.items():
         folder = Path(o[f"{'train' if split == 'train' else 'eval'}_audio_dir"] or o["audio_dir"])
         folder = folder if folder.is_absolute() else root / folder
-        regions: dict[str, list[ImportedRegion]] = defaultdict(list)
-        for line, row in _rows(tsv):
-            where = f"{tsv.name}:{line}"
-            if len(row) != len(HEADER):
-                skips.append(Skip(row[0] if row else where, where, "malformed-row", f"{len(row)} fields, 4 expected"))
-                continue
-            segment_id, onset, offset, mid = (c.strip() for c in row)
-            try:
-                split_segment_id(segment_id)
-                onset_s, offset_s = float(onset), float(offset)
-            except ValueError as e:
-                skips.append(Skip(segment_id, where, "malformed-row", str(e)))
-                continue
-            if owner.setdefault(segment_id, tsv.name) != tsv.name:
-                skips.append(Skip(segment_id, where, "malformed-row", f"the segment is also in {owner[segment_id]}; kept there"))
-                continue
-            if mid not in names:
-                skips.append(Skip(segment_id, where, "unknown-label",
-                                  f"label {mid!r} is in neither the AudioSet-Strong class list, {o['names_tsv']} nor the ontology"))
-                continue
-            regions[segment_id].append(ImportedRegion(names[mid], mid, "", onset_s, offset_s))
+        regions, tsv_skips = read_segments_tsv(tsv, names, f"the AudioSet-Strong class list, {o['names_tsv']} nor the ontology")
+        skips += tsv_skips
         for segment_id in sorted(regions):
-            fields = name_fields(segment_id)
-            path, tried = finder.find(folder, fields)
-            if path is None:
-                skips.append(Skip(segment_id, os.path.relpath(tried[0], root), "missing-file",
-                                  f"no audio: tried {', '.join(os.path.relpath(t, root) for t in tried)}"))
+            if owner.setdefault(segment_id, tsv.name) != tsv.name:
+                skips.append(Skip(segment_id, tsv.name, "malformed-row", f"the segment is also in {owner[segment_id]}; kept there"))
                 continue
+            path, missing = segment_audio(finder, folder, segment_id, root)
+            if path is None:
+                skips.append(missing)
+                continue
+            fields = name_fields(segment_id)
             clip_split = "valid" if split == "train" and in_valid(segment_id, o["valid_fraction"]) else split
             start_s = int(fields["start_ms"]) / 1000
             attribution = (f"YouTube video {fields['ytid']}, {start_s:g}-{start_s + SEGMENT_S:g} s "

@@ -34,14 +34,12 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import soundfile as sf
 
-from pipeline.imports import dcase, urban_sed
-from pipeline.ontology import DATA_DIR
+from pipeline.imports import audioset_strong, dcase, urban_sed
 from pipeline.schema import ImportedRegion, Skip
 
 
@@ -128,8 +126,6 @@ _PATH_HELP: dict[str, dict[str, str]] = {
     "esc50": {"root": "the ESC-50 root folder (holding meta/ and audio/)"},
     "us8k": {"root": "the UrbanSound8K root folder (holding metadata/ and audio/)"},
 }
-
-_Event = tuple[Path, str, str, float, float, str]
 
 
 def _missing_message(kind: str, key: str, path: Path | str, problem: str = "does not exist") -> str:
@@ -236,32 +232,6 @@ def _checked_span(path: Path, where: str, onset: float, offset: float) -> tuple[
     return None if offset == onset else (onset, offset)
 
 
-def _ground_truth(clips: Iterable[str], events: list[_Event]) -> dict[str, list[tuple[float, float, str]]]:
-    """Per clip, events sorted by (onset, offset, class) with same-class overlaps merged."""
-    spans: dict[str, dict[str, list[tuple[float, float]]]] = {clip: {} for clip in clips}
-    for path, where, clip, onset, offset, label in events:
-        span = _checked_span(path, where, onset, offset)
-        if span is not None and clip in spans:
-            spans[clip].setdefault(label, []).append(span)
-    return {
-        clip: sorted((a, b, label) for label, s in by_label.items() for a, b in _merge_spans(s))
-        for clip, by_label in sorted(spans.items())
-    }
-
-
-def _sed_set(name: str, audio: dict[str, str], events: list[_Event], durations_s: dict[str, float], alpha_st: float = 1.0) -> SedSet:
-    classes = tuple(sorted({e[5] for e in events}))
-    return SedSet(
-        name=name,
-        audio=audio,
-        ground_truth=_ground_truth(audio, events),
-        durations_s={clip: durations_s[clip] if clip in durations_s else _duration_s(path) for clip, path in audio.items()},
-        classes=classes,
-        queries={c: _query(c) for c in classes},
-        alpha_st=alpha_st,
-    )
-
-
 SedClip = tuple[str, str, tuple[ImportedRegion, ...]]  # (clip id, audio file, regions) as a corpus reader found them
 
 
@@ -286,22 +256,29 @@ def _no_clip(name: str, key: str, audio_dir: Path, skips: list[Skip]) -> None:
     raise BenchmarkMissing(_missing_message(name, key, audio_dir, problem))
 
 
-def _sed_set_of(name: str, key: str, audio_dir: Path, clips: list[SedClip], skips: list[Skip],
-                durations_s: dict[str, float], alpha_st: float = 1.0) -> SedSet:
+def _sed_set(name: str, key: str, audio_dir: Path, clips: list[SedClip], skips: list[Skip],
+             durations_s: dict[str, float], alpha_st: float = 1.0) -> SedSet:
     """A :class:`SedSet` from the clips a corpus reader found and the rows and clips it skipped.
 
     Same-class regions that overlap or touch are merged; durations missing from ``durations_s``
-    come from the audio headers; classes are the labels of the clips kept. The skips are kept
-    in ``skips`` and counted in one warning. ``key`` names the path parameter to blame when no
-    clip is left (:func:`_no_clip`).
+    come from the audio headers (a clip whose header does not read is left out as
+    ``unreadable``); classes are the labels of the clips kept. The skips are kept in ``skips``
+    and counted in one warning. ``key`` names the path parameter to blame when no clip is left
+    (:func:`_no_clip`).
     """
     skips = list(skips)
     kept: dict[str, SedClip] = {}
-    for clip in sorted(clips):
-        if clip[0] in kept:
-            skips.append(Skip(clip[0], clip[1], "malformed-row", f"clip id {clip[0]} is already taken by {kept[clip[0]][1]}"))
-        else:
-            kept[clip[0]] = clip
+    durations: dict[str, float] = {}
+    for clip, path, regions in sorted(clips):
+        if clip in kept:
+            skips.append(Skip(clip, path, "malformed-row", f"clip id {clip} is already taken by {kept[clip][1]}"))
+            continue
+        try:
+            durations[clip] = durations_s[clip] if clip in durations_s else _duration_s(path)
+        except BenchmarkError as e:
+            skips.append(Skip(clip, path, "unreadable", str(e)))
+            continue
+        kept[clip] = (clip, path, regions)
     if not kept:
         _no_clip(name, key, audio_dir, skips)
     if skips:
@@ -311,7 +288,7 @@ def _sed_set_of(name: str, key: str, audio_dir: Path, clips: list[SedClip], skip
         name=name,
         audio={clip: path for clip, path, _ in kept.values()},
         ground_truth={clip: _merged_events(regions) for clip, _, regions in kept.values()},
-        durations_s={clip: durations_s[clip] if clip in durations_s else _duration_s(path) for clip, path, _ in kept.values()},
+        durations_s=durations,
         classes=classes,
         queries={c: _query(c) for c in classes},
         alpha_st=alpha_st,
@@ -365,7 +342,7 @@ def read_desed(audio_dir: Path | str, events_tsv: Path | str, durations_tsv: Pat
                 clips.append((clip, str(audio_dir / filename), ()))
             else:
                 skips.append(Skip(clip, filename, "missing-file", f"{filename} not found ({durations_tsv} lists it)"))
-    return _sed_set_of("desed", "audio_dir", audio_dir, clips, skips, durations)
+    return _sed_set("desed", "audio_dir", audio_dir, clips, skips, durations)
 
 
 def read_urbansed(root: Path | str, split: str = "test", format: str = "txt") -> SedSet:
@@ -392,50 +369,41 @@ def read_urbansed(root: Path | str, split: str = "test", format: str = "txt") ->
         raise ValueError(f"benchmark urbansed: format {format!r}; one of {', '.join(urban_sed.FORMATS)}")
     soundscapes, skips = urban_sed.read_folder(root, split, format)
     clips: list[SedClip] = [(s.clip_id, str(root / s.audio_path), s.regions) for s in soundscapes]
-    return _sed_set_of("urbansed", "root", audio_dir, clips, skips, {})
-
-
-@cache
-def _audioset_names() -> dict[str, str]:
-    """MID -> display name: the AudioSet ontology, then the strong-label class list for MIDs it lacks."""
-    names = {}
-    with open(DATA_DIR / "audioset_strong_classes.csv", newline="", encoding="utf-8") as f:
-        names.update({mid: name for mid, name in csv.reader(f)})
-    ontology = json.loads((DATA_DIR / "audioset_ontology.json").read_text(encoding="utf-8"))
-    names.update({c["id"]: c["name"] for c in ontology})
-    return names
+    return _sed_set("urbansed", "root", audio_dir, clips, skips, {})
 
 
 def read_audioset_strong(audio_dir: Path | str, segments_tsv: Path | str, class_names: dict[str, str] | None = None) -> SedSet:
-    """AudioSet-Strong eval -> :class:`SedSet` named ``audioset_strong`` with ``alpha_st = 0``.
+    """AudioSet-Strong eval -> :class:`SedSet` named ``audioset_strong`` with ``alpha_st = 0``, parsed by
+    :mod:`pipeline.imports.audioset_strong`.
 
     Layout: ``segments_tsv`` with header
-    ``segment_id  start_time_seconds  end_time_seconds  label`` (tab separated, label a MID
-    such as ``/m/09x0r``); audio ``audio_dir/<segment_id>.wav`` or ``.flac`` (a ``Y`` prefix
-    on the file name is also accepted). Class = display name of the MID from the AudioSet
-    ontology shipped in ``pipeline/data`` (the strong-label class list covers MIDs the
-    ontology lacks); ``class_names`` (MID -> name) overrides both. Durations come from the
-    audio headers.
+    ``segment_id  start_time_seconds  end_time_seconds  label`` (tab separated, columns found by
+    name, label a MID such as ``/m/09x0r``); audio in ``audio_dir`` under the importer's default
+    file-name patterns (``<segment_id>.flac`` or ``.wav``, ``Y``-prefixed, and the other
+    download layouts). Class = display name of the MID from the AudioSet ontology shipped in
+    ``pipeline/data`` (the strong-label class list covers MIDs the ontology lacks);
+    ``class_names`` (MID -> name) overrides both. Durations come from the audio headers.
+
+    Left out and reported (:attr:`SedSet.skips`): a row that does not parse (segment id, field
+    count, times), a negative time or onset >= offset, an unknown MID, a segment without audio.
+    BenchmarkError when the header lacks a column.
     """
     audio_dir = _need("audioset_strong", "audio_dir", audio_dir)
     segments_tsv = _need("audioset_strong", "segments_tsv", segments_tsv)
-    names = {**_audioset_names(), **(class_names or {})}
-    segments: list[str] = []
-    events: list[_Event] = []
-    columns = ("segment_id", "start_time_seconds", "end_time_seconds", "label")
-    for line, r in _read_table(segments_tsv, columns, "\t"):
-        where = f"line {line}"
-        if not r["segment_id"]:
-            raise BenchmarkError(f"{segments_tsv}: {where}: empty segment_id")
-        if r["label"] not in names:
-            raise BenchmarkError(f"{segments_tsv}: {where}: label {r['label']!r} is not an AudioSet MID; pass class_names={{{r['label']!r}: name}}")
-        onset = _number(r["start_time_seconds"], segments_tsv, where, "start_time_seconds")
-        offset = _number(r["end_time_seconds"], segments_tsv, where, "end_time_seconds")
-        segments.append(r["segment_id"])
-        events.append((segments_tsv, where, r["segment_id"], onset, offset, names[r["label"]]))
-    candidates = {s: [audio_dir / f"{p}{s}{ext}" for p in ("", "Y") for ext in (".wav", ".flac")] for s in segments}
-    audio = _keep_present("audioset_strong", "audio_dir", audio_dir, candidates)
-    return _sed_set("audioset_strong", audio, events, {}, alpha_st=0.0)
+    names = {**audioset_strong.class_names(None), **(class_names or {})}
+    try:
+        regions, skips = audioset_strong.read_segments_tsv(segments_tsv, names, "the AudioSet-Strong class list, the ontology nor class_names")
+    except audioset_strong.AudioSetStrongError as e:
+        raise BenchmarkError(str(e)) from None
+    finder = audioset_strong.AudioFinder(list(audioset_strong.DEFAULT_OPTIONS["patterns"]))
+    clips: list[SedClip] = []
+    for segment_id in sorted(regions):
+        path, missing = audioset_strong.segment_audio(finder, audio_dir, segment_id, audio_dir)
+        if path is None:
+            skips.append(missing)
+        else:
+            clips.append((segment_id, str(path), tuple(regions[segment_id])))
+    return _sed_set("audioset_strong", "audio_dir", audio_dir, clips, skips, {}, alpha_st=0.0)
 
 
 def _grounding_records(path: Path) -> list[tuple[str, dict]]:

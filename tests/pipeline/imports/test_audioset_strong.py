@@ -39,7 +39,9 @@ def test_the_published_layout_parses_with_names_from_the_ontology(audioset_root)
     assert by_id["evalclip_0"].regions[0] == ImportedRegion("Bark", "/m/05tny_", "", 0.0, 1.0)
     reasons = {(s.item_id, s.reason) for s in skips}
     assert reasons == {("abc_def_30000", "unknown-label"), ("gone_clip_10000", "missing-file"),
-                       ("nounderscore", "malformed-row"), ("bad_time_0", "malformed-row")}
+                       ("nounderscore", "malformed-row"), ("bad_time_0", "malformed-row"), ("evalclip_0", "bad-region")}
+    empty = next(s for s in skips if s.reason == "bad-region")  # onset == offset: left out as the row is read
+    assert empty.path == "audioset_eval_strong.tsv:2" and "onset 3 s is not before offset 3 s" in empty.detail
     unknown = next(s for s in skips if s.reason == "unknown-label")
     assert unknown.path == "audioset_train_strong.tsv:6" and "/m/zzzz_unknown" in unknown.detail
     missing = next(s for s in skips if s.reason == "missing-file")
@@ -77,5 +79,17 @@ def test_errors_say_what_to_do(tmp_path, audioset_root):
     with pytest.raises(AudioSetStrongError, match="pattern '{vid}.wav'"):
         read(audioset_root, {"patterns": ["{vid}.wav"]})
     (audioset_root / "audioset_eval_strong.tsv").write_text("YTID,start_seconds,end_seconds,positive_labels\n", encoding="utf-8")
-    with pytest.raises(AudioSetStrongError, match="must start with the header segment_id<TAB>start_time_seconds"):
+    with pytest.raises(AudioSetStrongError, match="lacks the column.*starts with the header segment_id<TAB>start_time_seconds"):
         read(audioset_root, {})
+
+
+def test_columns_are_found_by_name_and_rows_never_merge(tmp_path):
+    """Columns in another order, an extra column and a stray quote: every line is one row, read by its header."""
+    (tmp_path / "audioset_eval_strong.tsv").write_text(
+        "label\tsegment_id\tend_time_seconds\tstart_time_seconds\tnote\n"
+        "/m/09x0r\tq_0\t2.0\t1.0\t\"open quote\n"
+        "/m/05tny_\tq_0\t4.0\t3.0\tclosed\"\n", encoding="utf-8")
+    write_tone(tmp_path / "audio" / "q_0.wav", 1.0, 16000, 300.0)
+    clips, skips = read(tmp_path, {})
+    assert skips == []
+    assert clips[0].regions == (ImportedRegion("Speech", "/m/09x0r", "", 1.0, 2.0), ImportedRegion("Bark", "/m/05tny_", "", 3.0, 4.0))

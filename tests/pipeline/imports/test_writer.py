@@ -51,7 +51,7 @@ def test_every_skip_reason_and_the_missing_share(capsys, imported):
     assert _skips(out) == {
         ("abc_def_30000", "unknown-label"), ("gone_clip_10000", "missing-file"), ("nounderscore", "malformed-row"),
         ("bad_time_0", "malformed-row"), ("corrupt_0", "unreadable"), ("silent_5000", "silent"),
-        ("abc_def_30000#2", "bad-region"), ("evalclip_0#1", "bad-region"),
+        ("abc_def_30000#2", "bad-region"), ("evalclip_0", "bad-region"),
     }
     assert summary["outputs"] == 4 and summary["inputs"] == 7  # six clips with audio listed, one without
     assert summary["missing_audio"] == 1 and summary["missing_audio_share"] == pytest.approx(1 / 7, abs=1e-6)

@@ -12,7 +12,9 @@ import pytest
 import soundfile as sf
 
 from pipeline.imports.dcase import read_dcase_tsv as import_dcase_tsv
+from pipeline.imports.audioset_strong import read as import_audioset_strong
 from pipeline.imports.urban_sed import read as import_urban_sed
+from tests.pipeline.imports.conftest import write_audioset_strong
 from trainer.evaluation.readers import (
     READERS,
     BenchmarkError,
@@ -305,7 +307,7 @@ def test_audioset_strong_maps_mids_and_sets_alpha_st_zero(tmp_path):
         "xyz_0\t0.000\t0.500\t/m/05tny_\n"
         "gone_10000\t0.000\t1.000\t/m/09x0r\n"
     ))
-    with pytest.warns(UserWarning, match="1 of 3"):
+    with pytest.warns(UserWarning, match=r"2 clips read; 1 ground-truth rows or clips left out \(missing-file 1\)"):
         s = read_audioset_strong(audio_dir=audio, segments_tsv=tsv, class_names={"/m/05tny_": "Dog bark"})
     assert s.name == "audioset_strong" and s.alpha_st == 0.0
     assert s.audio == {"abc_30000": str(audio / "abc_30000.wav"), "xyz_0": str(flac)}
@@ -318,11 +320,40 @@ def test_audioset_strong_maps_mids_and_sets_alpha_st_zero(tmp_path):
     assert s.queries["Washing machine"] == "washing machine"
 
 
-def test_audioset_strong_unknown_mid(tmp_path):
+def test_audioset_strong_a_bad_row_is_left_out_and_reported_not_raised(tmp_path):
     wav(tmp_path / "audio" / "abc_0.wav", 0.5)
-    tsv = write_text(tmp_path / "s.tsv", "segment_id\tstart_time_seconds\tend_time_seconds\tlabel\nabc_0\t0\t1\t/m/nope\n")
-    with pytest.raises(BenchmarkError, match=r"s\.tsv: line 2: label '/m/nope' is not an AudioSet MID"):
-        read_audioset_strong(audio_dir=tmp_path / "audio", segments_tsv=tsv)
+    tsv = write_text(tmp_path / "s.tsv", "segment_id\tstart_time_seconds\tend_time_seconds\tlabel\n"
+                                         "abc_0\t0\t1\t/m/nope\nabc_0\t0.5\t0.2\t/m/09x0r\nabc_0\t0\t0.4\t/m/09x0r\nabc_0\tsoon\t1\t/m/09x0r\n")
+    with pytest.warns(UserWarning, match=r"1 clips read; 3 ground-truth rows or clips left out \(bad-region 1, malformed-row 1, unknown-label 1\)"):
+        s = read_audioset_strong(audio_dir=tmp_path / "audio", segments_tsv=tsv)
+    assert s.ground_truth == {"abc_0": [(0.0, 0.4, "Speech")]}
+    assert [(x.path, x.reason) for x in s.skips] == [("s.tsv:2", "unknown-label"), ("s.tsv:3", "bad-region"), ("s.tsv:5", "malformed-row")]
+    assert "'/m/nope'" in s.skips[0].detail
+    header = write_text(tmp_path / "h.tsv", "segment_id\tstart\tend\tlabel\nabc_0\t0\t1\t/m/09x0r\n")
+    with pytest.raises(BenchmarkError, match=r"h\.tsv lacks the column\(s\) start_time_seconds, end_time_seconds"):
+        read_audioset_strong(audio_dir=tmp_path / "audio", segments_tsv=header)
+
+
+@pytest.mark.parametrize("tsv", ["audioset_train_strong.tsv", "audioset_eval_strong.tsv"])
+def test_audioset_strong_evaluation_and_import_read_the_same_events(tmp_path, tsv):
+    """Each TSV of the importer's fixture corpus (quirks included), read by both callers as the eval set: the same
+    segments with the same events, and the same rows left out for the same reasons."""
+    root = write_audioset_strong(tmp_path / "audioset_strong")
+    (root / tsv).replace(root / "eval.tsv")
+    clips, import_skips = import_audioset_strong(root, {"train_tsv": "absent.tsv", "eval_tsv": "eval.tsv"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = read_audioset_strong(audio_dir=root / "audio", segments_tsv=root / "eval.tsv")
+    imported = {c.clip_id: c.regions for c in clips}
+    for clip in s.ground_truth:
+        assert s.ground_truth[clip] == _merged(imported[clip]), clip
+    # missing-file paths are relative to the corpus root there, to the audio folder here; the audio itself is
+    # read later, by the import's writer and by the benchmark reader (for its duration)
+    undecodable = {(x.item_id, x.reason) for x in s.skips if x.reason == "unreadable"}
+    assert undecodable == ({("corrupt_0", "unreadable")} if tsv == "audioset_train_strong.tsv" else set())
+    assert ({(x.item_id, x.path.removeprefix("audio/"), x.reason) for x in import_skips}
+            == {(x.item_id, x.path, x.reason) for x in s.skips if x.reason != "unreadable"})
+    assert set(imported) == set(s.ground_truth) | {i for i, _ in undecodable}
 
 
 # --- AudioGrounding ------------------------------------------------------------------------
