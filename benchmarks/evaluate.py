@@ -60,7 +60,7 @@ def run(clips: int = 10000, classes: int = 20, write_scores: bool = True) -> dic
     made = time.perf_counter() - started
     timer = M.Timer()
     with tempfile.TemporaryDirectory() as tmp:
-        result = detection(scored, 0, truth, durations, names, _Settings, timer, Path(tmp) if write_scores else None, "bench")
+        result = detection(scored, 0, truth, durations, names, _Settings, timer, folder=Path(tmp) if write_scores else None, model="bench")
     own = {i: [(c, [(on, off) for on, off, cc in truth[i] if cc == c]) for c in sorted({e[2] for e in truth[i]})] for i in scored.ids}
     result |= grounding(scored, 1, lambda i: own[i], timer)
     rng = np.random.default_rng(1)

@@ -234,7 +234,7 @@ class CaptionDecoder(nn.Module):
     True = valid frame | None)`` -> logits ``(B, S, vocab)``. Output layer tied to the token embedding.
     """
 
-    def __init__(self, tokenizer: Tokenizer, feature_dim: int, dim: int = 256, depth: int = 2, heads: int = 4,
+    def __init__(self, tokenizer: Tokenizer, feature_dim: int, *, dim: int = 256, depth: int = 2, heads: int = 4,
                  ffn: int = 1024, max_tokens: int = 32, dropout: float = 0.1, decoding: Decoding = "autoregressive",
                  parallel_ratio: float = PARALLEL_RATIO, alternate_per: Literal["step", "example"] = "step"):
         super().__init__()
@@ -391,5 +391,5 @@ def build_decoder(settings, feature_dim: int, tokenizer: Tokenizer) -> CaptionDe
     """A :class:`CaptionDecoder` as ``train.model.caption_decoder`` ``settings`` describe it, reading
     frame features of width ``feature_dim``."""
     s = settings
-    return CaptionDecoder(tokenizer, feature_dim, s.dim, s.depth, s.heads, s.ffn, s.max_tokens, s.dropout, s.decoding,
-                          s.parallel_ratio, s.alternate_per)
+    return CaptionDecoder(tokenizer, feature_dim, dim=s.dim, depth=s.depth, heads=s.heads, ffn=s.ffn, max_tokens=s.max_tokens,
+                          dropout=s.dropout, decoding=s.decoding, parallel_ratio=s.parallel_ratio, alternate_per=s.alternate_per)

@@ -90,7 +90,7 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 
 class FineLAP(nn.Module):
-    def __init__(self, encoder: AudioEncoder, text: TextEncoder, dim: int = 1024,
+    def __init__(self, encoder: AudioEncoder, text: TextEncoder, *, dim: int = 1024,
                  adapter: Literal["transformer", "bigru", "linear", "shared"] = "transformer",
                  adapter_ffn: int = 4096, adapter_heads: int = 8, dropout: float = 0.1, per_text_logits: bool = False,
                  caption_decoder=None):
@@ -145,5 +145,5 @@ def build_model(p) -> FineLAP:
     """A :class:`FineLAP` from ``train.model`` params."""
     encoder = build_encoder(p.encoder, p.encoder_checkpoint)
     text = TextEncoder(p.text_model, p.text_pooling, p.text_max_tokens, frozen=p.freeze_text)
-    return FineLAP(encoder, text, p.embed_dim, p.adapter, p.adapter_ffn, p.adapter_heads, p.dropout, p.per_text_logits,
-                   p.caption_decoder)
+    return FineLAP(encoder, text, dim=p.embed_dim, adapter=p.adapter, adapter_ffn=p.adapter_ffn, adapter_heads=p.adapter_heads,
+                   dropout=p.dropout, per_text_logits=p.per_text_logits, caption_decoder=p.caption_decoder)

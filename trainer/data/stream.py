@@ -220,7 +220,7 @@ def world() -> tuple[int, int]:
 class TrainStream(IterableDataset):
     """Items for this rank and DataLoader worker, one epoch per ``iter`` (call :meth:`set_epoch`)."""
 
-    def __init__(self, sources: list[SourceParams], builder: ItemBuilder, seed: int, shuffle_buffer: int = 256,
+    def __init__(self, sources: list[SourceParams], builder: ItemBuilder, seed: int, *, shuffle_buffer: int = 256,
                  piece_rows: int = 128, rank: int | None = None, world_size: int | None = None, shuffle: bool = True,
                  run_params=None, clusters: str | None = None):
         self.params, self.builder, self.seed = sources, builder, seed
@@ -430,7 +430,7 @@ def make_stream(params, encoder, sources: list[SourceParams], shuffle: bool, ran
                        tag_replacement_p=d.tag_replacement_p if shuffle else 0.0, min_label_overlap=d.min_label_overlap,
                        captions_per_clip=captions_per_clip, templates=templates)
     builder = ItemBuilder(items, encoder.frame_spans_s(), sampler, params.seed)
-    return TrainStream(list(sources), builder, params.seed, d.shuffle_buffer if shuffle else 1, d.piece_rows,
+    return TrainStream(list(sources), builder, params.seed, shuffle_buffer=d.shuffle_buffer if shuffle else 1, piece_rows=d.piece_rows,
                        rank=rank, world_size=world_size, shuffle=shuffle, run_params=params, clusters=folder)
 
 

@@ -112,7 +112,7 @@ def score_dataframes(ids, timestamps_s, probs, classes) -> dict[str, pd.DataFram
             for i, t, p in zip(ids, timestamps_s, probs)}
 
 
-def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer,
+def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer, *,
                 segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5, f1_scores: dict | None = None) -> dict:
     """All detection metrics for one score set (collar F1 at ``threshold``, on ``f1_scores`` when
     given: the same scores after collar F1's own median filter).
@@ -211,7 +211,7 @@ def confusion(ids, timestamps_s, probs, ground_truth: dict, classes) -> tuple[np
         return total / events[:, None], events
 
 
-def protocol(classes, clips: int, events: int, frame_hop_s: float, median_filter_frames: int, segment_s: float,
+def protocol(classes, clips: int, events: int, *, frame_hop_s: float, median_filter_frames: int, segment_s: float,
              max_fpr: float, threshold: float, threshold_source: str, f1_median_filter_frames: int | None = None) -> dict:
     """How the detection numbers of one set were computed, as plain data for its metrics file:
     the sed_scores_eval version, every PSDS setting, the median filter, the collar F1 settings,

@@ -129,9 +129,9 @@ def top_absent(probs: np.ndarray, classes, present, n: int = 3) -> list[int]:
 
 
 def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz: int, timestamps_s: np.ndarray, probs: np.ndarray,
-                     queries: list[str], truth: dict[str, list[tuple[float, float]]] | None = None,
+                     queries: list[str], *, truth: dict[str, list[tuple[float, float]]] | None = None,
                      events: dict[str, list[tuple[float, float, float]]] | None = None, title: str = "", threshold: float = 0.5,
-                     *, absent: int = 0) -> None:
+                     absent: int = 0) -> None:
     """``probs (L, Q)`` on the frame grid ``timestamps_s (L+1,)``; ``truth``/``events`` per query.
 
     ``wave`` is the clip's mono samples or a :class:`Spectrogram` already fed with them (long

@@ -90,7 +90,7 @@ def text_matrix(det: Detector, texts: list[str], batch: int = 256) -> np.ndarray
     return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
 
 
-def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict, classes, e, timer: M.Timer,
+def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict, classes, e, timer: M.Timer, *,
               folder: Path | None, model: str, threshold_source: str = "evaluate.f1_threshold") -> dict:
     """SED metrics of vocabulary ``column`` of ``scored`` (:func:`metrics.sed_metrics`, collar F1 at
     ``e.f1_threshold``, a number, after a median filter of ``e.f1_median_filter_frames``) and their
@@ -115,8 +115,10 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
                            f1_scores=f1_tables)
     # a clip's first frame is a whole hop unless the clip is shorter than one
     hop_s = max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan"))
-    result["protocol"] = M.protocol(classes, len(ids), sum(len(v) for v in truth.values()), hop_s, e.median_filter_frames,
-                                    e.segment_s, e.max_fpr, e.f1_threshold, threshold_source, e.f1_median_filter_frames)
+    result["protocol"] = M.protocol(classes, len(ids), sum(len(v) for v in truth.values()), frame_hop_s=hop_s,
+                                    median_filter_frames=e.median_filter_frames, segment_s=e.segment_s, max_fpr=e.max_fpr,
+                                    threshold=e.f1_threshold, threshold_source=threshold_source,
+                                    f1_median_filter_frames=e.f1_median_filter_frames)
     if folder is not None:
         with timer("write_scores", library=True):
             write_sed_scores(tables, folder / "scores" / model)

@@ -100,7 +100,7 @@ def write_truth(folder: Path, ground_truth: dict, durations_s: dict) -> None:
             w.writerow([f"{i}.wav", repr(float(durations_s[i]))])
 
 
-def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, model: str, timer: M.Timer, skips: list[Skip],
+def evaluate_split(det: Detector, split: ShardSplit, clips, e, *, details: Path, model: str, timer: M.Timer, skips: list[Skip],
                    threshold_source: str = "evaluate.f1_threshold") -> tuple[dict, dict]:
     """One model on our held-out split (and the event clips, zero-shot) -> ``(metrics, extras)``, extras
     being ``{"curves", "protocol", "clips_per_s"}``; writes its score files, per-class table and,
@@ -116,7 +116,8 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, details: Path, mo
     timer.seconds[f"model_scoring_{model}"] += scored.seconds
     folder = details / "test"
     truth_events = split.ground_truth()
-    result = detection(scored, 0, truth_events, split.durations_s, classes, e, timer, folder, model, threshold_source)
+    result = detection(scored, 0, truth_events, split.durations_s, classes, e, timer, folder=folder, model=model,
+                       threshold_source=threshold_source)
     segments = {i: [(p["phrase"], [(s["start_s"], s["end_s"]) for s in p["segments"]]) for p in split.phrases[i]] for i in split.ids}
     out = {k: result[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro",
                                   "segment_f1", "segment_f1_macro")}
@@ -154,7 +155,7 @@ def pictures(det: Detector, split: ShardSplit, scored, own: dict, segments: dict
         gone = plots.top_absent(class_probs, classes, {c for *_, c in truth_events[i]}, ABSENT_SHOWN)
         rows = np.concatenate([probs, class_probs[:, gone]], axis=1)
         plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k], rows,
-                               texts + [queries[classes[c]] for c in gone], truth, events=found, title=f"{i}: {split.captions[i]}",
+                               texts + [queries[classes[c]] for c in gone], truth=truth, events=found, title=f"{i}: {split.captions[i]}",
                                threshold=e.f1_threshold, absent=len(gone))
 
 
@@ -174,7 +175,7 @@ def write_confusion(classes, scored, truth_events: dict, e, details: Path) -> No
     plots.confusion_figure(folder / "confusion_trained.png", matrix, classes)
 
 
-def evaluate_benchmark(det: Detector, name: str, data, e, details: Path, model: str, timer: M.Timer, skips: list[Skip],
+def evaluate_benchmark(det: Detector, name: str, data, e, *, details: Path, model: str, timer: M.Timer, skips: list[Skip],
                        threshold_source: str = "evaluate.f1_threshold") -> tuple[dict, dict]:
     """One model on a public benchmark read by :mod:`trainer.evaluation.readers` -> ``(metrics, protocol)``:
     the metrics its kind has and how they were computed (for SED sets :func:`metrics.protocol`)."""
@@ -189,8 +190,8 @@ def evaluate_benchmark(det: Detector, name: str, data, e, details: Path, model: 
     if isinstance(data, SedSet):
         vocab = det.vocabulary([data.queries[c] for c in data.classes])
         scored = score_all(det, audio, lambda i: [vocab], skips, desc=f"{name} {model}", total=n)
-        r = detection(scored, 0, data.ground_truth, data.durations_s, data.classes, e, timer, details / "benchmarks" / name, model,
-                      threshold_source)
+        r = detection(scored, 0, data.ground_truth, data.durations_s, data.classes, e, timer, folder=details / "benchmarks" / name,
+                      model=model, threshold_source=threshold_source)
         out = {k: r[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1")}
         # the PSDS1 a published number on this set compares with (FineLAP: alpha_st 0 on AudioSet-Strong)
         protocol = r["protocol"] | {"published_psds1": "psds1" if data.alpha_st == 1.0 else "psds1_astat0"}
@@ -289,7 +290,8 @@ def run(params) -> dict:
     with staged_dir(out / "details") as details, staged_dir(out / "plots") as plot_dir:
         write_truth(details / "test", split.ground_truth(), split.durations_s)
         for name, det in models.items():
-            summary["test"][name], extras[name] = evaluate_split(det, split, clips, e, details, name, timer, skips, source)
+            summary["test"][name], extras[name] = evaluate_split(det, split, clips, e, details=details, model=name, timer=timer,
+                                                                  skips=skips, threshold_source=source)
         summary["protocol"] = extras["trained"]["protocol"]
         if e.probes:
             summary["probes"] = probes(models, e, split, clips, params.seed, timer)
@@ -307,7 +309,8 @@ def run(params) -> dict:
                 continue
             entry = {}
             for m, det in models.items():
-                entry[m], entry["protocol"] = evaluate_benchmark(det, name, data, e, details, m, timer, skips, source)
+                entry[m], entry["protocol"] = evaluate_benchmark(det, name, data, e, details=details, model=m, timer=timer, skips=skips,
+                                                                  threshold_source=source)
             summary["benchmarks"][name] = entry
         if "untrained" in summary["test"]:
             a, b = summary["test"]["trained"], summary["test"]["untrained"]

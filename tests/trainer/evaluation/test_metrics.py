@@ -142,7 +142,8 @@ def test_psds1_astat0_equals_a_second_psds_call_with_alpha_st_0():
 def test_protocol_states_every_setting():
     from importlib.metadata import version
 
-    p = M.protocol(CLASSES, 6, 8, 0.1, 3, 1.0, 0.1, 0.25, "evaluate.f1_threshold")
+    p = M.protocol(CLASSES, 6, 8, frame_hop_s=0.1, median_filter_frames=3, segment_s=1.0, max_fpr=0.1, threshold=0.25,
+                   threshold_source="evaluate.f1_threshold")
     assert p["sed_scores_eval"] == version("sed_scores_eval")
     assert p["psds1"] == {"dtc": 0.7, "gtc": 0.7, "cttc": None, "alpha_ct": 0.0, "alpha_st": 1.0, "max_efpr": 100.0, "efpr_unit": "per hour"}
     assert p["psds1_astat0"]["alpha_st"] == 0.0 and p["psds1_astat0"]["dtc"] == 0.7

@@ -39,7 +39,7 @@ def picture(tmp_path, **kwargs):
     wave = np.random.default_rng(0).normal(0, 0.1, 2 * SR).astype(np.float32)
     probs = np.linspace(0, 1, 20 * len(QUERIES)).reshape(20, len(QUERIES))
     path = tmp_path / "pictures" / "clip.png"
-    plots.detection_figure(path, wave, SR, GRID, probs, QUERIES, TRUTH, events=EVENTS, title="clip", **kwargs)
+    plots.detection_figure(path, wave, SR, GRID, probs, QUERIES, truth=TRUTH, events=EVENTS, title="clip", **kwargs)
     assert path.read_bytes()[:8] == PNG
     return path
 

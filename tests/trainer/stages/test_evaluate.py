@@ -282,15 +282,18 @@ def test_grounding_retrieval_and_classification_benchmarks(shard_folder, tmp_pat
     skips = []
     grounding = GroundingSet("g", audio, {"a": [("a dog barks", ((0.5, 1.5),))], "b": [("rain", ((0.0, 4.0), (8.0, 12.0))), ("a bell", ())],
                                           "c": [("a click", ((0.2, 0.3),))]}, {"a": 3.0, "b": 12.5, "c": 1.0})
-    g, protocol = evaluate_benchmark(det, "g", grounding, p.evaluate, tmp_path, "untrained", Timer(), skips)
+    g, protocol = evaluate_benchmark(det, "g", grounding, p.evaluate, details=tmp_path, model="untrained", timer=Timer(),
+                                     skips=skips)
     assert g["clips"] == 3 and 0 <= g["frame_auroc"] <= 1 and -1 <= g["alignment"] <= 1
     assert protocol == {"kind": "GroundingSet", "clips": 3, "phrases": 4, "frame_hop_s": pytest.approx(det.column_s)}
     retrieval = RetrievalSet("r", audio, {"a": ("dogs bark", "a dog"), "b": ("rain falls",), "c": ("a click",)})
-    r, protocol = evaluate_benchmark(det, "r", retrieval, p.evaluate, tmp_path, "untrained", Timer(), skips)
+    r, protocol = evaluate_benchmark(det, "r", retrieval, p.evaluate, details=tmp_path, model="untrained", timer=Timer(),
+                                     skips=skips)
     assert protocol == {"kind": "RetrievalSet", "clips": 3, "captions": 4}
     assert r["a2t_r5"] == 1.0 and r["t2a_r5"] == 1.0 and r["a2t_r1"] <= 1.0  # 4 texts, 3 clips: all within 5
     labels = {"a": "dog", "b": "rain", "c": "dog"}
     classes = ClassificationSet("z", audio, labels, ("dog", "rain"), {"dog": "dog", "rain": "rain"})
-    z, protocol = evaluate_benchmark(det, "z", classes, p.evaluate, tmp_path, "untrained", Timer(), skips)
+    z, protocol = evaluate_benchmark(det, "z", classes, p.evaluate, details=tmp_path, model="untrained", timer=Timer(),
+                                     skips=skips)
     assert protocol == {"kind": "ClassificationSet", "clips": 3, "template": "The sound of {}", "num_classes": 2}
     assert z["accuracy"] in (0.0, 1 / 3, 2 / 3, 1.0) and z["clips"] == 3 and not skips
