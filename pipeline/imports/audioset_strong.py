@@ -170,7 +170,8 @@ def read_segments_tsv(tsv: Path, names: dict[str, str], names_from: str = "the A
     header = [c.strip() for c in lines[0]] if lines else []
     missing = [c for c in HEADER if c not in header]
     if missing:
-        raise AudioSetStrongError(f"audioset-strong: {tsv} lacks the column(s) {', '.join(missing)} (its header is {lines[0] if lines else 'nothing'}); "
+        found = lines[0] if lines else "nothing"
+        raise AudioSetStrongError(f"audioset-strong: {tsv} lacks the column(s) {', '.join(missing)} (its header is {found}); "
                                   f"a segments TSV starts with the header {'<TAB>'.join(HEADER)}: is it an AudioSet-Strong segments TSV?")
     at = [header.index(c) for c in HEADER]
     regions: dict[str, list[ImportedRegion]] = defaultdict(list)

@@ -210,7 +210,8 @@ def read_strong_tsv(path: Path, rel: str) -> tuple[list[TsvRow], list[Skip]]:
         filename = fields[columns["filename"]] if len(fields) > columns["filename"] else ""
         rest = [fields[i] if i < len(fields) else "" for i in (columns["onset"], columns["offset"], columns["event_label"])]
         if not plain_relative_name(filename):
-            skips.append(Skip(f"{rel}#line{line_no}", rel, "malformed-row", f"line {line_no}: file name {filename!r} is not a plain relative path"))
+            skips.append(Skip(f"{rel}#line{line_no}", rel, "malformed-row",
+                              f"line {line_no}: file name {filename!r} is not a plain relative path"))
         elif len(fields) < width and any(rest):
             rows.append(TsvRow(line_no, filename, *rest, problem=f"line {line_no}: {len(fields)} fields, expected {width} (tab separated)"))
         else:
@@ -299,6 +300,7 @@ def clips_from_rows(
     rel_tsv: str,
     audio_dir: str,
     split: str,
+    *,
     id_prefix: str,
     mid_of: Callable[[str], str | None],
     attribution: str,
@@ -377,8 +379,8 @@ def read_desed(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip
             audio_dir = next((d for d in candidates if (root / d).is_dir()), candidates[0])
         split = _split_option(options, f"{desed_set.name}_split", desed_set.default_split)
         rows, skips = read_strong_tsv(root / rel_tsv, rel_tsv)
-        clips, clip_skips = clips_from_rows(root, rows, rel_tsv, relative_to_root(root, str(audio_dir)), split, "desed",
-                                            classes.get, DESED_ATTRIBUTION)
+        clips, clip_skips = clips_from_rows(root, rows, rel_tsv, relative_to_root(root, str(audio_dir)), split, id_prefix="desed",
+                                            mid_of=classes.get, attribution=DESED_ATTRIBUTION)
         parts.append((clips, skips + clip_skips))
     if not parts and any(s.reason == OUTSIDE_ROOT for s in missing):
         return [], missing
@@ -406,7 +408,7 @@ def read_dcase_tsv(root: Path, options: dict) -> tuple[list[ImportedClip], list[
         return [], [Skip(rel_tsv, rel_tsv, OUTSIDE_ROOT, problem)]
     rows, skips = read_strong_tsv(tsv, rel_tsv)
     clips, clip_skips = clips_from_rows(root, rows, rel_tsv, relative_to_root(root, str(options["audio_dir"])), split,
-                                        str(options.get("id_prefix", "dcase")), lambda label: classes.get(label, ""),
-                                        f"DCASE strong labels from {tsv.name}")
+                                        id_prefix=str(options.get("id_prefix", "dcase")), mid_of=lambda label: classes.get(label, ""),
+                                        attribution=f"DCASE strong labels from {tsv.name}")
     clips, merge_skips = _merge([(clips, clip_skips)])
     return clips, skips + merge_skips

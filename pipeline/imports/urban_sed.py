@@ -81,11 +81,10 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
 
 @dataclass(frozen=True)
 class Soundscape:
-    """One annotated soundscape: its clip id, its audio and annotation files (relative to the root), its foreground regions."""
+    """One annotated soundscape: its clip id, its audio file (relative to the root), its foreground regions."""
 
     clip_id: str
     audio_path: str
-    annotation_path: str
     regions: tuple[ImportedRegion, ...]
 
 
@@ -140,7 +139,7 @@ def _read_soundscape(root: Path, path: Path, folder: str, audio_name: str | None
     if audio_name is None:
         audio_path = f"audio/{folder}/{path.stem}.wav"
         return None, skips + [Skip(clip_id, audio_path, "missing-file", f"{audio_path} not found ({rel} annotates it)")]
-    return Soundscape(clip_id, f"audio/{folder}/{audio_name}", rel, sort_regions(regions)), skips
+    return Soundscape(clip_id, f"audio/{folder}/{audio_name}", sort_regions(regions)), skips
 
 
 Event = tuple[str, float, float, str]  # (skip item id, onset_s, offset_s, label)

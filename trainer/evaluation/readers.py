@@ -392,7 +392,8 @@ def read_audioset_strong(audio_dir: Path | str, segments_tsv: Path | str, class_
     segments_tsv = _need("audioset_strong", "segments_tsv", segments_tsv)
     names = {**audioset_strong.class_names(None), **(class_names or {})}
     try:
-        regions, skips = audioset_strong.read_segments_tsv(segments_tsv, names, "the AudioSet-Strong class list, the ontology nor class_names")
+        regions, skips = audioset_strong.read_segments_tsv(segments_tsv, names,
+                                                           "the AudioSet-Strong class list, the ontology nor class_names")
     except audioset_strong.AudioSetStrongError as e:
         raise BenchmarkError(str(e)) from None
     finder = audioset_strong.AudioFinder(list(audioset_strong.DEFAULT_OPTIONS["patterns"]))

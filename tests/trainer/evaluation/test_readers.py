@@ -323,8 +323,10 @@ def test_audioset_strong_maps_mids_and_sets_alpha_st_zero(tmp_path):
 def test_audioset_strong_a_bad_row_is_left_out_and_reported_not_raised(tmp_path):
     wav(tmp_path / "audio" / "abc_0.wav", 0.5)
     tsv = write_text(tmp_path / "s.tsv", "segment_id\tstart_time_seconds\tend_time_seconds\tlabel\n"
-                                         "abc_0\t0\t1\t/m/nope\nabc_0\t0.5\t0.2\t/m/09x0r\nabc_0\t0\t0.4\t/m/09x0r\nabc_0\tsoon\t1\t/m/09x0r\n")
-    with pytest.warns(UserWarning, match=r"1 clips read; 3 ground-truth rows or clips left out \(bad-region 1, malformed-row 1, unknown-label 1\)"):
+                                         "abc_0\t0\t1\t/m/nope\nabc_0\t0.5\t0.2\t/m/09x0r\n"
+                                         "abc_0\t0\t0.4\t/m/09x0r\nabc_0\tsoon\t1\t/m/09x0r\n")
+    with pytest.warns(UserWarning, match=r"1 clips read; 3 ground-truth rows or clips left out "
+                                         r"\(bad-region 1, malformed-row 1, unknown-label 1\)"):
         s = read_audioset_strong(audio_dir=tmp_path / "audio", segments_tsv=tsv)
     assert s.ground_truth == {"abc_0": [(0.0, 0.4, "Speech")]}
     assert [(x.path, x.reason) for x in s.skips] == [("s.tsv:2", "unknown-label"), ("s.tsv:3", "bad-region"), ("s.tsv:5", "malformed-row")]
