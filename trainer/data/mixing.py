@@ -10,7 +10,7 @@ the mix rate}`` (the 16-bit samples the stage would store, as decoding its FLAC 
 
 Every step is the stages' own code: the spec is resolved as the mix stage resolves it (the
 preset, ``mix.spec``'s knobs on top, at ``sample_rate_hz``); the sources are split as the mix
-stage splits them (:func:`~pipeline.stages.mix.assign_splits` after the same licence filter), so
+stage splits them (:func:`~pipeline.mix.selection.assign_splits` after the same licence filter), so
 a ``train`` source never draws a valid or test clip or background recording; one mixture is
 drawn, rendered and relabeled by :func:`~pipeline.mix.instantiate.instantiate`; its phrases and
 caption are drawn as the captions stage draws them (:func:`~pipeline.stages.captions.label_phrases_of`,
@@ -56,10 +56,11 @@ from pipeline.mix.bank import FileSources
 from pipeline.mix.instantiate import Mixture, MixContext, instantiate, relabel_mixture
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, audio_path, mixture_id
 from pipeline.mix.render import render
+from pipeline.mix.selection import assign_splits, filter_licenses
+from pipeline.mix.sources import SOURCES, MixError, check_sample_rates, read_sources, source_layout
 from pipeline.outputs import MANIFEST, file_sha256
 from pipeline.schema import SPLITS, EventOccurrence, MixtureRecipe, from_table
 from pipeline.stages.captions import CAPTION_STREAM, label_phrases_of
-from pipeline.stages.mix import SOURCES, MixError, assign_splits, check_sample_rates, filter_licenses, read_sources, source_layout
 from pipeline.stages.shards import shard_phrase
 from pipeline.text.label_phrases import default_label_phrases, phrases_for
 from pipeline.text.llm import Completer

@@ -21,7 +21,8 @@ from pipeline.stages import ambience, clip
 from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
 from pipeline.mix.bank import FileSources
 from pipeline.mix.render import render
-from pipeline.stages.mix import MixError, run
+from pipeline.mix.sources import MixError
+from pipeline.stages.mix import run
 from pipeline.config.params import ComputeParams, MixtureCounts, ParamsError
 from trainer.config import load_params, Params
 from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe, from_table
@@ -174,21 +175,21 @@ def test_the_spec_is_resolved_once_per_run_and_travels_to_workers(sources, tmp_p
 
     from pipeline.config import mix_spec
     from pipeline.config.mix_spec import MixSpec
-    from pipeline.stages import mix as stage
+    from pipeline.mix import partitions
 
     builds = []
     build_spec = mix_spec.build_spec
     monkeypatch.setattr(mix_spec, "build_spec", lambda *a: builds.append(a) or build_spec(*a))
     seen = []
-    render_partition = stage.render_partition
+    render_partition = partitions.render_partition
 
     def as_a_worker(part):
         received = pickle.loads(pickle.dumps(part))
-        ctx = stage.load_context(received.run)
+        ctx = partitions.load_context(received.run)
         seen.append((received.run.spec, ctx.spec))
         return render_partition(received)
 
-    monkeypatch.setattr(stage, "render_partition", as_a_worker)
+    monkeypatch.setattr(partitions, "render_partition", as_a_worker)
     events_dir, backgrounds_dir = sources
     p = load_params(ROOT / "params.yaml", {"compute": {"workers": 1}, "mix": {
         "spec": {"snr_db": ["uniform", 12.0, 19.25]}, "mixtures": {"train": 4, "valid": 2, "test": 2}, "partition_size": 2,
@@ -314,9 +315,9 @@ def test_partitions_write_their_exports_and_the_joined_metadata_equals_the_whole
     main process only joins them, into the same bytes as writing the metadata from every record."""
     from pipeline.mix import exports
     from pipeline.schema import LabelSegment
-    from pipeline.stages import mix as stage
+    from pipeline.mix import partitions
 
-    render_partition = stage.render_partition
+    render_partition = partitions.render_partition
     checked = []
 
     def and_check(part):
@@ -327,7 +328,7 @@ def test_partitions_write_their_exports_and_the_joined_metadata_equals_the_whole
         checked.append(part.key)
         return result
 
-    monkeypatch.setattr(stage, "render_partition", and_check)
+    monkeypatch.setattr(partitions, "render_partition", and_check)
     out = tmp_path / "mix"
     run(small(), *sources, out)
     assert len(checked) == 5  # 3 train, 1 valid, 1 test
@@ -382,7 +383,7 @@ def test_the_main_process_reads_and_summarises_without_importing_pandas(sources,
     script = (
         "import sys\nfrom dataclasses import replace\nfrom pathlib import Path\n"
         "from tests.pipeline.stages.test_mix import small\nfrom pipeline.mix import exports\n"
-        "from pipeline.stages.mix import read_parquet, read_sources\nfrom pipeline.config.mix_spec import resolve_spec\n"
+        "from pipeline.mix.sources import read_parquet, read_sources\nfrom pipeline.config.mix_spec import resolve_spec\n"
         f"out, stage = Path({str(out)!r}), Path({str(tmp_path / 'again')!r})\n"
         f"events, backgrounds = read_sources(Path({str(events_dir)!r}), Path({str(backgrounds_dir)!r}))\n"
         "tables = {name: read_parquet(out / name) for name in ('mixtures.parquet', 'occurrences.parquet', 'segments.parquet')}\n"

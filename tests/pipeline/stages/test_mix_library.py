@@ -18,7 +18,8 @@ from pipeline.config.params import ComputeParams, HoldoutFractions, MixtureCount
 from pipeline.mix.bank import FileSources
 from pipeline.mix.render import render
 from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe, from_table
-from pipeline.stages.mix import MixError, SOURCES, run
+from pipeline.mix.sources import SOURCES, MixError
+from pipeline.stages.mix import run
 from tests.conftest import ROOT, tone_burst, tree_digest
 from trainer.config import Params
 

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config.mix_spec import resolve_spec
-from pipeline.stages.mix import MixError, check_sample_rates, run
+from pipeline.mix.sources import MixError, check_sample_rates
+from pipeline.stages.mix import run
 from pipeline.outputs import rejected_report_path
 from pipeline.config.params import MixtureCounts, ParamsError
 from trainer.config import load_params, Params

@@ -19,8 +19,8 @@ from pipeline.config.params import ParamsError
 from pipeline.mix.bank import FileSources
 from pipeline.mix.instantiate import MixContext, relabel_mixture
 from pipeline.mix.render import render
+from pipeline.mix.sources import read_sources
 from pipeline.schema import LabelSegment, from_table
-from pipeline.stages.mix import read_sources
 from tests.conftest import tiny_train_params, tree_digest
 from trainer.config import SourceParams, check
 from trainer.data.labels import frame_labels
