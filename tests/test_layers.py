@@ -1,4 +1,5 @@
-"""The house rules of the code: imports run downwards only, and no two modules import each other.
+"""The house rules of the code: imports run downwards only, no two modules import each other, and no
+pipeline function takes more than eight positional parameters.
 
 Layers, top to bottom (a module may import its own layer or a lower one):
 
@@ -138,6 +139,31 @@ def test_imports_run_downwards_only():
 def test_no_import_cycles():
     found = cycles(import_graph())
     assert not found, "modules that import each other: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+MAX_POSITIONAL = 8  # past this many, callers pass by name (``*,``): a long positional call is easy to get out of order
+
+
+def long_positional(root: Path = ROOT, package: str = "pipeline") -> list[str]:
+    """Functions of ``package`` taking more than :data:`MAX_POSITIONAL` positional parameters (``self`` and ``cls`` count)."""
+    found = []
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = len(node.args.posonlyargs) + len(node.args.args)
+                if n > MAX_POSITIONAL:
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno} {node.name} ({n})")
+    return found
+
+
+def test_no_pipeline_function_takes_more_than_eight_positional_parameters():
+    found = long_positional()
+    assert not found, f"make the parameters past the first few keyword-only (*,) and pass them by name: {', '.join(found)}"
+
+
+def test_a_long_positional_signature_is_reported(toy):
+    _write(toy, {"pipeline/mix/render.py": "def f(a, b, c, d, e, f, g, h, *, i):\n    pass\n\ndef g(a, b, c, d, e, f, g, h, i):\n    pass\n"})
+    assert long_positional(toy) == ["pipeline/mix/render.py:4 g (9)"]
 
 
 def test_every_dvc_stage_is_one_file_named_for_it():
