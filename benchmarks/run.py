@@ -1,7 +1,10 @@
 """Benchmarks that print figures next to a peer measured in the same run.
 
-``sedsynth bench mix``: see :mod:`benchmarks.mix`; ``sedsynth bench shards``: see
-:mod:`benchmarks.shards`; ``sedsynth bench import``: see :mod:`benchmarks.imports`; ``sedsynth bench llm-cache``: see :mod:`benchmarks.llm_cache`.
+One subcommand per benchmark, each with its own flags (:data:`BENCHMARKS`): ``sedsynth bench mix``: see
+:mod:`benchmarks.mix_stage`; ``sedsynth bench mixing``: see :mod:`benchmarks.dynamic_mixing`; ``sedsynth bench shards``: see
+:mod:`benchmarks.shards`; ``sedsynth bench import``: see :mod:`benchmarks.imports`; ``sedsynth bench llm-cache``: see
+:mod:`benchmarks.llm_cache`; ``sedsynth bench train``, ``evaluate`` and ``detection``: see :mod:`benchmarks.train`,
+:mod:`benchmarks.evaluate` and :mod:`benchmarks.detection`.
 
 ``sedsynth bench clip``: clipping throughput against decoding the same files, all on one
 core in this process, in seconds of source audio per second. Passes over every
@@ -106,57 +109,76 @@ def bench_clip(params: Params, corpus: Path | None, n_clips: int, repeat: int) -
     return figures
 
 
+def _clip(args: argparse.Namespace, params: Params) -> None:
+    f = bench_clip(params, Path(args.corpus) if args.corpus else None, args.clips, args.repeat)
+    print(f"bench clip: {f['files']} single-label files, {f['source_hours'] * 60:.1f} min of source audio, one core")
+    print("  seconds of source audio per second:")
+    print(f"    decode (soundfile.read, float32)        {f['decode_source_s_per_s']:8.0f}   <- peer")
+    print(f"    decode + resample to {params.sample_rate_hz} Hz           {f['decode_resample_source_s_per_s']:8.0f}")
+    print(f"    output floor (decode, resample + FLAC)  {f['output_floor_source_s_per_s']:8.0f}")
+    print(f"    clipping stage                          {f['clip_source_s_per_s']:8.0f}   ({f['clip_files_per_s']:.0f} files/s, {f['kept_clips']} kept)")
+    print(f"  clipping / decode              {f['ratio_clip_to_decode']:6.2f}   (target >= 0.70)")
+    print(f"  output floor / decode          {f['ratio_floor_to_decode']:6.2f}")
+    print(f"  clipping / (decode + resample) {f['ratio_clip_to_decode_resample']:6.2f}")
+    print(f"  peak RSS                       {f['peak_rss_mib']:6.0f} MiB")
+
+
+def _mix(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.mix_stage import bench_mix, print_figures
+
+    workers = [int(w) for w in args.workers.split(",")]
+    print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures, args.repeat))
+
+
+def _shards(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.shards import bench_shards, print_figures
+
+    print_figures(bench_shards(params, args.repeat))
+
+
+def _import(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.imports import bench_import, print_figures
+
+    print_figures(bench_import(params, args.clips))
+
+
+def _mixing(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.dynamic_mixing import bench_dynamic_mixing
+
+    bench_dynamic_mixing(params, args.rows)
+
+
+def _train(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.train import print_figures, run
+
+    print_figures(run(params, args.rows, args.steps, args.preset, args.peak_tflops))
+
+
+def _evaluate(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.evaluate import print_figures, run
+
+    print_figures(run(args.clips))
+
+
+def _detection(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.detection import print_figures, run
+
+    print_figures(run(params, Path(args.out), args.epochs))
+
+
+def _llm_cache(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.llm_cache import bench_llm_cache, print_figures
+
+    print_figures(bench_llm_cache(rewrites=args.repeat))
+
+
+# ``sedsynth bench NAME`` -> the function that runs it with its flags and prints its figures
+BENCHMARKS = {"clip": _clip, "mix": _mix, "shards": _shards, "import": _import, "mixing": _mixing, "train": _train,
+              "evaluate": _evaluate, "detection": _detection, "llm-cache": _llm_cache}
+
+
 def main(args: argparse.Namespace, params: Params) -> int:
-    """Run the benchmark ``args.what`` names with ``params`` and print its figures; returns the exit status."""
-    if args.what == "clip":
-        f = bench_clip(params, Path(args.corpus) if args.corpus else None, args.clips, args.repeat)
-        print(f"bench clip: {f['files']} single-label files, {f['source_hours'] * 60:.1f} min of source audio, one core")
-        print("  seconds of source audio per second:")
-        print(f"    decode (soundfile.read, float32)        {f['decode_source_s_per_s']:8.0f}   <- peer")
-        print(f"    decode + resample to {params.sample_rate_hz} Hz           {f['decode_resample_source_s_per_s']:8.0f}")
-        print(f"    output floor (decode, resample + FLAC)  {f['output_floor_source_s_per_s']:8.0f}")
-        print(f"    clipping stage                          {f['clip_source_s_per_s']:8.0f}   ({f['clip_files_per_s']:.0f} files/s, {f['kept_clips']} kept)")
-        print(f"  clipping / decode              {f['ratio_clip_to_decode']:6.2f}   (target >= 0.70)")
-        print(f"  output floor / decode          {f['ratio_floor_to_decode']:6.2f}")
-        print(f"  clipping / (decode + resample) {f['ratio_clip_to_decode_resample']:6.2f}")
-        print(f"  peak RSS                       {f['peak_rss_mib']:6.0f} MiB")
-    elif args.what == "mix":
-        from benchmarks.mix import bench_mix, print_figures
-
-        workers = [int(w) for w in args.workers.split(",")]
-        print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures, args.repeat))
-    elif args.what == "shards":
-        from benchmarks.shards import bench_shards
-        from benchmarks.shards import print_figures as print_shards
-
-        print_shards(bench_shards(params, args.repeat))
-    elif args.what == "import":
-        from benchmarks.imports import bench_import
-        from benchmarks.imports import print_figures as print_import
-
-        print_import(bench_import(params, args.clips if args.clips != 400 else 10000))
-    elif args.what == "mixing":
-        from benchmarks.mixing import bench_dynamic_mixing
-
-        bench_dynamic_mixing(params, args.rows)
-    elif args.what == "train":
-        from benchmarks.train import print_figures as print_train
-        from benchmarks.train import run as bench_train
-
-        print_train(bench_train(params, args.rows, args.steps, args.preset, args.peak_tflops))
-    elif args.what == "evaluate":
-        from benchmarks.evaluate import print_figures as print_evaluate
-        from benchmarks.evaluate import run as bench_evaluate
-
-        print_evaluate(bench_evaluate(args.clips if args.clips != 400 else 10000))
-    elif args.what == "detection":
-        from benchmarks.detection import print_figures as print_detection
-        from benchmarks.detection import run as bench_detection
-
-        print_detection(bench_detection(params, Path(args.out), args.epochs))
-    elif args.what == "llm-cache":
-        from benchmarks.llm_cache import bench_llm_cache
-        from benchmarks.llm_cache import print_figures as print_llm_cache
-
-        print_llm_cache(bench_llm_cache(rewrites=args.repeat))
+    """Run the benchmark ``args.what`` names (a ``sedsynth bench`` subcommand, its flags in ``args``) with
+    ``params`` and print its figures; returns the exit status."""
+    BENCHMARKS[args.what](args, params)
     return 0

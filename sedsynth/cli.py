@@ -23,7 +23,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth bench mixing --rows 200     # items/s of mixing while training against reading stored shards
     sedsynth evaluate                    # PSDS1/2, AUROC, F1, retrieval, zero-shot on the test split
     sedsynth detect a.wav --query "dog barking" --query "car horn"
-    sedsynth caption a.wav b.flac        # a caption per file (a checkpoint trained with train.loss.caption_weight > 0)
+    sedsynth describe a.wav b.flac       # a caption per file (a checkpoint trained with train.loss.caption_weight > 0)
     sedsynth bench evaluate              # metric time split on a 10,000-clip score set
     sedsynth bench detection             # PSDS1 against training minutes on the params' shards
     sedsynth bench import                # importing 10,000 AudioSet-Strong-style clips vs datasets.to_parquet
@@ -200,7 +200,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_params(args: argparse.Namespace):
-    """The trainer's params for ``detect`` and ``caption``: from ``--params`` where that file exists, else
+    """The trainer's params for ``detect`` and ``describe``: from ``--params`` where that file exists, else
     (with ``--checkpoint``, which carries the model's config) every default, ``--set`` still on top."""
     import tempfile
     from pathlib import Path
@@ -217,15 +217,15 @@ def _checkpoint_params(args: argparse.Namespace):
 
 
 def _detect(args: argparse.Namespace) -> int:
-    from trainer.evaluation.detect import main as detect_main
+    from trainer.evaluation.detect_files import main as detect_main
 
     return detect_main(args, _checkpoint_params(args))
 
 
-def _caption(args: argparse.Namespace) -> int:
-    from trainer.stages.caption import main as caption_main
+def _describe(args: argparse.Namespace) -> int:
+    from trainer.stages.describe import main as describe_main
 
-    return caption_main(args, _checkpoint_params(args))
+    return describe_main(args, _checkpoint_params(args))
 
 
 def _ablate(args: argparse.Namespace) -> int:
@@ -276,8 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sedsynth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def stage(name: str, fn, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text)
+    def stage(name: str, fn, help_text: str, under=sub) -> argparse.ArgumentParser:
+        p = under.add_parser(name, help=help_text)
         p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
         p.add_argument("--overrides", action="append", metavar="FILE", help="a YAML of params merged over --params, e.g. configs/train/finelap.yaml")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, e.g. clip.max_duration_s=5")
@@ -322,13 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
     det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
     det.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
-    cap = stage("caption", _caption, "print a caption per audio file from a checkpoint trained with the captioning loss")
-    cap.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
-    cap.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
-    cap.add_argument("--decoding", choices=["greedy", "parallel"], default=None,
+    desc = stage("describe", _describe, "print a caption per audio file from a checkpoint trained with the captioning loss")
+    desc.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
+    desc.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
+    desc.add_argument("--decoding", choices=["greedy", "parallel"], default=None,
                      help="greedy (autoregressive) or parallel (one all-[MASK] pass); default: parallel for a decoder trained "
                           "with decoding: parallel, else greedy")
-    cap.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+    desc.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
     abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants (or an extra row), or write the table")
     abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
                                                 "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075), "
@@ -341,22 +341,45 @@ def build_parser() -> argparse.ArgumentParser:
                           "DVC experiments (else their folders): every variant, or full and the ones named")
     abl.add_argument("--seed", type=int, action="append", metavar="S",
                      help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
-    bench = stage("bench", _bench, "measure stage throughput against a peer measured in the same run")
-    bench.add_argument("what", choices=["clip", "mix", "shards", "import", "mixing", "train", "evaluate", "detection", "llm-cache"], help="which stage to measure")
-    bench.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
-    bench.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400; evaluate: test clips, default 10000; import: clips, default 10000)")
-    bench.add_argument("--repeat", type=int, default=3, help="timed passes; the best is reported (default 3)")
-    bench.add_argument("--mixtures", type=int, default=2000, help="mix: mixtures per timed run (default 2000)")
-    bench.add_argument("--workers", default="1,2", help="mix: comma-separated worker counts to time (default 1,2)")
-    bench.add_argument("--scaper-python", default=None, help="mix: python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present)")
-    bench.add_argument("--scaper-mixtures", type=int, default=200, help="mix: soundscapes Scaper makes (default 200)")
-    bench.add_argument("--epochs", type=int, default=15, help="detection: training epochs, one checkpoint scored per epoch (default 15)")
-    bench.add_argument("--out", default="models/bench_detection", help="detection: folder for the run, its scores and psds_curve.{csv,png}")
-    bench.add_argument("--rows", type=int, default=200, help="train, mixing: rows the loader makes (default 200)")
-    bench.add_argument("--steps", type=int, default=5, help="train: timed training steps (default 5)")
-    bench.add_argument("--preset", choices=["default", "gpu"], default="default",
-                       help="train: default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16)")
-    bench.add_argument("--peak-tflops", type=float, default=None, help="train: the device's dense bf16 peak for MFU (default: by GPU name)")
+    bench = sub.add_parser("bench", help="measure stage throughput against a peer measured in the same run",
+                           description="Measure a stage's throughput against a peer measured in the same run; each benchmark "
+                                       "takes its own flags (sedsynth bench BENCHMARK --help).")
+    benchmarks = bench.add_subparsers(dest="what", required=True, metavar="BENCHMARK")
+
+    def benchmark(name: str, help_text: str) -> argparse.ArgumentParser:
+        return stage(name, _bench, help_text, under=benchmarks)
+
+    def repeat(p: argparse.ArgumentParser, what: str = "timed passes; the best is reported") -> None:
+        p.add_argument("--repeat", type=int, default=3, help=f"{what} (default 3)")
+
+    clip = benchmark("clip", "clipping throughput against plain decoding, one core")
+    clip.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
+    clip.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400)")
+    repeat(clip)
+    mix = benchmark("mix", "mixtures/s and memory against Scaper on the same sources")
+    mix.add_argument("--mixtures", type=int, default=2000, help="mixtures per timed run (default 2000)")
+    mix.add_argument("--workers", default="1,2", help="comma-separated worker counts to time (default 1,2)")
+    mix.add_argument("--scaper-python", default=None, help="python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present)")
+    mix.add_argument("--scaper-mixtures", type=int, default=200, help="soundscapes Scaper makes (default 200)")
+    repeat(mix)
+    repeat(benchmark("shards", "the text and shard stages on the configured mixtures, against their peers"))
+    imports = benchmark("import", "importing AudioSet-Strong-style clips against datasets.to_parquet")
+    imports.add_argument("--clips", type=int, default=10000, help="clips in the generated corpus (default 10000)")
+    benchmark("mixing", "items/s of mixing while training against reading stored shards").add_argument(
+        "--rows", type=int, default=200, help="rows the loader makes (default 200)")
+    train = benchmark("train", "loader clips/s per worker and training steps/s")
+    train.add_argument("--rows", type=int, default=200, help="rows the loader makes (default 200)")
+    train.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
+    train.add_argument("--preset", choices=["default", "gpu"], default="default",
+                       help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16)")
+    train.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU (default: by GPU name)")
+    benchmark("evaluate", "where the metric time goes on a large score set").add_argument(
+        "--clips", type=int, default=10000, help="test clips (default 10000)")
+    detection = benchmark("detection", "PSDS1 against training minutes on the params' shards")
+    detection.add_argument("--epochs", type=int, default=15, help="training epochs, one checkpoint scored per epoch (default 15)")
+    detection.add_argument("--out", default="models/bench_detection", help="folder for the run, its scores and psds_curve.{csv,png}")
+    repeat(benchmark("llm-cache", "storing one LLM completion at 5,000 and 100,000 entries against rewriting the file"),
+           "timed rewrites of the whole file, the peer; their mean is reported")
     return parser
 
 
