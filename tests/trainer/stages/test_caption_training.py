@@ -1,6 +1,6 @@
 """The captioning loss in training: a tiny run logs a finite ``caption`` term (held-out too), its
 checkpoint holds the decoder's weights and its vocabulary as plain data, reloads weights-only for
-``sedsynth caption`` and for the detector; the decoder's several captions per clip are drawn
+``sedsynth describe`` and for the detector; the decoder's several captions per clip are drawn
 deterministically from the clip's own captions or phrases; a checkpoint without a decoder is refused."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sedsynth.cli import main
 from tests.conftest import tiny_train_params
 from trainer.captioner import WordVocabulary
 from trainer.data.stream import ItemBuilder, ItemParams, caption_pool, temporal_phrases
-from trainer.stages.caption import Captioner, caption_files
+from trainer.stages.describe import Captioner, caption_files
 from trainer.stages.train import run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -108,7 +108,7 @@ def test_the_checkpoint_captions_audio_of_any_length_and_still_detects(caption_r
     assert list(caption_files(captioner, [str(short)], "greedy")) == found[:1]  # deterministic
 
     capsys.readouterr()
-    assert main(["caption", str(short), "--checkpoint", str(path), "--params", str(tmp_path / "absent.yaml"),
+    assert main(["describe", str(short), "--checkpoint", str(path), "--params", str(tmp_path / "absent.yaml"),
                  "--decoding", "parallel", "--device", "cpu"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.split("\t")[0] == str(short) and line.split("\t")[1]
@@ -124,7 +124,7 @@ def test_a_checkpoint_without_a_decoder_is_refused(smoke_run, tmp_path, capsys):
         Captioner.from_checkpoint(path, device="cpu")
     wav = tmp_path / "a.wav"
     sf.write(wav, np.zeros(16000, np.float32), 16000)
-    assert main(["caption", str(wav), "--checkpoint", str(path), "--params", str(tmp_path / "absent.yaml")]) == 2
+    assert main(["describe", str(wav), "--checkpoint", str(path), "--params", str(tmp_path / "absent.yaml")]) == 2
     assert "no captioning decoder" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""``sedsynth caption``: one caption per audio file from a checkpoint's captioning decoder.
+"""``sedsynth describe``: one caption per audio file from a checkpoint's captioning decoder.
 
 Input: audio files of any length, sample rate and channel count (anything libsndfile reads,
 read a block at a time as ``sedsynth detect`` reads them) and a trainer checkpoint trained with
@@ -42,7 +42,7 @@ class Captioner:
 
     def __init__(self, objective: Objective, train: TrainParams, device: str = "auto", batch_size: int = 16):
         if objective.captioner is None:
-            raise ValueError(f"caption: the model {NO_DECODER}")
+            raise ValueError(f"describe: the model {NO_DECODER}")
         self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
         self.objective = objective.to(self.device).eval()
         self.model, self.decoder = objective.model, objective.captioner
@@ -58,12 +58,12 @@ class Captioner:
         """The objective a trainer checkpoint describes, with its weights and its decoder's vocabulary."""
         path = Path(path)
         if not path.exists():
-            raise FileNotFoundError(f"caption: no checkpoint at {path}; train first (sedsynth train with "
+            raise FileNotFoundError(f"describe: no checkpoint at {path}; train first (sedsynth train with "
                                     "--set train.loss.caption_weight=1.0) or pass --checkpoint")
-        state = checkpoint.read(path, "caption")
+        state = checkpoint.read(path, "describe")
         train = build(TrainParams, current_train_section(state["config"]["train"]), "train")
         if train.loss.caption_weight <= 0:
-            raise ValueError(f"caption: {path} {NO_DECODER}")
+            raise ValueError(f"describe: {path} {NO_DECODER}")
         objective = Objective(build_model(train.model), train.loss)
         checkpoint.restore(state, objective, restore_rng=False, path=path)
         vocabulary = state["config"].get("caption_vocabulary")
@@ -119,7 +119,7 @@ def caption_files(captioner: Captioner, files: list[str], decoding: str | None =
 
 
 def main(args, params) -> int:
-    """``sedsynth caption`` with its parsed ``args`` (audio, checkpoint, decoding, device) and ``params``
+    """``sedsynth describe`` with its parsed ``args`` (audio, checkpoint, decoding, device) and ``params``
     (only ``evaluate.checkpoint``, ``evaluate.device`` and ``evaluate.batch_size`` are read): prints
     ``file<TAB>caption`` per file; 2 when a file is missing or unreadable."""
     e = params.evaluate
@@ -127,7 +127,7 @@ def main(args, params) -> int:
     status = 0
     for file, text, why in caption_files(captioner, list(args.audio), args.decoding):
         if text is None:
-            print(f"sedsynth caption: error: {file}: {why}", file=sys.stderr)
+            print(f"sedsynth describe: error: {file}: {why}", file=sys.stderr)
             status = 2
         else:
             print(f"{file}\t{text}", flush=True)
