@@ -58,7 +58,7 @@ from trainer.evaluation import metrics as M
 from trainer.evaluation import plots
 from trainer.evaluation.calibration import f1_median_filter, threshold_setting
 from trainer.evaluation.captioning import split_captions
-from trainer.evaluation.detect import events
+from trainer.evaluation.detect_files import events
 from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector
 from trainer.evaluation.encoder_probes import probe_data, protocol, run_probes
 from trainer.evaluation.scoring import (

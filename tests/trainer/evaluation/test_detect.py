@@ -20,7 +20,7 @@ import torch
 from sedsynth.cli import main
 from tests.conftest import tiny_train_params, tone_burst
 from trainer import checkpoint
-from trainer.evaluation import detect as D
+from trainer.evaluation import detect_files as D
 from pipeline.audio import decode_mono
 from trainer.evaluation.detector import ClipScores, Detector
 from trainer.evaluation.metrics import smooth

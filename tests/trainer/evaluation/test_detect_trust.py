@@ -33,7 +33,7 @@ from trainer.config import Params
 from tests.conftest import tiny_train_params, tone_burst
 from tests.trainer.evaluation.test_detect import window_starts
 from trainer import checkpoint
-from trainer.evaluation import detect as D
+from trainer.evaluation import detect_files as D
 from pipeline.audio import read_blocks
 from pipeline.audio import decode_mono
 from trainer.evaluation.detector import Detector, _WindowCutter
