@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.mix import print_figures
+from benchmarks.mix_stage import print_figures
 
 
 def test_the_report_states_the_two_worker_ratio_and_the_100k_time(capsys) -> None:
