@@ -149,8 +149,8 @@ def _check_experiments(work: Path, baseline: dict) -> None:
     f1 = {k: v for k, v in metrics_diff.items() if k.startswith("test.trained.") and "f1" in k}
     assert f1 and all(v["old"] is not None and v["new"] is not None for v in f1.values()), metrics_diff
 
+    from trainer import ablations
     from trainer.config import load_params
-    from sedsynth import ablate as ablations
 
     params = load_params(work / "params.yaml")
     read = ablations.experiment_metrics(params, work)["f1-low"]  # the table's metrics: test.trained and the encoder's probes

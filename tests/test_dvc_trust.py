@@ -205,7 +205,7 @@ def test_experiment_settings_make_the_pipeline_run_the_variant(variant):
     """``dvc exp run -S`` with the settings gives the params the direct run uses (its seed too), outputs aside."""
     from pipeline.config.params import merge, parse_override
     from trainer.config import load_params
-    from sedsynth import ablate as ablations
+    from trainer import ablations
 
     base = load_params(ROOT / "params.yaml")
     overrides: dict = {}
@@ -232,7 +232,7 @@ def _metrics(**changes) -> dict:
 
 
 def test_table_takes_experiments_first_then_folders_and_names_what_is_missing(tmp_path):
-    from sedsynth import ablate as ablations
+    from trainer import ablations
 
     for v in ("full", "no_clip_loss"):  # run directly: folders
         (tmp_path / v / "evaluation").mkdir(parents=True)
@@ -259,14 +259,14 @@ def _umask() -> int:
 
 def test_outside_a_dvc_project_there_are_no_experiments(tmp_path):
     from trainer.config import Params
-    from sedsynth import ablate as ablations
+    from trainer import ablations
 
     assert ablations.experiment_metrics(Params(), tmp_path) == {}
 
 
 def test_queueing_reports_each_variant_dvc_refuses_and_goes_on(tmp_path, capsys):
     from trainer.config import Params
-    from sedsynth import ablate as ablations
+    from trainer import ablations
 
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
         ablations.queue_experiments(Params(), ["full", "nope"], tmp_path)  # names checked before anything is queued

@@ -218,7 +218,7 @@ class EvaluateParams:
 
 @dataclass(frozen=True)
 class AblationParams:
-    """FineLAP Table 5 variants (``sedsynth/ablate.py``), each trained with ``train`` and scored with ``evaluate``
+    """FineLAP Table 5 variants (``trainer/ablations.py``), each trained with ``train`` and scored with ``evaluate``
     once per seed of ``seeds`` (the top-level ``seed`` set to it); the table gives each metric's mean and range."""
 
     out_dir: str = "models/ablations"

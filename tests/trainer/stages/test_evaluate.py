@@ -15,8 +15,7 @@ from sed_scores_eval import collar_based, intersection_based
 from sed_scores_eval.base_modules.io import read_audio_durations
 
 from tests.conftest import tiny_train_params
-from sedsynth import ablate as ablations
-from trainer import checkpoint
+from trainer import ablations, checkpoint
 from trainer.stages.evaluate import HEADLINE
 from trainer.stages.evaluate import run as evaluate
 from trainer.stages.train import run as train

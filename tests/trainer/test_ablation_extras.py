@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.params import merge, parse_override
-from sedsynth import ablate as ablations
 from tests.conftest import ROOT
+from trainer import ablations
 from trainer.config import load_params
 
 SEEDS = (1234, 1235, 1236)
-EXTRAS = ("caption_loss", "sam")
 
 
 def _write(out, variant: str, seed: int, **changes) -> None:
@@ -69,16 +68,6 @@ def test_extra_rows_join_the_table_once_they_ran_with_blank_paper_columns(tmp_pa
 
     with pytest.raises(FileNotFoundError, match="sedsynth ablate --queue caption_loss"):
         ablations.write_table(tmp_path, variants=["caption_loss"])  # named: needed
-
-
-def test_queueing_without_names_queues_table_5_only(monkeypatch):
-    from sedsynth.cli import main
-
-    queued = []
-    monkeypatch.setattr(ablations, "queue_experiments", lambda params, variants, seeds: queued.append(variants) or {})
-    assert main(["ablate", "--queue", "--params", str(ROOT / "params.yaml")]) == 0
-    assert queued == [list(ablations.TABLE5)] and not set(EXTRAS) & set(queued[0])
-    assert set(EXTRAS) <= set(ablations.VARIANTS)
 
 
 def test_mae_init_starts_from_the_pretrain_stages_encoder():
