@@ -161,6 +161,12 @@ def test_no_pipeline_function_takes_more_than_eight_positional_parameters():
     assert not found, f"make the parameters past the first few keyword-only (*,) and pass them by name: {', '.join(found)}"
 
 
+@pytest.mark.parametrize("package", ["trainer", "sedsynth", "benchmarks"])
+def test_no_trainer_command_or_benchmark_function_takes_more_than_eight_positional_parameters(package):
+    found = long_positional(package=package)
+    assert not found, f"make the parameters past the first few keyword-only (*,) and pass them by name: {', '.join(found)}"
+
+
 def test_a_long_positional_signature_is_reported(toy):
     _write(toy, {"pipeline/mix/render.py": "def f(a, b, c, d, e, f, g, h, *, i):\n    pass\n\ndef g(a, b, c, d, e, f, g, h, i):\n    pass\n"})
     assert long_positional(toy) == ["pipeline/mix/render.py:4 g (9)"]
