@@ -13,8 +13,9 @@ Output, under ``evaluate.out_dir``:
   ``{"skipped": reason}``; a ``protocol`` block at the top (the test split) and in each
   benchmark's entry that states how the numbers were computed (:func:`metrics.protocol`: library
   version, PSDS settings, median filter, collar F1 threshold and its source, classes, clips,
-  events, frame hop). Nothing in it depends on timing: the same checkpoint and data give the
-  same bytes.
+  events, frame hop). A benchmark whose files are absent, malformed or without a usable clip is
+  skipped with its reason. ``skipped`` counts the rows of ``details/skipped.csv``. Nothing in it depends on
+  timing: the same checkpoint and data give the same bytes.
 - ``metrics.json`` also holds, with ``evaluate.probes``, ``probes``: linear probes on each model's
   frozen audio-encoder frames (:mod:`trainer.evaluation.encoder_probes`; event-clip classification
   with mean and attention pooling, frame-level detection on the mixtures), a ``protocol`` and the
@@ -29,7 +30,9 @@ Output, under ``evaluate.out_dir``:
   ``details/pictures/<clip>.png`` (each phrase's median-filtered probabilities, its ground truth
   shaded, the events found at the F1 threshold as bars; below them, in grey and marked
   "(absent)", the 3 classes absent from the clip whose median-filtered class query peaks
-  highest, so wrong classes firing show); ``details/skipped.csv``.
+  highest, so wrong classes firing show); ``details/skipped.csv`` (each clip, row or shard left out,
+  with its reason, once; a benchmark's as ``<benchmark>/<id>``: the ground-truth rows and clips its
+  reader left out and its audio that does not decode).
 - ``details/test/confusion_trained.csv`` and ``details/test/confusion_trained.png``: the trained
   model's class-by-class confusion on the split (:func:`metrics.confusion`): row = true class
   (with its event count), column = query class, cell = the mean over the row class's events of
@@ -273,7 +276,7 @@ def collar_threshold(e) -> tuple[float, str, dict | None]:
 def run(params) -> dict:
     """Evaluate as ``params.evaluate`` says; writes ``metrics.json``, ``timing.json``, ``details/`` and
     ``plots/`` under ``evaluate.out_dir`` and returns what ``metrics.json`` holds."""
-    from trainer.evaluation.readers import BenchmarkMissing, read_benchmark
+    from trainer.evaluation.readers import BenchmarkError, BenchmarkMissing, read_benchmark
 
     e = params.evaluate
     out = Path(e.out_dir)
@@ -303,15 +306,17 @@ def run(params) -> dict:
             try:
                 with timer("read_benchmarks"):
                     data = read_benchmark(kind, **cfg)
-            except BenchmarkMissing as x:
+            except (BenchmarkMissing, BenchmarkError) as x:  # absent, malformed or no usable clip: this benchmark alone
                 print(f"evaluate: skipping benchmark {name}: {x}")
                 summary["benchmarks"][name] = {"skipped": str(x)}
                 continue
+            left_out: list[Skip] = list(getattr(data, "skips", ()))  # the rows and clips its reader left out (SED sets keep them)
             entry = {}
             for m, det in models.items():
-                entry[m], entry["protocol"] = evaluate_benchmark(det, name, data, e, details=details, model=m, timer=timer, skips=skips,
-                                                                  threshold_source=source)
+                entry[m], entry["protocol"] = evaluate_benchmark(det, name, data, e, details=details, model=m, timer=timer,
+                                                                  skips=left_out, threshold_source=source)
             summary["benchmarks"][name] = entry
+            skips += [replace(s, item_id=f"{name}/{s.item_id}") for s in left_out]  # its ids apart from the split's
         if "untrained" in summary["test"]:
             a, b = summary["test"]["trained"], summary["test"]["untrained"]
             summary["test"]["gain"] = {k: a[k] - b[k] for k in HEADLINE if k in a and k in b}
@@ -323,6 +328,7 @@ def run(params) -> dict:
                 etpr, efpr = c[key]
                 plots.write_curve(plot_dir / f"{file}_{name}.csv", "efpr", "etpr", efpr, etpr)
         plots.curves_figure(plot_dir / "curves.png", {name: x["curves"] for name, x in extras.items()})
+        skips = list(dict.fromkeys(skips))  # a clip that does not decode is one skip, not one per model
         write_skips(details / "skipped.csv", skips)
     if stored is not None:
         summary["protocol"]["collar_f1"]["calibration"] = stored

@@ -28,7 +28,8 @@ def read_rows(path: Path, reader=csv.DictReader, **kwargs) -> list:
 
 
 def write_desed(root: Path, corrupt: bool = False) -> dict:
-    """A tiny DESED-layout eval set: 3 clips (one with no event), events and durations TSVs."""
+    """A tiny DESED-layout eval set: 3 clips (one with no event), events and durations TSVs; the
+    events TSV's last row (line 5) has an onset that is not a number."""
     audio = root / "audio"
     audio.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -37,7 +38,7 @@ def write_desed(root: Path, corrupt: bool = False) -> dict:
     if corrupt:
         (audio / "c.wav").write_bytes(b"not audio at all")
     (root / "events.tsv").write_text("filename\tonset\toffset\tevent_label\n"
-                                     "a.wav\t0.5\t2.0\tDog\nb.wav\t1.0\t3.5\tSpeech\nb.wav\t0.2\t0.9\tDog\n")
+                                     "a.wav\t0.5\t2.0\tDog\nb.wav\t1.0\t3.5\tSpeech\nb.wav\t0.2\t0.9\tDog\na.wav\tsoon\t3.0\tDog\n")
     (root / "durations.tsv").write_text("filename\tduration\na.wav\t4.0\nb.wav\t4.0\nc.wav\t4.0\n")
     return {"kind": "desed", "audio_dir": str(audio), "events_tsv": str(root / "events.tsv"), "durations_tsv": str(root / "durations.tsv")}
 
@@ -50,7 +51,10 @@ def evaluated(shard_folder, mixed, tmp_path_factory):
     base = tiny_train_params(params, folder, tmp / "model")
     p = replace(base, train=replace(base.train, optim=replace(base.train.optim, max_steps=4)))
     train(p)
-    benchmarks = {"desed": write_desed(tmp / "desed", corrupt=True),
+    desed = write_desed(tmp / "desed", corrupt=True)
+    (tmp / "unusable.tsv").write_text("filename\tonset\toffset\tevent_label\na.wav\tsoon\t2.0\tDog\n")  # its one clip's only row
+    benchmarks = {"desed": desed,
+                  "desed_unusable": {"kind": "desed", "audio_dir": desed["audio_dir"], "events_tsv": str(tmp / "unusable.tsv")},
                   "urbansed_absent": {"kind": "urbansed", "root": str(tmp / "no-such-folder")}}
     p = replace(p, evaluate=replace(p.evaluate, checkpoint=str(tmp / "model" / "checkpoints" / "latest.pt"), shards=str(folder),
                                     event_clips=str(events_dir), pictures=2, device="cpu", out_dir=str(tmp / "eval"), benchmarks=benchmarks,
@@ -180,16 +184,20 @@ def test_plots_and_pictures(evaluated):
     assert (out / "details" / "test" / "confusion_trained.png").stat().st_size > 10_000
 
 
-def test_benchmarks_present_absent_and_bad_audio(evaluated):
+def test_benchmarks_present_absent_unusable_and_bad_audio(evaluated):
     _, out, summary = evaluated
     absent = summary["benchmarks"]["urbansed_absent"]
     assert "skipped" in absent and "no-such-folder" in absent["skipped"]
+    unusable = summary["benchmarks"]["desed_unusable"]  # one line for the benchmark; the stage goes on
+    assert set(unusable) == {"skipped"} and "no usable clip" in unusable["skipped"] and "unusable.tsv" in unusable["skipped"]
     desed = summary["benchmarks"]["desed"]
     assert set(desed) == {"trained", "untrained", "protocol"}
     assert desed["trained"]["clips"] == 2 and 0 <= desed["trained"]["auroc"] <= 1
     assert sorted(p.name for p in (out / "details" / "benchmarks" / "desed" / "scores" / "trained").glob("*.tsv")) == ["a.tsv", "b.tsv"]
     skipped = read_rows(out / "details" / "skipped.csv")
-    assert {(r["item_id"], r["reason"]) for r in skipped} == {("c", "unreadable")}
+    # the reader's skipped row and the clip no model could decode, each once, under the benchmark's name
+    assert sorted((r["item_id"], r["reason"]) for r in skipped) == [("desed/a#line5", "malformed-row"), ("desed/c", "unreadable")]
+    assert summary["skipped"] == len(skipped)
 
 
 def test_same_params_same_metrics_file(evaluated, tmp_path):
@@ -206,10 +214,8 @@ def test_same_params_same_metrics_file(evaluated, tmp_path):
 def test_a_failed_run_leaves_the_previous_outputs(evaluated, tmp_path):
     p, out, _ = evaluated
     before = {f: f.read_bytes() for f in (out / "details" / "test").rglob("*.tsv")}
-    bad = tmp_path / "bad.tsv"
-    bad.write_text("filename\tonset\toffset\tevent_label\na.wav\tsoon\t2.0\tDog\n")
-    broken = {"desed": {"kind": "desed", "audio_dir": str(tmp_path), "events_tsv": str(bad)}}
-    with pytest.raises(ValueError, match="bad.tsv"):
+    broken = {"desed": {"kind": "desed", "audio_dir": str(tmp_path), "events_tsv": str(tmp_path), "nope": 1}}  # a params mistake stops the run
+    with pytest.raises(ValueError, match="unexpected key\\(s\\) nope"):
         evaluate(replace(p, evaluate=replace(p.evaluate, benchmarks=broken, pictures=0)))
     assert {f: f.read_bytes() for f in (out / "details" / "test").rglob("*.tsv")} == before
     assert not list(out.glob(".*.partial"))
