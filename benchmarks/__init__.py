@@ -1,1 +1,1 @@
-"""Benchmarks that print figures beside a peer measured in the same run (``sedsynth bench WHAT``)."""
+"""Benchmarks that print figures beside a peer measured in the same run (``sedsynth bench``, one subcommand each)."""
