@@ -176,4 +176,4 @@ def print_figures(f: dict) -> None:
     elif "scaper" in f:
         print("  Scaper peer: not run (--scaper-mixtures 0)")
     else:
-        print("  Scaper peer: not run (no Scaper environment; see README, 'Benchmarks')")
+        print("  Scaper peer: not run (no Scaper environment; see docs/benchmarks.md, 'Mixing')")

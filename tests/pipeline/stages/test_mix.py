@@ -266,7 +266,7 @@ def test_jams_export_validates(jams_run: Path) -> None:
 SCAPER_PYTHON = ROOT / ".venv-scaper" / "bin" / "python"
 
 
-@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper 1.6.5 in .venv-scaper (README, Benchmark: Mixing)")
+@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper 1.6.5 in .venv-scaper (docs/benchmarks.md, Mixing)")
 def test_scaper_rerenders_exported_jams(jams_run: Path, tmp_path: Path) -> None:
     """Scaper re-renders every JAMS file of the run into the same events and, up to its
     full-scale normalisation (a constant gain), the same audio."""

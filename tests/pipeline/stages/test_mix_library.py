@@ -158,7 +158,7 @@ def test_captions_clusters_and_shards_run_on_a_library_mix(mixed_library, tmp_pa
 SCAPER_PYTHON = ROOT / ".venv-scaper" / "bin" / "python"
 
 
-@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper in .venv-scaper (README, Benchmark: Mixing)")
+@pytest.mark.skipif(not SCAPER_PYTHON.exists(), reason="needs Scaper in .venv-scaper (docs/benchmarks.md, Mixing)")
 def test_scaper_accepts_the_same_library_folder(library: Path, tmp_path: Path) -> None:
     """Scaper reads its labels from the same folders (it refuses an event label no folder has) and renders from them."""
     script = (
