@@ -13,6 +13,13 @@ The peer: Scaper 1.6.5 in its own environment (``--scaper-python``, default
 same clips and backgrounds with the same spec (1-5 distinct events, clips under 3 s
 repeated 1-3 times, SNR ~ U(12, 20) dB, 10 ms fades, no pitch shift, time stretch or
 reverb), writing its WAV + JAMS + txt, one core. The ratio compares mixtures per second per core.
+
+The floor, measured in the same run beside the stage: the least work that stores these
+mixtures. The recipes of the first 1-worker pass are rendered again (:func:`~pipeline.mix.render.render`:
+the mixing arithmetic alone, sources already decoded) and encoded to FLAC with the stage's own
+encoder call (:func:`~pipeline.mix.partitions.encode_mixture`: soundfile/libsndfile, 16-bit, the
+same compression level), in memory, one core; the encoded bytes are first checked against the
+stage's stored files. Stage over floor is the share of the floor's rate that the stage reaches.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from trainer.config import Params
 
 TARGET_SCALING_2_WORKERS = 1.8  # 2 workers' rate over 1 worker's
 TARGET_100K_MIN_2_WORKERS = 6  # minutes for 100k mixtures on 2 workers
+TARGET_STAGE_TO_FLOOR = 0.7  # 1 worker's rate over the floor's (render + FLAC encode)
+TARGET_SCAPER_RATIO = 12  # 1 worker's rate per core over Scaper's
+FLOOR_CHECKED = 50  # mixtures whose floor bytes are compared with the stage's files
 
 
 class PeakMemory:
@@ -113,12 +123,67 @@ def _scaper(python: str, events_dir: Path, backgrounds_dir: Path, params: Params
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@dataclasses.dataclass
+class FloorInputs:
+    """The stage's recipes (with their occurrences, in order) and their sources, decoded, for :func:`floor_pass`."""
+
+    mixtures: list  # [(MixtureRecipe, [EventOccurrence, ...]), ...]
+    sources: object  # a FileSources with every source the recipes use already decoded
+    sample_rate_hz: int
+
+
+def floor_inputs(out: Path, events_dir: Path, backgrounds_dir: Path) -> FloorInputs:
+    """Read a finished mix stage output's recipes, decode their sources, and check that rendering and
+    encoding them gives the stage's stored FLAC bytes (the first :data:`FLOOR_CHECKED`)."""
+    from pipeline.mix.bank import FileSources
+    from pipeline.mix.exports import by_mixture
+    from pipeline.mix.layout import MIXTURES, OCCURRENCES
+    from pipeline.mix.partitions import encode_mixture
+    from pipeline.mix.render import render
+    from pipeline.mix.sources import read_parquet, read_sources
+    from pipeline.schema import EventOccurrence, MixtureRecipe, from_table
+
+    recipes = from_table(read_parquet(out / MIXTURES), MixtureRecipe)
+    occurrences = by_mixture(from_table(read_parquet(out / OCCURRENCES), EventOccurrence))
+    events, backgrounds = read_sources(events_dir, backgrounds_dir)
+    rate = recipes[0].sample_rate_hz
+    sources = FileSources(events_dir, backgrounds_dir, rate, {e.clip_id: e.audio_path for e in events},
+                          {b.segment_id: b.audio_path for b in backgrounds})
+    mixtures = [(r, sorted(occurrences.get(r.mixture_id, []), key=lambda o: o.occurrence_index)) for r in recipes]
+    for recipe, occ in mixtures:  # decode before timing: the floor's sources are in memory, as the stage's bank is
+        sources.background(recipe.background_id)
+        for o in occ:
+            sources.event(o.clip_id)
+    for recipe, occ in mixtures[:FLOOR_CHECKED]:
+        if encode_mixture(render(recipe, occ, sources), rate) != (out / recipe.audio_path).read_bytes():
+            raise RuntimeError(f"bench mix: the floor's bytes of {recipe.mixture_id} differ from the stage's file")
+    return FloorInputs(mixtures, sources, rate)
+
+
+def floor_pass(inputs: FloorInputs) -> tuple[float, float]:
+    """Seconds spent rendering (the mixing arithmetic) and FLAC-encoding every mixture, in memory."""
+    from pipeline.mix.partitions import encode_mixture
+    from pipeline.mix.render import render
+
+    arithmetic = encode = 0.0
+    for recipe, occ in inputs.mixtures:
+        t0 = time.perf_counter()
+        q = render(recipe, occ, inputs.sources)
+        t1 = time.perf_counter()
+        encode_mixture(q, inputs.sample_rate_hz)
+        encode += time.perf_counter() - t1
+        arithmetic += t1 - t0
+    return arithmetic, encode
+
+
 def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: str | None, scaper_mixtures: int,
               repeat: int = 1) -> dict:
     """Time the mix stage ``repeat`` times per worker count, the counts interleaved (1, 2, 1, 2, ...),
     and keep each count's fastest pass: this VM's speed drifts within minutes, and interleaving
     exposes both counts to the same drift. The dirty pages of a pass are flushed (``os.sync``)
-    before the next is timed, so no pass pays for writing the previous one's files."""
+    before the next is timed, so no pass pays for writing the previous one's files. The floor
+    (see the module docstring) is timed after each round of passes, from the first 1-worker
+    pass's recipes, and its fastest pass kept too."""
     from pipeline.stages.mix import run
 
     figures: dict = {"mixtures": mixtures, "preset": params.mix.preset, "runs": {}, "repeat": repeat}
@@ -129,6 +194,8 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
                                   export=dataclasses.replace(params.mix.export, jams=False, timelines=0))
         configs = {w: dataclasses.replace(params, compute=dataclasses.replace(params.compute, workers=w), mix=mix) for w in workers}
         passes: dict[int, list[tuple[float, float]]] = {w: [] for w in workers}  # worker count -> [(seconds, peak MiB)]
+        floor: FloorInputs | None = None
+        floor_passes: list[tuple[float, float]] = []  # (arithmetic s, encode s)
         for _ in range(max(1, repeat)):
             for w, p in configs.items():
                 out = tmp / f"mix-{w}"
@@ -138,7 +205,16 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
                     run(p, events_dir, backgrounds_dir, out)
                     wall = time.perf_counter() - t0
                 passes[w].append((wall, mem.peak_bytes / 2**20))
+                if floor is None and w == min(workers):
+                    floor = floor_inputs(out, events_dir, backgrounds_dir)
                 shutil.rmtree(out)
+            if floor is not None:
+                floor_passes.append(floor_pass(floor))
+        if floor_passes:
+            arithmetic, encode = min(floor_passes, key=sum)
+            figures["floor"] = {"seconds": arithmetic + encode, "mixtures_per_s": mixtures / (arithmetic + encode),
+                                "arithmetic_ms": arithmetic / mixtures * 1e3, "encode_ms": encode / mixtures * 1e3,
+                                "pass_seconds": [sum(f) for f in floor_passes]}
         for w, timed in passes.items():
             wall = min(s for s, _ in timed)
             figures["runs"][w] = {"seconds": wall, "mixtures_per_s": mixtures / wall, "mixtures_per_s_per_core": mixtures / wall / w,
@@ -162,6 +238,14 @@ def print_figures(f: dict) -> None:
               + (f"  (passes: {each} s)" if each else ""))
     one = f["runs"].get(1) or next(iter(f["runs"].values()))
     print(f"  target: >= 150 mixtures/s per core -> {'met' if one['mixtures_per_s_per_core'] >= 150 else 'NOT met'}")
+    if "floor" in f:
+        fl = f["floor"]
+        each = ", ".join(f"{s:.1f}" for s in fl.get("pass_seconds", [])) if repeat > 1 else ""
+        print(f"  floor (the same recipes rendered + FLAC-encoded in memory, 1 core): {fl['seconds']:7.1f} s  "
+              f"{fl['mixtures_per_s']:7.1f} mixtures/s  (arithmetic {fl['arithmetic_ms']:.2f} ms + FLAC {fl['encode_ms']:.2f} ms "
+              f"per mixture; stage {1e3 / one['mixtures_per_s_per_core']:.2f} ms)" + (f"  (passes: {each} s)" if each else ""))
+        ratio = one["mixtures_per_s_per_core"] / fl["mixtures_per_s"]
+        print(f"  stage / floor (1 worker): {ratio:.2f} of the floor's rate (target >= {TARGET_STAGE_TO_FLOOR})")
     if 2 in f["runs"]:
         if 1 in f["runs"]:
             ratio = f["runs"][2]["mixtures_per_s"] / f["runs"][1]["mixtures_per_s"]
@@ -172,7 +256,7 @@ def print_figures(f: dict) -> None:
         s = f["scaper"]
         print(f"  Scaper 1.6.5 (peer, 1 core, WAV+JAMS+txt): {s['mixtures']} mixtures in {s['seconds']:.1f} s = "
               f"{s['mixtures_per_s']:.1f} mixtures/s")
-        print(f"  ratio per core: {one['mixtures_per_s_per_core'] / s['mixtures_per_s']:.1f}x Scaper (target >= 10x)")
+        print(f"  ratio per core: {one['mixtures_per_s_per_core'] / s['mixtures_per_s']:.1f}x Scaper (target >= {TARGET_SCAPER_RATIO}x)")
     elif "scaper" in f:
         print("  Scaper peer: not run (--scaper-mixtures 0)")
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.mix_stage import print_figures
+from benchmarks.mix_stage import floor_inputs, floor_pass, print_figures
 
 
 def test_the_report_states_the_two_worker_ratio_and_the_100k_time(capsys) -> None:
@@ -23,3 +23,22 @@ def test_repeated_passes_report_the_best_and_list_every_pass(capsys) -> None:
     assert "(best of 2 interleaved passes)" in out
     assert "(passes: 10.0, 9.0 s)" in out and "(passes: 5.0, 5.6 s)" in out
     assert "2 workers / 1 worker: 1.80x the rate" in out
+
+
+def test_the_report_states_the_floor_and_the_stage_share_of_it(capsys) -> None:
+    one = {"seconds": 10.0, "mixtures_per_s": 300.0, "mixtures_per_s_per_core": 300.0, "peak_rss_mib": 300.0}
+    floor = {"seconds": 5.0, "mixtures_per_s": 400.0, "arithmetic_ms": 0.2, "encode_ms": 2.3}
+    print_figures({"mixtures": 1000, "preset": "finelap", "runs": {1: one}, "floor": floor,
+                   "scaper": {"mixtures": 100, "seconds": 4.0, "mixtures_per_s": 25.0}})
+    out = capsys.readouterr().out
+    assert "stage / floor (1 worker): 0.75 of the floor's rate (target >= 0.7)" in out
+    assert "arithmetic 0.20 ms + FLAC 2.30 ms per mixture; stage 3.33 ms" in out
+    assert "ratio per core: 12.0x Scaper (target >= 12x)" in out
+
+
+def test_the_floor_encodes_the_stage_s_own_bytes(mixed) -> None:
+    _, mix_dir, events_dir, backgrounds_dir = mixed
+    inputs = floor_inputs(mix_dir, events_dir, backgrounds_dir)  # raises if a re-rendered mixture's FLAC differs from the file
+    assert len(inputs.mixtures) == len(list(mix_dir.glob("audio/*/*.flac")))
+    arithmetic, encode = floor_pass(inputs)
+    assert arithmetic > 0 and encode > 0
