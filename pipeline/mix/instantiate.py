@@ -446,11 +446,22 @@ def _render(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[EventOccu
     occurrences = [
         replace(o, realised_snr_db=_realised_snr(x, o, background, bg_mixed_level, mode, sr)) for o, x in zip(drawn.occurrences, parts)
     ]
-    mixture_gain = _normalisation_db(mix, spec, sr)
+    ends = np.array([mix.max(), mix.min()], dtype=np.float32) if mix.size else None
+    mixture_gain = _normalisation_db(mix, spec, sr, ends)
     audio = quantize_int16(apply_gain(mix, mixture_gain))
-    peak = float(max(int(audio.max()), -int(audio.min()))) if audio.size else 0.0
+    peak = _stored_peak(ends, mixture_gain)
     recipe = replace(drawn.recipe, mixture_gain_db=mixture_gain, peak_dbfs=float(20.0 * math.log10(max(peak, 1.0) / FULL_SCALE_INT16)))
     return recipe, occurrences, audio, (background, parts)
+
+
+def _stored_peak(ends: np.ndarray | None, gain_db: float) -> float:
+    """The largest magnitude of the stored samples, ``quantize_int16(apply_gain(mix, gain_db))``, from
+    the sum's ``ends`` (its max and min; None: no samples) without a pass over them: the gain
+    (positive) and quantizing never decrease, so they map the sum's extremes to the stored ones."""
+    if ends is None:
+        return 0.0
+    q = quantize_int16(apply_gain(ends, gain_db))
+    return float(max(int(q[0]), -int(q[1])))
 
 
 def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[EventOccurrence], background: BackgroundSegment | None,
@@ -509,13 +520,13 @@ def _realised_snr(x: np.ndarray, occ: EventOccurrence, background: np.ndarray, b
     return _signal_level_db(x, mode, sr) - background_level
 
 
-def _normalisation_db(mix: np.ndarray, spec: MixSpec, sr: int) -> float:
-    """The mixture gain: optional loudness target, then the peak policy."""
+def _normalisation_db(mix: np.ndarray, spec: MixSpec, sr: int, ends: np.ndarray | None) -> float:
+    """The mixture gain: optional loudness target, then the peak policy (``ends``: the max and min of ``mix``)."""
     norm = spec.normalize
     gain = 0.0
     if norm.loudness_lufs is not None:
         gain = norm.loudness_lufs - integrated_lufs(mix, sr)
-    peak = max(float(mix.max()), -float(mix.min())) if mix.size else 0.0
+    peak = max(float(ends[0]), -float(ends[1])) if ends is not None else 0.0
     peak_db = 20.0 * math.log10(max(peak, 1e-9)) + gain
     if norm.peak == "always" or (norm.peak == "if-clipping" and peak_db > FULL_SCALE_PEAK_DB):
         gain += norm.peak_dbfs - peak_db

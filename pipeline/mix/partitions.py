@@ -34,7 +34,7 @@ from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
 from pipeline.mix.instantiate import MixContext, instantiate
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, RECORDS, SEGMENTS, TIMELINES, audio_path, mixture_id
 from pipeline.mix.sources import read_parquet, read_sources
-from pipeline.outputs import MANIFEST, file_sha256, write_json, write_manifest, write_table
+from pipeline.outputs import MANIFEST, file_sha256, write_json, write_table
 from pipeline.schema import SPLITS, BackgroundSegment, EventClip, arrow_schema
 
 PARTS = "parts"
@@ -129,9 +129,26 @@ def render_partition(part: Partition) -> dict:
                                   events_dir=Path(r.events_dir), backgrounds_dir=Path(r.backgrounds_dir),
                                   events=ctx.events[part.split], backgrounds=ctx.backgrounds[part.split])
     for name, records in rows.items():
-        write_manifest(parts / f"{part.key}.{name}", records, RECORDS[name])
+        write_table(parts / f"{part.key}.{name}", flat_table(records, RECORDS[name]))
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})
     return {"dropped_occurrences": dropped}
+
+
+@lru_cache(maxsize=None)
+def _flat_schema(record_type: type) -> pa.Schema:
+    schema = arrow_schema(record_type)
+    nested = [f.name for f in schema if pa.types.is_struct(f.type) or (pa.types.is_list(f.type) and not pa.types.is_string(f.type.value_type))]
+    if nested:
+        raise TypeError(f"{record_type.__name__} has nested fields {nested}: use pipeline.schema.to_table")
+    return schema
+
+
+def flat_table(records: list, record_type: type) -> pa.Table:
+    """:func:`~pipeline.schema.to_table` for records whose fields are plain values or tuples of
+    strings (a partition's recipes, occurrences and segments): the same table, the values handed
+    to Arrow as they are, without converting each one (0.3 ms per mixture)."""
+    schema = _flat_schema(record_type)
+    return pa.Table.from_pydict({name: [getattr(r, name) for r in records] for name in schema.names}, schema=schema)
 
 
 def draw_timelines(task: Timelines) -> dict:
