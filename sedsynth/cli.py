@@ -30,6 +30,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth bench llm-cache             # storing one LLM completion at 5,000 and 100,000 entries vs rewriting the file
     sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant, trained and evaluated in models/ablations/
     sedsynth ablate --queue              # all five as DVC experiments (then dvc queue start; sedsynth ablate --table)
+    sedsynth pipeline --overrides configs/debug.yaml   # the ten DVC stages in their order, on tiny data under debug/
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ OUTPUT_SETTINGS = {
     "import": ("imports.out_dir",), "pretrain": ("pretrain.out_dir",), "train": ("train.out_dir",),
     "evaluate": ("evaluate.out_dir",), "ablate": ("ablations.out_dir",),
 }
+# The stages of dvc.yaml in its order (a test compares): what `sedsynth pipeline` runs, one after another.
+PIPELINE = ("corpus", "clip", "ambience", "mix", "captions", "clusters", "shards", "pretrain", "train", "evaluate")
 DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 NOT_ALLOWED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
 
@@ -199,6 +202,27 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pipeline(args: argparse.Namespace) -> int:
+    """Every stage of :data:`PIPELINE` as its own command runs it, with these params, each followed by its wall
+    time; the first stage to fail stops the run with that stage's one-line error (``sedsynth clip: error: ...``).
+    Without DVC: nothing is cached, locked or skipped because it is up to date."""
+    import time
+
+    commands = {"corpus": _corpus, "clip": _clip, "ambience": _ambience, "mix": _mix, "captions": _captions, "clusters": _clusters,
+                "shards": _shards, "pretrain": _pretrain, "train": _train, "evaluate": _evaluate}
+    started = time.perf_counter()
+    for name in PIPELINE:
+        args.command = name  # main() reports a failure as this stage's command would, with its output setting
+        stage_started = time.perf_counter()
+        status = commands[name](args)
+        if status:
+            return status
+        print(f"pipeline: {name} done in {time.perf_counter() - stage_started:.1f} s", flush=True)
+    args.command = "pipeline"
+    print(f"pipeline: {len(PIPELINE)} stages in {time.perf_counter() - started:.1f} s", flush=True)
+    return 0
+
+
 def _checkpoint_params(args: argparse.Namespace):
     """The trainer's params for ``detect`` and ``describe``: from ``--params`` where that file exists, else
     (with ``--checkpoint``, which carries the model's config) every default, ``--set`` still on top."""
@@ -278,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage("pretrain", _pretrain, "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)")
     stage("train", _train, "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)")
     stage("evaluate", _evaluate, "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)")
+    stage("pipeline", _pipeline, "run every stage of dvc.yaml in its order without DVC, e.g. on tiny data: "
+                                 "--overrides configs/debug.yaml")
     det = stage("detect", _detect, "print when each text query sounds in audio files (onset, offset, score)")
     det.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
     det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
