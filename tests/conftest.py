@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 from dataclasses import replace
@@ -16,8 +17,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.config.params import ComputeParams
-from trainer.config import Params
+from pipeline.config.params import read_yaml_mapping
+from trainer.config import Params, load_params
 
 # (fname, labels, mids): leaf first, then ancestors, as FSD50K writes them.
 BARK = ("Bark,Dog,Domestic_animals_and_pets,Animal", "/m/05tny_,/m/0bt9lr,/m/068hy,/m/0jbk")
@@ -81,11 +82,23 @@ def write_fsd50k(root: Path, dev_rows: list[tuple], eval_rows: list[tuple], audi
     return root
 
 
+@functools.cache
+def debug_params() -> Params:
+    """params.yaml with configs/debug.yaml over it, as ``sedsynth pipeline --overrides configs/debug.yaml`` reads
+    them: the fixtures take their tiny sizes from here (never its folders, which are under debug/)."""
+    return load_params(ROOT / "params.yaml", read_yaml_mapping(ROOT / "configs" / "debug.yaml", "overrides file"))
+
+
+def debug_values(section, *names: str) -> dict:
+    """``{name: value}`` of ``names`` in ``section`` of :func:`debug_params` (``debug_params().mix``), for ``replace``."""
+    return {name: getattr(section, name) for name in names}
+
+
 @pytest.fixture
 def params() -> Params:
-    """Default parameters, run in-process (one worker) and with few example plots."""
+    """Default parameters, run in-process (one worker, as the debug run) and with few example plots."""
     p = Params()
-    return replace(p, compute=ComputeParams(workers=1, chunk_size=4), clip=replace(p.clip, plot_examples=2))
+    return replace(p, compute=debug_params().compute, clip=replace(p.clip, plot_examples=2))
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -95,7 +108,7 @@ def tree_digest(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def mixed(tmp_path_factory):
-    """A small mix stage output made by the real stages from the embedded corpus.
+    """A small mix stage output made by the real stages from the embedded corpus, sized as the debug run's.
 
     Returns ``(params, mix_dir, events_dir, backgrounds_dir)``; params point ``mix.out_dir``
     at the folder and run everything in-process.
@@ -103,15 +116,14 @@ def mixed(tmp_path_factory):
     from pipeline.stages import ambience, clip
     from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
     from pipeline.stages.mix import run as mix
-    from pipeline.config.params import MixtureCounts
 
     tmp = tmp_path_factory.mktemp("mixed")
-    p = replace(Params(), compute=ComputeParams(workers=1, chunk_size=4))
-    p = replace(p, clip=replace(p.clip, plot_examples=0))
-    p = replace(p, mix=replace(p.mix, mixtures=MixtureCounts(train=20, valid=5, test=5), partition_size=10, event_split="random",
-                               export=replace(p.mix.export, timelines=1), out_dir=str(tmp / "mix")))
-    write_fsd50k_corpus(tmp / "fsd50k", n_clips=120, seed=5)
-    write_ambience_library(tmp / "ambience", n_recordings=8, seed=5)
+    tiny, p = debug_params(), Params()
+    mix_sizes = debug_values(tiny.mix, "mixtures", "partition_size", "event_split", "export")
+    p = replace(p, compute=tiny.compute, clip=replace(p.clip, **debug_values(tiny.clip, "plot_examples")),
+                mix=replace(p.mix, **mix_sizes, out_dir=str(tmp / "mix")))
+    write_fsd50k_corpus(tmp / "fsd50k", n_clips=tiny.corpus.fsd50k_clips, seed=tiny.corpus.seed)
+    write_ambience_library(tmp / "ambience", n_recordings=tiny.corpus.ambience_recordings, seed=tiny.corpus.seed)
     clip.run(p, tmp / "fsd50k", tmp / "events")
     ambience.run(p, tmp / "ambience", tmp / "backgrounds")
     mix(p, tmp / "events", tmp / "backgrounds", tmp / "mix")
@@ -139,15 +151,15 @@ def shard_folder(mixed, tmp_path_factory):
 
 
 def tiny_train_params(params: Params, folder: Path, out_dir: Path, **train_changes) -> Params:
-    """``params`` with a CPU-sized ``train`` section reading ``folder`` (a few steps, tiny model)."""
+    """``params`` with the debug run's CPU-sized ``train`` settings (a few steps, tiny model) reading ``folder``."""
     from trainer.config import SourceParams
 
-    t = params.train
-    data = replace(t.data, sources=(SourceParams(path=str(folder), split="train"),),
-                   valid=SourceParams(path=str(folder), split="valid"), batch_size=4, num_workers=0, shuffle_buffer=8, piece_rows=4)
-    model = replace(t.model, encoder="small", embed_dim=32, adapter_heads=4, adapter_ffn=64, freeze_text=True)
-    optim = replace(t.optim, lr=1e-3, warmup_steps=2, epochs=1, max_steps=0)
-    train = replace(t, data=data, model=model, optim=optim, log_every_steps=1, out_dir=str(out_dir))
+    t, tiny = params.train, debug_params().train
+    data = replace(t.data, **debug_values(tiny.data, "batch_size", "num_workers", "shuffle_buffer", "piece_rows"),
+                   sources=(SourceParams(path=str(folder), split="train"),), valid=SourceParams(path=str(folder), split="valid"))
+    model = replace(t.model, **debug_values(tiny.model, "encoder", "embed_dim", "adapter_heads", "adapter_ffn", "freeze_text"))
+    optim = replace(t.optim, **debug_values(tiny.optim, "lr", "warmup_steps", "epochs", "max_steps"))
+    train = replace(t, data=data, model=model, optim=optim, log_every_steps=tiny.log_every_steps, out_dir=str(out_dir))
     return replace(params, train=replace(train, **train_changes))
 
 
