@@ -83,6 +83,15 @@ def read_block(f: sf.SoundFile, start: int, frames: int) -> np.ndarray:
     return samples
 
 
+def read_int16(f: sf.SoundFile) -> np.ndarray:
+    """A whole 16-bit mono file's samples as int16 (n,), as stored."""
+    try:
+        f.seek(0)
+        return f.read(-1, dtype="int16")
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
+        raise AudioError("unreadable", f"{type(e).__name__}: {e}") from e
+
+
 def read_audio(path: Path) -> Decoded:
     """Decode a whole file to float32 (num_samples, channels), checking it is usable.
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.audio import downmix, quantize_int16, read_audio, resample
+from pipeline.audio import AudioError, downmix, open_audio, quantize_int16, read_audio, read_int16, resample
 from pipeline.outputs import write_atomic
 
 INDEX = "index.json"
@@ -27,7 +27,17 @@ COMPLETE = "complete"
 
 
 def load_source(path: Path, sample_rate_hz: int) -> np.ndarray:
-    """One stored clip as int16 at ``sample_rate_hz`` (resampled with libsoxr if needed)."""
+    """One stored clip as int16 at ``sample_rate_hz`` (resampled with libsoxr if needed).
+
+    A 16-bit mono file at that rate (what the clip and ambience stages write) is read as its
+    integers: scaling them to float and quantizing back gives the same values, in a third of the time.
+    """
+    with open_audio(path) as f:
+        if f.subtype == "PCM_16" and f.channels == 1 and f.samplerate == sample_rate_hz:
+            q = read_int16(f)
+            if q.shape[0] == 0:
+                raise AudioError("empty", "the file has no samples")
+            return q
     decoded = read_audio(path)
     if decoded.sample_rate_hz == sample_rate_hz and decoded.channels == 1:
         return quantize_int16(decoded.samples[:, 0])

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.audio import encode_flac, write_flac
+from pipeline.audio import encode_flac
 from pipeline.config.mix_spec import MixSpec
 from pipeline.config.params import MixParams, Params, RelabelParams
 from pipeline.mix import exports
@@ -114,10 +114,12 @@ def render_partition(part: Partition) -> dict:
     stage = Path(part.run.stage_dir)
     rows: dict[str, list] = {MIXTURES: [], OCCURRENCES: [], SEGMENTS: []}
     dropped = 0
+    (stage / audio_path(part.split, part.start)).parent.mkdir(parents=True, exist_ok=True)  # once, not once per file
     for index in range(part.start, part.start + part.count):
         rel = audio_path(part.split, index)
         m = instantiate(ctx, part.split, index, mixture_id(part.split, index), rel)
-        write_flac(stage / rel, m.audio, m.recipe.sample_rate_hz, compression_level=FLAC_COMPRESSION_LEVEL)
+        with open(stage / rel, "wb") as f:  # in place, as pipeline.audio.write_flac writes: the staging folder is swapped in whole
+            f.write(encode_mixture(m.audio, m.recipe.sample_rate_hz))
         rows[MIXTURES].append(m.recipe)
         rows[OCCURRENCES].extend(m.occurrences)
         rows[SEGMENTS].extend(m.segments)
