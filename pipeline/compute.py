@@ -75,7 +75,9 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
                 threads_per_worker=1,
                 processes=True,
                 dashboard_address=None,
-                silence_logs=logging.ERROR,
+                # a local worker's failure reaches the stage through its task (its exception, or
+                # KilledWorker); what the workers log at ERROR is a heartbeat racing the shutdown
+                silence_logs=logging.CRITICAL,
             )
         try:
             with Client(cluster) as client:
