@@ -3,7 +3,7 @@
 One subcommand per benchmark, each with its own flags (:data:`BENCHMARKS`): ``sedsynth bench mix``: see
 :mod:`benchmarks.mix_stage`; ``sedsynth bench mixing``: see :mod:`benchmarks.dynamic_mixing`; ``sedsynth bench shards``: see
 :mod:`benchmarks.shards`; ``sedsynth bench import``: see :mod:`benchmarks.imports`; ``sedsynth bench llm-cache``: see
-:mod:`benchmarks.llm_cache`; ``sedsynth bench train``, ``evaluate`` and ``detection``: see :mod:`benchmarks.train`,
+:mod:`benchmarks.llm_cache`; ``sedsynth bench scale``: see :mod:`benchmarks.scale`; ``sedsynth bench train``, ``evaluate`` and ``detection``: see :mod:`benchmarks.train`,
 :mod:`benchmarks.evaluate` and :mod:`benchmarks.detection`.
 
 ``sedsynth bench clip``: clipping throughput against decoding the same files, all on one
@@ -172,9 +172,15 @@ def _llm_cache(args: argparse.Namespace, params: Params) -> None:
     print_figures(bench_llm_cache(rewrites=args.repeat))
 
 
+def _scale(args: argparse.Namespace, params: Params) -> None:
+    from benchmarks.scale import bench_scale, print_figures
+
+    print_figures(bench_scale(args, params))
+
+
 # ``sedsynth bench NAME`` -> the function that runs it with its flags and prints its figures
 BENCHMARKS = {"clip": _clip, "mix": _mix, "shards": _shards, "import": _import, "mixing": _mixing, "train": _train,
-              "evaluate": _evaluate, "detection": _detection, "llm-cache": _llm_cache}
+              "evaluate": _evaluate, "detection": _detection, "llm-cache": _llm_cache, "scale": _scale}
 
 
 def main(args: argparse.Namespace, params: Params) -> int:

@@ -28,6 +28,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth bench detection             # PSDS1 against training minutes on the params' shards
     sedsynth bench import                # importing 10,000 AudioSet-Strong-style clips vs datasets.to_parquet
     sedsynth bench llm-cache             # storing one LLM completion at 5,000 and 100,000 entries vs rewriting the file
+    sedsynth bench scale --sizes 1000,10000   # every data stage at growing sizes: time, CPU, peak RSS, bytes, growth
     sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant, trained and evaluated in models/ablations/
     sedsynth ablate --queue              # all five as DVC experiments (then dvc queue start; sedsynth ablate --table)
     sedsynth pipeline --overrides configs/debug.yaml   # the ten DVC stages in their order, on tiny data under debug/
@@ -374,6 +375,14 @@ def build_parser() -> argparse.ArgumentParser:
     detection.add_argument("--out", default="models/bench_detection", help="folder for the run, its scores and psds_curve.{csv,png}")
     repeat(benchmark("llm-cache", "storing one LLM completion at 5,000 and 100,000 entries against rewriting the file"),
            "timed rewrites of the whole file, the peer; their mean is reported")
+    scale = benchmark("scale", "every data stage at growing corpus sizes: wall, CPU, peak RSS and output bytes, growth ratios")
+    scale.add_argument("--sizes", default="1000,10000",
+                       help="comma-separated FSD50K-layout clip counts, full = 51197 (mixtures scale to 100,000 at full; default 1000,10000)")
+    scale.add_argument("--out", default="bench-out/scale", help="folder for each size's run, scale.csv and scale.png (default bench-out/scale)")
+    scale.add_argument("--train", action="store_true", help="also train one epoch streaming the shards, then evaluate")
+    scale.add_argument("--stages", default=None, help="comma-separated stages to run, in the pipeline's order (default: "
+                                                     "corpus to shards, with --train also train and evaluate)")
+    scale.add_argument("--keep", action="store_true", help="keep each size's data (default: removed once measured; the logs stay)")
     return parser
 
 
