@@ -496,7 +496,12 @@ def to_table(records: list, record_type: type) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=schema)
 
 
+FROM_TABLE_BATCH_ROWS = 4096
+
+
 def from_table(table: pa.Table, record_type: type) -> list:
     """An Arrow table written by :func:`to_table` -> records (lists become tuples, structs records)."""
     names = [f.name for f in dataclasses.fields(record_type)]
-    return [_as_record(record_type, row) for row in table.select(names).to_pylist()]
+    # a batch of rows at a time: the whole table's row dicts at once would double the peak beside the records
+    return [_as_record(record_type, row) for batch in table.select(names).to_batches(max_chunksize=FROM_TABLE_BATCH_ROWS)
+            for row in batch.to_pylist()]
