@@ -31,26 +31,31 @@ from pipeline.shards.layout import CARD, DATA, features
 
 HF_LICENSES = {"CC0": "cc0-1.0", "CC-BY": "cc-by-4.0", "CC-BY-NC": "cc-by-nc-4.0", "CC-Sampling+": "other"}
 ATTRIBUTION_LINES_SHOWN = 20
+STATISTICS_BATCH_ROWS = 1024
 
 
 def statistics(folder: Path, index: dict) -> dict:
     """Per-split figures from the shards' metadata columns (the audio is not read)."""
     out = {}
     for split in index["splits"]:
-        tables = [pq.read_table(folder / f["path"], columns=["duration_s", "phrases"]) for f in index["files"] if f["split"] == split]
-        rows = [r for t in tables for r in t.to_pylist()]
-        phrases = [ph for r in rows for ph in r["phrases"]]
-        spans = [s["end_s"] - s["start_s"] for ph in phrases for s in ph["segments"]]
-        snrs = [x for ph in phrases for x in ph["snr_db"]]
-        out[split] = {
-            "mixtures": len(rows),
-            "hours": sum(r["duration_s"] for r in rows) / 3600.0,
-            "labels_per_mixture": [len(r["phrases"]) for r in rows],
-            "phrases": Counter(ph["phrase"] for ph in phrases),
-            "clusters": Counter(ph["cluster_id"] for ph in phrases),
-            "segment_s": spans,
-            "snr_db": snrs,
-        }
+        seconds = 0
+        figures = {"mixtures": 0, "labels_per_mixture": [], "phrases": Counter(), "clusters": Counter(), "segment_s": [], "snr_db": []}
+        # a batch of rows at a time, in order: the split's rows as Python objects at once grew with the dataset
+        for f in index["files"]:
+            if f["split"] != split:
+                continue
+            batches = pq.ParquetFile(folder / f["path"]).iter_batches(batch_size=STATISTICS_BATCH_ROWS, columns=["duration_s", "phrases"])
+            for r in (r for batch in batches for r in batch.to_pylist()):
+                figures["mixtures"] += 1
+                seconds += r["duration_s"]
+                figures["labels_per_mixture"].append(len(r["phrases"]))
+                for ph in r["phrases"]:
+                    figures["phrases"][ph["phrase"]] += 1
+                    figures["clusters"][ph["cluster_id"]] += 1
+                    figures["segment_s"].extend(s["end_s"] - s["start_s"] for s in ph["segments"])
+                    figures["snr_db"].extend(ph["snr_db"])
+        out[split] = {"mixtures": figures["mixtures"], "hours": seconds / 3600.0,
+                      **{k: v for k, v in figures.items() if k != "mixtures"}}
     return out
 
 
