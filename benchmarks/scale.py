@@ -24,8 +24,11 @@ and workers):
   nannies), so the workers' seconds are in it;
 - peak RSS: the largest sum of the resident memory of the process tree, sampled every 0.1 s with
   psutil (pages shared between processes, such as a memory-mapped bank read by two workers, count
-  once per process, so this is an upper bound); ``max proc`` is the largest single process's peak
-  (``ru_maxrss`` from ``os.wait4``), which sampling cannot miss;
+  once per process, so this is an upper bound); ``anon`` is the same sum without the file-backed and
+  shared pages (psutil's ``rss - shared``: the heap and the arrays, what the stage cannot hand back
+  to the page cache), so a memory-mapped input read by two workers shows in ``peak RSS`` and not
+  here; ``max proc`` is the largest single process's peak (``ru_maxrss`` from ``os.wait4``), which
+  sampling cannot miss;
 - output bytes: the size of every file under the folders the stage writes
   (:data:`sedsynth.cli.OUTPUT_SETTINGS`), after it ends.
 """
@@ -53,7 +56,7 @@ FULL_MIXTURES = 100_000  # FineLAP-100k
 FULL_AMBIENCE_RECORDINGS = 180  # ~1,800 ten-second segments at full size (FineLAP 4.2: 1,765)
 TRAIN_STAGES = ("train", "evaluate")  # run with --train only
 LEFT_OUT = ("pretrain",)
-COLUMNS = ("size", "stage", "items", "wall_s", "cpu_s", "peak_rss_mib", "max_proc_rss_mib", "output_bytes")
+COLUMNS = ("size", "stage", "items", "wall_s", "cpu_s", "peak_rss_mib", "peak_anon_mib", "max_proc_rss_mib", "output_bytes")
 SAMPLE_INTERVAL_S = 0.1
 
 # Targets on two cores (docs/benchmarks.md, "Full scale"): minutes at full size for these stages together
@@ -128,39 +131,45 @@ class StageRun:
     wall_s: float
     cpu_s: float
     peak_rss_mib: float
+    peak_anon_mib: float
     max_proc_rss_mib: float
     output_bytes: int
 
 
-def _tree_rss(proc) -> int:
-    total = 0
+def _tree_memory(proc) -> tuple[int, int]:
+    """(resident bytes, resident bytes less file-backed and shared pages) summed over ``proc``'s tree."""
+    rss = anon = 0
     try:
         tree = [proc, *proc.children(recursive=True)]
     except Exception:  # the process just ended
-        return 0
+        return 0, 0
     for p in tree:
         try:
-            total += p.memory_info().rss
+            m = p.memory_info()
         except Exception:  # a worker that just exited
-            pass
-    return total
+            continue
+        rss += m.rss
+        anon += m.rss - getattr(m, "shared", 0)
+    return rss, anon
 
 
-def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, float]:
+def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, float, float]:
     """Run ``command`` (its output to ``log_path``) and return (wall s, CPU s of it and its descendants,
-    peak summed RSS of its tree in MiB, largest single process's peak RSS in MiB); raise on failure."""
+    peak summed RSS of its tree in MiB, the same without file-backed and shared pages, largest single
+    process's peak RSS in MiB); raise on failure."""
     import psutil
 
     with open(log_path, "wb") as log:
         t0 = time.perf_counter()
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         proc = psutil.Process(child.pid)
-        peak, done = 0, threading.Event()
+        peak, peak_anon, done = 0, 0, threading.Event()
 
         def sample() -> None:
-            nonlocal peak
+            nonlocal peak, peak_anon
             while not done.is_set():
-                peak = max(peak, _tree_rss(proc))
+                rss, anon = _tree_memory(proc)
+                peak, peak_anon = max(peak, rss), max(peak_anon, anon)
                 done.wait(SAMPLE_INTERVAL_S)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -176,7 +185,7 @@ def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, 
         tail = log_path.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"bench scale: `{' '.join(command)}` failed with status {child.returncode}; its log "
                            f"({log_path}) ends:\n{tail}")
-    return wall, usage.ru_utime + usage.ru_stime, peak / 2**20, usage.ru_maxrss / 1024
+    return wall, usage.ru_utime + usage.ru_stime, peak / 2**20, peak_anon / 2**20, usage.ru_maxrss / 1024
 
 
 def stages_to_run(args: argparse.Namespace) -> list[str]:
@@ -224,9 +233,9 @@ def bench_size(args: argparse.Namespace, params: Params, clips: int, out: Path) 
             command[-2:-2] = ["--overrides", path]
         for text in args.set or []:
             command += ["--set", text]
-        wall, cpu, peak, max_proc = run_stage(command, folder / "logs" / f"{stage}.log")
+        wall, cpu, peak, anon, max_proc = run_stage(command, folder / "logs" / f"{stage}.log")
         items = stage_items(stage, clips, mixtures, config["corpus"]["ambience_recordings"])
-        run = StageRun(stage, items, wall, cpu, peak, max_proc, sum(folder_bytes(f) for f in stage_folders(stage, config)))
+        run = StageRun(stage, items, wall, cpu, peak, anon, max_proc, sum(folder_bytes(f) for f in stage_folders(stage, config)))
         print(f"  {clips} clips: {stage} done in {wall:.1f} s", file=sys.stderr, flush=True)
         runs.append(run)
     return runs
@@ -257,7 +266,7 @@ def write_csv(figures: dict, path: Path) -> None:
         for clips, runs in figures["sizes"].items():
             for r in runs:
                 writer.writerow([clips, r.stage, r.items, f"{r.wall_s:.3f}", f"{r.cpu_s:.3f}", f"{r.peak_rss_mib:.1f}",
-                                 f"{r.max_proc_rss_mib:.1f}", r.output_bytes])
+                                 f"{r.peak_anon_mib:.1f}", f"{r.max_proc_rss_mib:.1f}", r.output_bytes])
 
 
 def plot(figures: dict, path: Path) -> None:
@@ -301,8 +310,8 @@ def _bytes(n: int) -> str:
 
 
 def extrapolate(runs_small: list[StageRun], runs_large: list[StageRun], clips_small: int, clips_large: int,
-                clips_target: int) -> dict[str, tuple[float, float]]:
-    """Per stage: (wall s, peak RSS MiB) at ``clips_target``, each the larger of the straight line through the
+                clips_target: int) -> dict[str, tuple[float, float, float]]:
+    """Per stage: (wall s, peak RSS MiB, peak anon MiB) at ``clips_target``, each the larger of the straight line through the
     two sizes (a fixed start-up cost plus a cost per item) and the power law through them (which a growth
     faster than linear follows); memory is never put below the larger size's."""
     import math
@@ -312,8 +321,8 @@ def extrapolate(runs_small: list[StageRun], runs_large: list[StageRun], clips_sm
         power = b * (clips_target / clips_large) ** (math.log(max(b, 1e-9) / max(a, 1e-9)) / math.log(clips_large / clips_small))
         return max(line, power)
 
-    return {b.stage: (grown(a.wall_s, b.wall_s), max(b.peak_rss_mib, grown(a.peak_rss_mib, b.peak_rss_mib)))
-            for a, b in zip(runs_small, runs_large)}
+    return {b.stage: (grown(a.wall_s, b.wall_s), max(b.peak_rss_mib, grown(a.peak_rss_mib, b.peak_rss_mib)),
+                      max(b.peak_anon_mib, grown(a.peak_anon_mib, b.peak_anon_mib))) for a, b in zip(runs_small, runs_large)}
 
 
 def print_figures(f: dict) -> None:
@@ -323,26 +332,27 @@ def print_figures(f: dict) -> None:
         mixtures = next((r.items for r in runs if r.stage == "mix"), 0)
         print(f"\n  {clips} clips, {mixtures} mixtures")
         print(f"    {'stage':<10} {'items':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'ms/item':>8} "
-              f"{'peak RSS':>9} {'max proc':>9} {'output':>10}")
+              f"{'peak RSS':>9} {'anon':>9} {'max proc':>9} {'output':>10}")
         for r in runs:
             print(f"    {r.stage:<10} {r.items:7d} {r.wall_s:8.1f} {r.cpu_s:8.1f} {r.cpu_s / max(r.wall_s, 1e-9):8.2f} "
-                  f"{r.wall_s / max(r.items, 1) * 1e3:8.2f} {r.peak_rss_mib:5.0f} MiB {r.max_proc_rss_mib:5.0f} MiB "
+                  f"{r.wall_s / max(r.items, 1) * 1e3:8.2f} {r.peak_rss_mib:5.0f} MiB {r.peak_anon_mib:5.0f} MiB {r.max_proc_rss_mib:5.0f} MiB "
                   f"{_bytes(r.output_bytes):>10}")
         print(f"    {'total':<10} {'':7} {sum(r.wall_s for r in runs):8.1f} {sum(r.cpu_s for r in runs):8.1f}")
     sizes = list(f["sizes"])
     for small, large in zip(sizes, sizes[1:]):
         print(f"\n  growth {small} -> {large} clips ({large / small:.1f}x the items): larger over smaller, "
               f"1.00 = linear time, flat memory")
-        print(f"    {'stage':<10} {'time/item':>10} {'peak RSS':>9}")
+        print(f"    {'stage':<10} {'time/item':>10} {'peak RSS':>9} {'anon':>9}")
         for a, b in zip(f["sizes"][small], f["sizes"][large]):
             per_item = (b.wall_s / max(b.items, 1)) / max(a.wall_s / max(a.items, 1), 1e-12)
-            print(f"    {b.stage:<10} {per_item:10.2f} {b.peak_rss_mib / max(a.peak_rss_mib, 1e-9):9.2f}")
+            print(f"    {b.stage:<10} {per_item:10.2f} {b.peak_rss_mib / max(a.peak_rss_mib, 1e-9):9.2f} "
+                  f"{b.peak_anon_mib / max(a.peak_anon_mib, 1e-9):9.2f}")
     if len(sizes) > 1 and sizes[-1] < FULL_CLIPS:
         small, large = sizes[-2], sizes[-1]
         full = extrapolate(f["sizes"][small], f["sizes"][large], small, large, FULL_CLIPS)
         print(f"\n  full size ({FULL_CLIPS} clips, {FULL_MIXTURES} mixtures), the larger of the line and the power law through {small} and {large}:")
-        for stage, (wall, peak) in full.items():
-            print(f"    {stage:<10} {wall / 60:7.1f} min  peak RSS {peak:6.0f} MiB")
+        for stage, (wall, peak, anon) in full.items():
+            print(f"    {stage:<10} {wall / 60:7.1f} min  peak RSS {peak:6.0f} MiB  anon {anon:6.0f} MiB")
         for group, minutes in TARGET_MINUTES.items():
             if all(s in full for s in group):
                 got = sum(full[s][0] for s in group) / 60
