@@ -176,6 +176,10 @@ def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, 
         sampler.start()
         try:
             _, status, usage = os.wait4(child.pid, 0)  # the zombie keeps the pid until here: the sampler stays on it
+        except BaseException:  # Ctrl-C or SIGTERM (sedsynth raises it as KeyboardInterrupt): the stage stops too
+            child.terminate()
+            child.wait()
+            raise
         finally:
             done.set()
             sampler.join()
