@@ -142,11 +142,11 @@ class TrainModelParams:
 @dataclass(frozen=True)
 class TrainLossParams:
     clip: Literal["sigmoid", "infonce"] = "sigmoid"
-    clip_weight: float = 1.0  # 0 drops the clip loss (ablation)
+    clip_weight: float = 0.3  # 0 drops the clip loss (ablation); the paper: 1 (configs/train/finelap.yaml)
     frame_weight: float = 10.0  # 0 drops the frame loss (ablation); FLAM uses 200
     prior_weight: float = 1.0  # FLAM prior loss (with per_text_logits)
     region_weight: float = 0.0  # >0 adds TACOS's region-wise contrastive frame loss (each region's text against its frames)
-    phrase_clip_weight: float = 1.0  # >0 adds the clip embedding against each phrase (does it sound in the clip?)
+    phrase_clip_weight: float = 0.3  # >0 adds the clip embedding against each phrase (does it sound in the clip?)
     init_scale: float = 10.0  # t = t' at start; paper: 10
     init_bias: float = -10.0  # b = b' at start; paper: -10
     frame_chunk_clips: int = 0  # >0: frame loss this many clips at a time, recomputed in backward
