@@ -132,7 +132,9 @@ def test_a_sam_run_takes_two_passes_per_step_and_resumes(shard_folder, tmp_path,
     (p_row,), (s_row,) = _rows(tmp_path / "plain"), _rows(tmp_path / "sam")
     # the defaults: the loss terms as they were, one pass, no captioning term
     assert set(p_row) == {"step", "epoch", "lr", "clips_per_s", "loss", "clip", "clip_t", "clip_b", "phrase_clip", "phrase_clip_t", "phrase_clip_b", "frame", "frame_t", "frame_b"}
-    assert float(p_row["loss"]) == pytest.approx(float(p_row["clip"]) + float(p_row["phrase_clip"]) + 10.0 * float(p_row["frame"]), rel=1e-5)
+    w = params.train.loss
+    assert float(p_row["loss"]) == pytest.approx(w.clip_weight * float(p_row["clip"]) + w.phrase_clip_weight * float(p_row["phrase_clip"])
+                                                 + w.frame_weight * float(p_row["frame"]), rel=1e-5)
     # SAM logs the loss at w: the plain run's, on the same batch with the same weights and dropout
     for key in ("loss", "clip", "frame"):
         assert float(s_row[key]) == pytest.approx(float(p_row[key]), rel=1e-6), key
