@@ -74,7 +74,8 @@ def test_a_caption_run_logs_the_term_and_stores_decoder_and_vocabulary(caption_r
     for r in rows:
         caption = float(r["caption"])
         assert math.isfinite(caption) and 0 < caption < 2 * math.log(305)
-        total = float(r["clip"]) + float(r["phrase_clip"]) + 10.0 * float(r["frame"]) + 1.0 * caption  # lambda_cap = 1 beside the other terms
+        w = p.train.loss  # lambda_cap = 1 beside the other terms
+        total = w.clip_weight * float(r["clip"]) + w.phrase_clip_weight * float(r["phrase_clip"]) + w.frame_weight * float(r["frame"]) + 1.0 * caption
         assert float(r["loss"]) == pytest.approx(total, rel=1e-5)
     assert all(math.isfinite(float(r["valid_caption"])) for r in read_csv(out / "valid_log.csv"))  # held-out too
 
