@@ -42,6 +42,7 @@ import math
 import sys
 
 from pipeline.config.params import ParamsError, load_params, merge, parse_override, read_yaml_mapping
+from sedsynth import OUTPUT_SETTINGS, PIPELINE
 
 TRAINER_SECTIONS = ("pretrain", "train", "evaluate", "ablations")  # trainer.config.SECTIONS, which the data stages leave alone
 
@@ -50,15 +51,6 @@ class CommandError(Exception):
     """A failure the command reports in one line (an LLM endpoint that keeps failing)."""
 
 
-# The settings naming the folders each command writes: what to change when that disk is full or read-only.
-OUTPUT_SETTINGS = {
-    "corpus": ("corpus.fsd50k_dir", "corpus.ambience_dir"), "clip": ("clip.out_dir",), "ambience": ("ambience.out_dir",),
-    "mix": ("mix.out_dir",), "captions": ("captions.out_dir",), "clusters": ("clusters.out_dir",), "shards": ("shards.out_dir",),
-    "import": ("imports.out_dir",), "pretrain": ("pretrain.out_dir",), "train": ("train.out_dir",),
-    "evaluate": ("evaluate.out_dir",), "ablate": ("ablations.out_dir",),
-}
-# The stages of dvc.yaml in its order (a test compares): what `sedsynth pipeline` runs, one after another.
-PIPELINE = ("corpus", "clip", "ambience", "mix", "captions", "clusters", "shards", "pretrain", "train", "evaluate")
 DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 NOT_ALLOWED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
 
