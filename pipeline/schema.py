@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import re
 import typing
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import ClassVar
 
 import pyarrow as pa
@@ -51,6 +54,14 @@ SPLITS = ("train", "valid", "test")  # the dataset's splits, in the order every 
 _LEVEL_COLUMNS = ("duration_s", "num_samples", "sample_rate_hz", "source_sample_rate_hz", "source_channels", "rms_dbfs", "peak_dbfs",
                   "loudness_lufs")
 _ENVELOPE_COLUMNS = ("envelope_frame_s", "envelope_hop_s", "envelope_db")
+
+
+def readable_id(rel_path: str) -> str:
+    """A source file's id from its POSIX path relative to its root: readable (the path's words,
+    at most 60 characters) and filesystem-safe, unique through a hash of the whole path."""
+    stem = re.sub(r"[^A-Za-z0-9]+", "-", PurePosixPath(rel_path).with_suffix("").as_posix()).strip("-").lower()
+    digest = hashlib.sha1(rel_path.encode("utf-8")).hexdigest()[:8]
+    return f"{stem[:60]}-{digest}" if stem else digest
 
 @dataclass(frozen=True)
 class Skip:

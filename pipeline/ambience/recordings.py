@@ -15,15 +15,13 @@ Output: the selected :class:`AmbienceRecording` list, sorted by relative path, a
 
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.metadata_csv import plain_text, read_header_and_rows
 from pipeline.config.params import AmbienceParams
-from pipeline.schema import Skip
+from pipeline.schema import Skip, readable_id
 
 
 @dataclass(frozen=True)
@@ -37,9 +35,7 @@ class AmbienceRecording:
     @property
     def recording_id(self) -> str:
         """A readable, filesystem-safe id, unique through a hash of the relative path."""
-        stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(self.rel_path).with_suffix("").as_posix()).strip("-").lower()
-        digest = hashlib.sha1(self.rel_path.encode("utf-8")).hexdigest()[:8]
-        return f"{stem[:60]}-{digest}" if stem else digest
+        return readable_id(self.rel_path)
 
 
 def _selected(text: str, keywords: tuple[str, ...] | str) -> bool:

@@ -29,9 +29,7 @@ functions also return the records and the skips.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import unicodedata
 from dataclasses import dataclass
 from functools import partial
@@ -46,7 +44,7 @@ from pipeline.licenses import license_name
 from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, peak_to_median_db, rms_dbfs
 from pipeline.ontology import Ontology, default_ontology
 from pipeline.outputs import MANIFEST, SKIPPED, write_manifest, write_skips
-from pipeline.schema import BackgroundSegment, EventClip, Skip
+from pipeline.schema import BackgroundSegment, EventClip, Skip, readable_id
 from pipeline.segmentation import find_segment
 
 AUDIO_DIR = "audio"
@@ -64,9 +62,7 @@ class LibraryFile:
     @property
     def item_id(self) -> str:
         """A readable, filesystem-safe id, unique through a hash of the relative path."""
-        stem = re.sub(r"[^A-Za-z0-9]+", "-", Path(self.rel_path).with_suffix("").as_posix()).strip("-").lower()
-        digest = hashlib.sha1(self.rel_path.encode("utf-8")).hexdigest()[:8]
-        return f"{stem[:60]}-{digest}" if stem else digest
+        return readable_id(self.rel_path)
 
 
 def _is_audio(path: Path, extensions: tuple[str, ...]) -> bool:
