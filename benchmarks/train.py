@@ -5,7 +5,9 @@ crop, frame labels and cluster negatives, in clips/s, against the peer measured 
 rows in the same run: plain ``soundfile`` decoding of the same FLAC bytes. Step: forward,
 backward and optimizer step of the configured model on prepared batches (the loader excluded),
 in steps/s and clips/s; on CUDA also peak memory and model FLOPs utilisation (FLOPs counted by
-``torch.utils.flop_counter`` for one step, over the step time, over the GPU's peak). The last
+``torch.utils.flop_counter`` for one eager step, over the step time, over the GPU's peak), and
+with ``profile`` where the step's GPU time goes by kind of kernel. With ``train.compile`` the
+step is timed after :func:`trainer.model.compile_model` and two compiled warm-up steps. The last
 line says how many loader workers per GPU keep the step fed.
 
 ``--preset gpu`` is FineLAP's GPU setting for throughput: eat-base, a BERT/RoBERTa-base-size
@@ -61,8 +63,50 @@ def bench_loader(params, encoder, rows: int) -> dict:
             "decode_ms": 1000 * decode_s / len(raw), "loader_ms": 1000 * item_s / len(raw), "items": items}
 
 
-def bench_step(params, model, items, steps: int, peak_override: float | None) -> dict:
+KERNEL_KINDS = (  # (kind, substrings of a CUDA kernel's name), first match wins
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_")),
+    ("fft (fbank)", ("fft",)),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("copy", ("memcpy", "memset")),
+    ("norm / reduce / softmax", ("norm", "reduce", "softmax")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of work a CUDA kernel called ``name`` does, for the profile's summary."""
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "elementwise / other")
+
+
+def profile_steps(step, steps: int = 3) -> dict:
+    """Run ``step`` ``steps`` times under ``torch.profiler``: wall ms per step, GPU busy ms per step
+    (kernels and copies), busy ms per :func:`kernel_kind`, and the 8 kernels that take longest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    wall_ms = 1000 * (time.perf_counter() - t0) / steps
+    kinds: dict[str, float] = {}
+    kernels = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total if e.device_type == torch.autograd.DeviceType.CUDA else 0
+        if us > 0:
+            kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + us / steps / 1000
+            kernels.append((us / steps / 1000, e.key))
+    return {"wall_ms": wall_ms, "busy_ms": sum(kinds.values()), "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "top": sorted(kernels, reverse=True)[:8]}
+
+
+def bench_step(params, model, items, steps: int, peak_override: float | None, profile: bool = False) -> dict:
+    from torch.utils.flop_counter import FlopCounterMode
+
     from trainer.data.stream import collate
+    from trainer.model import compile_model
     from trainer.objective import Objective
     from trainer.optim import optimizer_for, passes_per_step
     from trainer.precision import autocast_for
@@ -70,8 +114,6 @@ def bench_step(params, model, items, steps: int, peak_override: float | None) ->
     t = params.train
     device = torch.device("cuda") if torch.cuda.is_available() and t.device != "cpu" else torch.device("cpu")
     objective = Objective(model, t.loss).to(device)
-    if t.compile:
-        model.encoder.compile()
     optimizer = optimizer_for(objective, t.optim)
     autocast = autocast_for(t.precision, device)
     b = t.data.batch_size
@@ -84,21 +126,30 @@ def bench_step(params, model, items, steps: int, peak_override: float | None) ->
         loss.backward()
         return loss
 
-    def step():
+    def step():  # as the training loop's step does it: clip the gradient's norm (without SAM), AdamW
         loss_backward()
         if passes_per_step(optimizer) == 2:  # SAM: the closure's second pass at the perturbed weights
             optimizer.step(loss_backward)
         else:
+            if t.optim.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(objective.parameters(), t.optim.clip_grad_norm)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     step()  # warm-up (and the frozen text cache, when frozen)
-    from torch.utils.flop_counter import FlopCounterMode
-
     counter = FlopCounterMode(display=False)
-    with counter:
+    with counter:  # eager: the compiled step does the same FLOPs
         step()
     flops = counter.get_total_flops()
+    compile_s = 0.0
+    if t.compile:
+        t0 = time.perf_counter()
+        compile_model(model)
+        step()
+        step()  # a second call settles what the first one's shapes left to recompile
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -111,23 +162,28 @@ def bench_step(params, model, items, steps: int, peak_override: float | None) ->
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
            "batch": b, "step_s": seconds, "clips_per_s": b / seconds, "passes_per_step": passes_per_step(optimizer),
            "params_m": sum(p.numel() for p in objective.parameters() if p.requires_grad) / 1e6,
-           "gflop_per_step": flops / 1e9, "tflops": flops / seconds / 1e12}
+           "gflop_per_step": flops / 1e9, "tflops": flops / seconds / 1e12, "compiled": t.compile, "compile_s": compile_s}
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         peak = _peak_tflops(out["device"], peak_override)
         out["mfu"] = out["tflops"] / peak if peak else float("nan")
+        if profile:
+            out["profile"] = profile_steps(step)
     return out
 
 
-def run(params, rows: int = 200, steps: int = 5, preset: str = "default", peak_tflops: float | None = None) -> dict:
+def run(params, rows: int = 200, steps: int = 5, preset: str = "default", peak_tflops: float | None = None,
+        profile: bool = False, batch: int | None = None) -> dict:
     from trainer.model import build_model
 
     if preset == "gpu":
         params = gpu_preset(params)
+    if batch:
+        params = replace(params, train=replace(params.train, data=replace(params.train.data, batch_size=batch)))
     torch.manual_seed(params.seed)
     model = build_model(params.train.model)
     loader = bench_loader(params, model.encoder, rows)
-    step = bench_step(params, model, loader.pop("items"), steps, peak_tflops)
+    step = bench_step(params, model, loader.pop("items"), steps, peak_tflops, profile)
     return {"loader": loader, "step": step, "model": params.train.model.encoder, "precision": params.train.precision}
 
 
@@ -142,6 +198,17 @@ def print_figures(f: dict) -> None:
     print(f"    {st['step_s'] * 1000:.0f} ms/step, {st['clips_per_s']:.1f} clips/s, {st['gflop_per_step']:.0f} GFLOP/step "
           f"({1000 * st['tflops']:.0f} GFLOP/s), {st['passes_per_step']} forward/backward pass(es) per step"
           + (" (SAM)" if st["passes_per_step"] == 2 else ""))
+    if st["compiled"]:
+        print(f"    torch.compile (encoder, text tower when it trains, frame adapter) took {st['compile_s']:.0f} s before timing")
     if "mfu" in st:
         print(f"    MFU {100 * st['mfu']:.1f}% (target >= 40%), peak memory {st['peak_mem_gib']:.1f} GiB")
+    if "profile" in st:
+        pr = st["profile"]
+        print(f"  where the step's time goes (torch.profiler, 3 steps): {pr['wall_ms']:.0f} ms/step, GPU busy {pr['busy_ms']:.0f} ms "
+              f"({100 * pr['busy_ms'] / pr['wall_ms']:.0f}%)")
+        for kind, ms in pr["kinds"].items():
+            print(f"    {kind:26s} {ms:7.1f} ms/step")
+        print("    longest kernels:")
+        for ms, name in pr["top"]:
+            print(f"      {ms:7.1f} ms  {name[:90]}")
     print(f"  loader workers per device to keep the step fed: {st['clips_per_s'] / lo['loader_clips_per_s']:.2f}")

@@ -360,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--preset", choices=["default", "gpu"], default="default",
                        help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16)")
     train.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU (default: by GPU name)")
+    train.add_argument("--batch", type=int, default=None, help="clips per step (default: the params', or 128 with --preset gpu)")
+    train.add_argument("--profile", action="store_true", help="on CUDA, where the step's GPU time goes (torch.profiler, by kind of kernel)")
     benchmark("evaluate", "where the metric time goes on a large score set").add_argument(
         "--clips", type=int, default=10000, help="test clips (default 10000)")
     detection = benchmark("detection", "PSDS1 against training minutes on the params' shards")

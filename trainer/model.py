@@ -126,7 +126,10 @@ class FineLAP(nn.Module):
         unique = sorted(set(texts))
         feature = self.text(unique)
         where = {t: i for i, t in enumerate(unique)}
-        index = torch.tensor([where[t] for t in texts], device=feature.device)
+        index = torch.tensor([where[t] for t in texts])
+        if feature.is_cuda:  # from pinned memory the copy does not wait for the GPU's queue to drain
+            index = index.pin_memory()
+        index = index.to(feature.device, non_blocking=True)
         return _unit(self.text_proj(feature))[index], feature[index]
 
     def forward(self, wave: torch.Tensor, captions: list[str], phrases: list[list[str]]) -> Embeddings:
@@ -139,6 +142,17 @@ class FineLAP(nn.Module):
             scale, bias = self.per_text(feature[b:].float())
             out.phrase_scale, out.phrase_bias = scale.reshape(b, n), bias.reshape(b, n)
         return out
+
+
+def compile_model(model: FineLAP) -> None:
+    """``torch.compile`` the modules that hold the step's FLOPs, in place: the audio encoder, the
+    text tower when it trains, and the frame adapter. The losses stay eager (their shapes and
+    host-side bookkeeping change from batch to batch)."""
+    model.encoder.compile()
+    if not model.text.frozen:
+        model.text.model.compile()
+    if model.local is not None:
+        model.local.compile()
 
 
 def build_model(p) -> FineLAP:

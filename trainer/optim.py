@@ -21,13 +21,15 @@ from trainer.sam import SAM
 def optimizer_for(objective: nn.Module, optim_params) -> torch.optim.Optimizer:
     """AdamW over ``objective``'s trainable parameters; weight decay only on matrices (not on
     biases, norms, temperatures). With ``sam_rho > 0`` it is the base of a :class:`SAM` (whose
-    state dict is AdamW's, so a checkpoint reads the same either way)."""
+    state dict is AdamW's, so a checkpoint reads the same either way). Parameters on CUDA get the
+    fused kernel (one launch for every tensor's update); on the CPU it is torch's default."""
     o = optim_params
     params = [p for p in objective.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     other = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    adamw = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas))
+    fused = bool(params) and all(p.is_cuda for p in params)
+    adamw = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), fused=fused or None)
     return SAM(adamw, o.sam_rho, o.sam_adaptive) if o.sam_rho > 0 else adamw
 
 

@@ -84,7 +84,9 @@ class TextEncoder(nn.Module):
     def _encode(self, texts: list[str]) -> torch.Tensor:
         device = next(self.model.parameters()).device
         texts = [self.bounded(t) for t in texts]
-        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt").to(device)
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        # from pinned memory the copies do not wait for the GPU to finish the work queued before them
+        tokens = {k: (v.pin_memory() if device.type == "cuda" else v).to(device, non_blocking=True) for k, v in tokens.items()}
         hidden = self.model(**tokens).last_hidden_state  # (n, T, H)
         if self.pooling == "first":
             return hidden[:, 0]

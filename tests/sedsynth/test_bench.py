@@ -15,7 +15,7 @@ FLAGS = {  # benchmark -> its flags and their defaults
     "shards": {"repeat": 3},
     "import": {"clips": 10000},
     "mixing": {"rows": 200},
-    "train": {"rows": 200, "steps": 5, "preset": "default", "peak_tflops": None},
+    "train": {"rows": 200, "steps": 5, "preset": "default", "peak_tflops": None, "batch": None, "profile": False},
     "evaluate": {"clips": 10000},
     "detection": {"epochs": 15, "out": "models/bench_detection"},
     "llm-cache": {"repeat": 3},
@@ -37,6 +37,7 @@ def test_every_benchmark_is_a_subcommand_with_only_its_own_flags():
      {"mixtures": 3000, "workers": "1", "scaper_mixtures": 300, "repeat": 2}),
     ("bench detection --epochs 11 --out models/bench_detection", {"epochs": 11, "out": "models/bench_detection"}),
     ("bench train --rows 8 --steps 1 --preset gpu --peak-tflops 989", {"rows": 8, "steps": 1, "preset": "gpu", "peak_tflops": 989.0}),
+    ("bench train --preset gpu --batch 256 --profile", {"preset": "gpu", "batch": 256, "profile": True}),
 ])
 def test_a_benchmarks_flags_parse(argv, expected):
     args = vars(build_parser().parse_args(argv.split()))

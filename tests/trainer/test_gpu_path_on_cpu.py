@@ -165,3 +165,17 @@ def test_compiled_encoder_matches_eager_under_bf16():
     assert c1.shape == c0.shape and d1.shape == d0.shape
     assert torch.allclose(c1, c0, atol=0.05) and torch.allclose(d1, d0, atol=0.05)  # bf16 rounding apart
     assert torch.nn.functional.cosine_similarity(g1.flatten(), g0.flatten(), dim=0) > 0.99
+
+
+def test_compile_model_compiles_the_modules_that_hold_the_flops(tiny_bert):
+    """``train.compile`` wraps the encoder, the trainable text tower and the frame adapter (lazily:
+    nothing compiles until a forward pass); a frozen text tower, encoded once and cached, stays eager."""
+    from trainer.model import compile_model
+
+    trained = tiny_objective(tiny_bert).model
+    compile_model(trained)
+    assert all(m._compiled_call_impl is not None for m in (trained.encoder, trained.text.model, trained.local))
+    frozen = FineLAP(EATEncoder(dim=16, depth=1, heads=2, fbank=FbankParams(target_frames=32)),
+                     TextEncoder(tiny_bert, frozen=True), dim=8, adapter_ffn=16, adapter_heads=2)
+    compile_model(frozen)
+    assert frozen.encoder._compiled_call_impl is not None and frozen.text.model._compiled_call_impl is None

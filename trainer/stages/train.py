@@ -48,7 +48,7 @@ from trainer.data.stream import Batch, TrainStream, caption_texts, collate, make
 from trainer.evaluation.calibration import calibrate_checkpoint
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, step_progress, write_skips
-from trainer.model import build_model
+from trainer.model import build_model, compile_model
 from trainer.objective import Objective
 from trainer.optim import lr_lambda, optimizer_for, passes_per_step
 from trainer.precision import autocast_for
@@ -173,7 +173,7 @@ def set_up(params, world: distributed.World, out: Path) -> Setup:
     model = build_model(t.model)
     objective = Objective(model, t.loss).to(world.device)
     if t.compile:
-        model.encoder.compile()
+        compile_model(model)
     stream = make_stream(params, model.encoder, t.data.sources, shuffle=True, rank=world.rank, world_size=world.size)
     vocabulary = None
     if objective.captioner is not None and t.model.caption_decoder.vocabulary == CAPTION_VOCABULARY:
@@ -387,13 +387,16 @@ def clip_gradients(setup: Setup) -> None:
 
 
 def log_step(setup: Setup, logs: Logs, step: int, epoch: int, terms: dict[str, torch.Tensor]) -> None:
-    """After optimizer step ``step`` of ``epoch``: the progress bar moves on and shows the main loss
-    terms, and rank 0 adds a ``train_log`` row (lr, throughput, every term of the step's last
-    micro-batch) every ``log_every_steps`` and at the run's last step."""
+    """After optimizer step ``step`` of ``epoch``: the progress bar moves on; every ``log_every_steps``
+    and at the run's last step it shows the main loss terms and rank 0 adds a ``train_log`` row
+    (lr, throughput, every term of the step's last micro-batch). Other steps read no tensor, so
+    the host never waits for the device between logs."""
     logs.progress.update(1)
+    if step % setup.train.log_every_steps and step != setup.total_steps:
+        return  # reading a term waits for the GPU to finish the step; between logs it runs ahead
     logs.progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")},
                               refresh=False)
-    if setup.world.main and (step % setup.train.log_every_steps == 0 or step == setup.total_steps):
+    if setup.world.main:
         logs.train.add({"step": step, "epoch": epoch, "lr": setup.scheduler.get_last_lr()[0],
                         **logs.throughput(setup.world.size, setup.passes), **{k: float(v.detach()) for k, v in terms.items()}})
 

@@ -218,3 +218,36 @@ def test_the_region_loss_trains_alone_or_beside_the_frame_loss(shard_folder, tmp
         rows = list(csv.DictReader(open(tmp_path / f"region{frame_weight}" / "train_log.csv")))
         assert rows and all(float(r["region"]) > 0 and math.isfinite(float(r["region"])) for r in rows)
         assert ("frame" in rows[0]) == (frame_weight > 0)
+
+
+def test_between_logs_a_step_reads_no_tensor():
+    """Reading a loss term (``float``) makes the host wait for the device to finish the step; the
+    loop reads them only on log steps and the last one. Meta tensors stand in: reading one raises."""
+    from types import SimpleNamespace
+
+    from trainer.stages.train import log_step
+
+    class Bar:
+        def __init__(self):
+            self.shown = []
+
+        def update(self, n):
+            pass
+
+        def set_postfix(self, values, refresh):
+            self.shown.append(values)
+
+    rows = []
+    setup = SimpleNamespace(train=SimpleNamespace(log_every_steps=5), total_steps=12, world=SimpleNamespace(main=True, size=1),
+                            scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3]), passes=1)
+    logs = SimpleNamespace(progress=Bar(), train=SimpleNamespace(add=rows.append), throughput=lambda size, passes: {})
+    unreadable = {"loss": torch.zeros((), device="meta"), "frame": torch.zeros((), device="meta")}
+    for step in (1, 2, 3, 4, 6, 11):
+        log_step(setup, logs, step, 0, unreadable)
+    assert rows == [] and logs.progress.shown == []
+    for step in (5, 12):  # a log step and the last step read them
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            log_step(setup, logs, step, 0, unreadable)
+    readable = {"loss": torch.tensor(1.5), "frame": torch.tensor(0.5)}
+    log_step(setup, logs, 10, 0, readable)
+    assert [r["step"] for r in rows] == [10] and rows[0]["loss"] == 1.5 and logs.progress.shown[-1]["loss"] == "1.500"
