@@ -61,6 +61,21 @@ class AudioEncoder(nn.Module):
         with torch.autocast(wave.device.type, enabled=False):
             return self.fbank(wave.float())
 
+    def audio_columns(self, wave: torch.Tensor) -> torch.Tensor:
+        """``(B, S)`` -> ``(B,)`` how many of each row's output columns hold audio. A row whose
+        samples run into its last ``column`` (the samples of one output column) holds audio in every
+        column, as the model trains on full windows (the encoder's own padding of the fbank to
+        ``target_frames`` included). A row that ends in zeros (a clip shorter than the window,
+        padded by the loader or the detector) holds audio up to the column of its last non-zero
+        sample; the zeros after it are padding, not sound. An all-zero row counts as full."""
+        s = wave.shape[-1]
+        column_samples = self.time_stride_frames * self.fbank.params.shift_samples
+        nonzero = wave != 0
+        last = s - 1 - nonzero.flip(-1).to(torch.uint8).argmax(dim=-1)
+        ends = torch.div(last, column_samples, rounding_mode="floor") + 1
+        full = (last >= s - column_samples) | ~nonzero.any(dim=-1)
+        return torch.where(full, self.num_frames, ends.clamp(1, self.num_frames))
+
     def frame_spans_s(self) -> np.ndarray:
         """``(L, 2)`` start and end seconds of each output column."""
         first = torch.arange(self.num_frames) * self.time_stride_frames
@@ -267,8 +282,11 @@ class SmallEncoder(AudioEncoder):
 
     ``dense`` is ``(B, 128, 8, width)`` for 1024 frames; ``cls`` pools it as PANNs do (Kong et al.
     2020): mean over frequency, then the maximum plus the mean over time. The maximum keeps a
-    short event's columns from being averaged away by the rest of the clip (other events, the
-    background, or the zero padding of a clip shorter than the window).
+    short event's columns from being averaged away by the rest of the clip (other events or the
+    background). Time pooling covers only the columns that hold audio (:meth:`audio_columns`):
+    a 2.6 s clip zero-padded to a 10 s window would otherwise be three quarters padding, and its
+    embedding would be mostly the padding's. A full window pools every column, bit for bit as a
+    plain maximum and mean do.
     """
 
     def __init__(self, width: int = 128, fbank: FbankParams | None = None):
@@ -285,7 +303,11 @@ class SmallEncoder(AudioEncoder):
         x = self.blocks(x)  # (B, C, T/8, F/8)
         dense = x.permute(0, 2, 3, 1)  # (B, L, F, C)
         frames = dense.mean(dim=2)  # (B, L, C)
-        return frames.amax(dim=1) + frames.mean(dim=1), dense
+        columns = torch.arange(frames.shape[1], device=frames.device)
+        audio = (columns < self.audio_columns(wave).unsqueeze(1)).unsqueeze(2)  # (B, L, 1)
+        peak = frames.masked_fill(~audio, float("-inf")).amax(dim=1)
+        mean = frames.masked_fill(~audio, 0).sum(dim=1) / audio.sum(dim=1).to(frames.dtype)
+        return peak + mean, dense
 
 
 ENCODERS = {

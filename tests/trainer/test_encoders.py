@@ -1,5 +1,6 @@
 """EAT weight loading (the fairseq and Hugging Face namings, against the module they were taken
-from, and the errors) and EAT's token layout."""
+from, and the errors), EAT's token layout, and the small encoder's clip pooling over the columns
+that hold audio."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from trainer.encoders import (
     EATEncoder,
     EncoderError,
+    SmallEncoder,
     eat_state_dict,
     fit_eat_weights,
     read_eat_checkpoint,
@@ -138,3 +140,42 @@ def test_eat_token_layout(eat_wave):
     assert torch.allclose(dense, grid, atol=1e-5)
     spans = enc.frame_spans_s()
     assert spans[0, 0] == 0.0 and spans[1, 0] == pytest.approx(16 * 0.01)
+
+
+def test_audio_columns_end_at_the_last_non_zero_sample():
+    enc = SmallEncoder()
+    column = enc.time_stride_frames * enc.fbank.params.shift_samples  # 1280 samples, 80 ms
+    window = 10 * enc.sample_rate_hz
+    wave = torch.ones(5, window)
+    wave[1, 3 * column:] = 0  # audio in 3 columns, then padding
+    wave[2, 3 * column + 1:] = 0  # one sample into the 4th column
+    wave[3] = 0  # silence: counted as full
+    wave[4, -column // 2:] = 0  # a few zero samples at the very end are sound's own, not padding
+    assert enc.audio_columns(wave).tolist() == [enc.num_frames, 3, 4, enc.num_frames, enc.num_frames]
+    assert enc.audio_columns(torch.ones(1, 2 * column)).tolist() == [enc.num_frames]  # a short input ending in sound
+
+
+def test_a_full_window_pools_every_column_bit_for_bit():
+    torch.manual_seed(0)
+    enc = SmallEncoder().eval()
+    wave = torch.randn(2, 10 * enc.sample_rate_hz) * 0.1
+    with torch.no_grad():
+        cls, dense = enc(wave)
+    frames = dense.mean(dim=2)
+    assert torch.equal(cls, frames.amax(dim=1) + frames.mean(dim=1))
+
+
+def test_a_short_clip_embeds_alike_whatever_the_padding_after_it():
+    """A 2 s clip zero-padded to a 10 s window (as the detector pads it) and to a 5 s one: the clip
+    embedding pools its own columns only, so the padding's length leaves it as it was. Pooled over
+    every column, as before, the two differ far more."""
+    torch.manual_seed(0)
+    enc = SmallEncoder().eval()
+    rate = enc.sample_rate_hz
+    clip = torch.randn(1, 2 * rate) * 0.1
+    padded = [torch.cat([clip, torch.zeros(1, (seconds - 2) * rate)], dim=1) for seconds in (10, 5)]
+    with torch.no_grad():
+        (a, dense_a), (b, dense_b) = (enc(w) for w in padded)
+    assert torch.allclose(a, b, atol=1e-5)
+    everything = [d.mean(dim=2).amax(dim=1) + d.mean(dim=2).mean(dim=1) for d in (dense_a, dense_b)]
+    assert (everything[0] - everything[1]).abs().max() > 100 * (a - b).abs().max()
