@@ -44,6 +44,7 @@ TARGET_100K_MIN_2_WORKERS = 6  # minutes for 100k mixtures on 2 workers
 TARGET_STAGE_TO_FLOOR = 0.7  # 1 worker's rate over the floor's (render + FLAC encode)
 TARGET_SCAPER_RATIO = 12  # 1 worker's rate per core over Scaper's
 FLOOR_CHECKED = 50  # mixtures whose floor bytes are compared with the stage's files
+NO_SCAPER = "Scaper peer: not run (no Scaper environment; see docs/benchmarks.md, 'Mixing')"
 
 
 class PeakMemory:
@@ -97,7 +98,17 @@ def _sources(params: Params, tmp: Path) -> tuple[Path, Path]:
     return tmp / "events", tmp / "backgrounds"
 
 
-def _scaper(python: str, events_dir: Path, backgrounds_dir: Path, params: Params, n: int, tmp: Path) -> dict:
+def find_scaper_python(flag: str | None) -> str | None:
+    """The python of Scaper's environment: ``flag`` (``--scaper-python``) when given, else
+    ``.venv-scaper/bin/python`` when it exists, else None (no Scaper peer: print :data:`NO_SCAPER`)."""
+    default = Path(".venv-scaper/bin/python")
+    return flag or (str(default) if default.exists() else None)
+
+
+def run_scaper(python: str, events_dir: Path, backgrounds_dir: Path, params: Params, n: int, tmp: Path) -> dict:
+    """Scaper (``python``: its environment) making ``n`` soundscapes from every clip of ``events_dir`` and
+    background of ``backgrounds_dir`` with the params' mix spec, one process, one core, writing its WAV + JAMS
+    + txt under ``tmp``: ``{"mixtures": n, "seconds": the generation loop's time, "mixtures_per_s"}``."""
     import pyarrow.parquet as pq
 
     from pipeline.config.mix_spec import resolve_spec
@@ -120,7 +131,8 @@ def _scaper(python: str, events_dir: Path, backgrounds_dir: Path, params: Params
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     if done.returncode != 0:
         raise RuntimeError(f"Scaper peer failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    peer = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**peer, "mixtures_per_s": peer["mixtures"] / peer["seconds"]}
 
 
 @dataclasses.dataclass
@@ -219,11 +231,9 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
             wall = min(s for s, _ in timed)
             figures["runs"][w] = {"seconds": wall, "mixtures_per_s": mixtures / wall, "mixtures_per_s_per_core": mixtures / wall / w,
                                   "peak_rss_mib": max(m for _, m in timed), "pass_seconds": [s for s, _ in timed]}
-        default = Path(".venv-scaper/bin/python")
-        python = scaper_python or (str(default) if default.exists() else None)
+        python = find_scaper_python(scaper_python)
         if python:
-            peer = _scaper(python, events_dir, backgrounds_dir, params, scaper_mixtures, tmp)
-            figures["scaper"] = {**peer, "mixtures_per_s": peer["mixtures"] / peer["seconds"]}
+            figures["scaper"] = run_scaper(python, events_dir, backgrounds_dir, params, scaper_mixtures, tmp)
     return figures
 
 
@@ -260,4 +270,4 @@ def print_figures(f: dict) -> None:
     elif "scaper" in f:
         print("  Scaper peer: not run (--scaper-mixtures 0)")
     else:
-        print("  Scaper peer: not run (no Scaper environment; see docs/benchmarks.md, 'Mixing')")
+        print(f"  {NO_SCAPER}")
