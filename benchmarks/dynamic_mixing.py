@@ -2,7 +2,7 @@
 
 Input: the params (``mix``/``clip``/``ambience`` folders the mixing source draws from, the first
 ``train.data.sources`` entry's shards, ``train.data.clusters``), and ``rows``, the items each pass
-makes. Output (printed, and returned as a dict), all in this process, one core:
+makes. Output (a dict, printed by :func:`print_figures`), all in this process, one core:
 
 - ``shards, cold`` / ``warm``: ``rows`` stored rows of the first shards source's ``train`` split
   read and made into items (FLAC decoded, cropped, frame labels, negatives), the peer; cold
@@ -15,13 +15,25 @@ makes. Output (printed, and returned as a dict), all in this process, one core:
   simulated room (``mix.spec.reverb.probability: 1``) and with every event pitch-shifted and
   stretched by Rubber Band (``pitch_shift_semitones``, ``time_stretch_factor``; a quarter of
   ``rows``, as it is slow);
-- bytes stored: the shards' Parquet bytes for those rows against 0 for the mixing source.
+- bytes stored: the shards' Parquet bytes for those rows against 0 for the mixing source;
+- the Scaper peer, after those passes: Scaper 1.6.5 in its own environment (``scaper_python``, default
+  ``.venv-scaper/bin/python`` if present; without one the peer is skipped with one line) makes ``rows``
+  soundscapes from the folders the mixing source reads (all their clips and backgrounds, not only the
+  train split's) with the same spec, one process, one core (:func:`benchmarks.mix_stage.run_scaper`).
+  It writes a WAV + JAMS + txt per mixture, the mixing source nothing; the ratios divide the mixing
+  source's items/s (one item per mixture) by Scaper's mixtures/s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
+from pathlib import Path
+
+from benchmarks.mix_stage import NO_SCAPER, find_scaper_python, run_scaper
+
+TARGET_SCAPER_RATIO = 20  # mixing warm items/s over Scaper's mixtures/s, both one core
 
 AUGMENTED = {
     "reverb": {"reverb": {"probability": 1.0}},
@@ -46,8 +58,9 @@ def _decode_all(source) -> None:
         sources.background(b.segment_id)
 
 
-def bench_dynamic_mixing(params, rows: int = 200) -> dict:
-    """Items/s of one worker for a mixing source and for the same number of stored shard rows; prints and returns the figures."""
+def bench_dynamic_mixing(params, rows: int = 200, scaper_python: str | None = None) -> dict:
+    """Items/s of one worker for a mixing source and for the same number of stored shard rows, and Scaper's
+    mixtures/s for as many mixtures from the same folders; returns the figures (:func:`print_figures`)."""
     from trainer.config import SourceParams
     from trainer.data.mixing import MixingSource
     from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
@@ -97,18 +110,37 @@ def bench_dynamic_mixing(params, rows: int = 200) -> dict:
         _decode_all(source)
         source.set_epoch(1)
         augmented[name], _ = _items_per_s(lambda: source.read(Piece(0, source.name, 0, 0, n)), builder, 1)
-    figures = {"rows": rows, "shard_rows": n_shard, "mixed_rows": n_mixed, "shards_cold_items_per_s": shard_cold,
+    figures = {"rows": rows, "encoder": params.train.model.encoder, "sample_rate_hz": encoder.sample_rate_hz,
+               "shard_rows": n_shard, "mixed_rows": n_mixed, "shards_cold_items_per_s": shard_cold,
                "shards_warm_items_per_s": shard_warm, "mixing_cold_items_per_s": mixing_cold, "mixing_warm_items_per_s": mixing_warm,
                "mixing_open_s": open_s, "shard_audio_bytes": stored_bytes, "mixing_bytes": 0,
-               "ratio_warm_mixing_to_shards": mixing_warm / shard_warm,
-               **{f"mixing_{name.replace('/', '_')}_warm_items_per_s": v for name, v in augmented.items()}}
-    print(f"bench mixing: {rows} items per pass, one loader worker (this process), encoder {params.train.model.encoder} "
-          f"at {encoder.sample_rate_hz} Hz")
-    print(f"  shards, cold (row groups read)         {shard_cold:8.1f} items/s   <- peer")
-    print(f"  shards, warm (row group cached)        {shard_warm:8.1f} items/s   <- peer; {stored_bytes / 2**20:.1f} MiB of FLAC stored")
-    print(f"  mixing, cold (sources decoded as used) {mixing_cold:8.1f} items/s   (opening the source: {open_s:.2f} s)")
-    print(f"  mixing, warm (next epoch, all decoded) {mixing_warm:8.1f} items/s   0 bytes stored")
-    for name, v in augmented.items():
-        print(f"  mixing + {name:<30}{v:8.1f} items/s   (warm)")
-    print(f"  mixing warm / shards warm              {figures['ratio_warm_mixing_to_shards']:8.2f}")
+               "ratio_warm_mixing_to_shards": mixing_warm / shard_warm, "augmented_warm_items_per_s": augmented}
+    python = find_scaper_python(scaper_python)
+    if python:
+        with tempfile.TemporaryDirectory(prefix="sedsynth-bench-mixing-") as tmp:
+            peer = run_scaper(python, mixing.events_dir, mixing.backgrounds_dir, params, rows, Path(tmp))
+        figures.update(scaper=peer, ratio_warm_mixing_to_scaper=mixing_warm / peer["mixtures_per_s"],
+                       ratio_cold_mixing_to_scaper=mixing_cold / peer["mixtures_per_s"])
     return figures
+
+
+def print_figures(f: dict) -> None:
+    print(f"bench mixing: {f['rows']} items per pass, one loader worker (this process), encoder {f['encoder']} "
+          f"at {f['sample_rate_hz']} Hz")
+    print(f"  shards, cold (row groups read)         {f['shards_cold_items_per_s']:8.1f} items/s   <- peer")
+    print(f"  shards, warm (row group cached)        {f['shards_warm_items_per_s']:8.1f} items/s   <- peer; "
+          f"{f['shard_audio_bytes'] / 2**20:.1f} MiB of FLAC stored")
+    print(f"  mixing, cold (sources decoded as used) {f['mixing_cold_items_per_s']:8.1f} items/s   "
+          f"(opening the source: {f['mixing_open_s']:.2f} s)")
+    print(f"  mixing, warm (next epoch, all decoded) {f['mixing_warm_items_per_s']:8.1f} items/s   0 bytes stored")
+    for name, v in f["augmented_warm_items_per_s"].items():
+        print(f"  mixing + {name:<30}{v:8.1f} items/s   (warm)")
+    print(f"  mixing warm / shards warm              {f['ratio_warm_mixing_to_shards']:8.2f}")
+    if "scaper" not in f:
+        print(f"  {NO_SCAPER}")
+        return
+    s = f["scaper"]
+    print(f"  Scaper 1.6.5 (1 process, 1 core)       {s['mixtures_per_s']:8.1f} mixtures/s   <- peer; {s['mixtures']} mixtures "
+          f"in {s['seconds']:.1f} s, each written as WAV + JAMS + txt (the mixing source writes nothing)")
+    print(f"  mixing warm / Scaper (per core)        {f['ratio_warm_mixing_to_scaper']:8.1f}x  (target >= {TARGET_SCAPER_RATIO}x)")
+    print(f"  mixing cold / Scaper (per core)        {f['ratio_cold_mixing_to_scaper']:8.1f}x")

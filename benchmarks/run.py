@@ -143,9 +143,9 @@ def _import(args: argparse.Namespace, params: Params) -> None:
 
 
 def _mixing(args: argparse.Namespace, params: Params) -> None:
-    from benchmarks.dynamic_mixing import bench_dynamic_mixing
+    from benchmarks.dynamic_mixing import bench_dynamic_mixing, print_figures
 
-    bench_dynamic_mixing(params, args.rows)
+    print_figures(bench_dynamic_mixing(params, args.rows, args.scaper_python))
 
 
 def _train(args: argparse.Namespace, params: Params) -> None:

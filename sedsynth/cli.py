@@ -20,7 +20,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth pretrain                    # the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)
     sedsynth train                       # FineLAP on the shards (torchrun --nproc_per_node=8 -m sedsynth train)
     sedsynth bench train                 # loader clips/s per worker and training steps/s
-    sedsynth bench mixing --rows 200     # items/s of mixing while training against reading stored shards
+    sedsynth bench mixing --rows 200     # items/s of mixing while training against reading stored shards and Scaper
     sedsynth evaluate                    # PSDS1/2, AUROC, F1, retrieval, zero-shot on the test split
     sedsynth detect a.wav --query "dog barking" --query "car horn"
     sedsynth describe a.wav b.flac       # a caption per file (a checkpoint trained with train.loss.caption_weight > 0)
@@ -339,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     def repeat(p: argparse.ArgumentParser, what: str = "timed passes; the best is reported") -> None:
         p.add_argument("--repeat", type=int, default=3, help=f"{what} (default 3)")
 
+    def scaper_python(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--scaper-python", default=None,
+                       help="python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present; else no Scaper peer)")
+
     clip = benchmark("clip", "clipping throughput against plain decoding, one core")
     clip.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
     clip.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400)")
@@ -346,14 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
     mix = benchmark("mix", "mixtures/s and memory against Scaper on the same sources")
     mix.add_argument("--mixtures", type=int, default=2000, help="mixtures per timed run (default 2000)")
     mix.add_argument("--workers", default="1,2", help="comma-separated worker counts to time (default 1,2)")
-    mix.add_argument("--scaper-python", default=None, help="python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present)")
+    scaper_python(mix)
     mix.add_argument("--scaper-mixtures", type=int, default=200, help="soundscapes Scaper makes (default 200)")
     repeat(mix)
     repeat(benchmark("shards", "the text and shard stages on the configured mixtures, against their peers"))
     imports = benchmark("import", "importing AudioSet-Strong-style clips against datasets.to_parquet")
     imports.add_argument("--clips", type=int, default=10000, help="clips in the generated corpus (default 10000)")
-    benchmark("mixing", "items/s of mixing while training against reading stored shards").add_argument(
-        "--rows", type=int, default=200, help="rows the loader makes (default 200)")
+    mixing = benchmark("mixing", "items/s of mixing while training against reading stored shards, and against Scaper")
+    mixing.add_argument("--rows", type=int, default=200, help="rows the loader makes, and soundscapes Scaper makes (default 200)")
+    scaper_python(mixing)
     train = benchmark("train", "loader clips/s per worker and training steps/s")
     train.add_argument("--rows", type=int, default=200, help="rows the loader makes (default 200)")
     train.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
