@@ -100,7 +100,11 @@ def _sources(params: Params, tmp: Path) -> tuple[Path, Path]:
 
 def find_scaper_python(flag: str | None) -> str | None:
     """The python of Scaper's environment: ``flag`` (``--scaper-python``) when given, else
-    ``.venv-scaper/bin/python`` when it exists, else None (no Scaper peer: print :data:`NO_SCAPER`)."""
+    ``.venv-scaper/bin/python`` when it exists, else None (no Scaper peer: print :data:`NO_SCAPER`).
+    A ``flag`` that names no file raises :class:`FileNotFoundError` saying how to make one."""
+    if flag and not Path(flag).is_file():
+        raise FileNotFoundError(f"--scaper-python {flag}: no such file; make Scaper's environment with "
+                                "`bash configs/scaper-env.sh` (it writes .venv-scaper/bin/python) or leave the flag out")
     default = Path(".venv-scaper/bin/python")
     return flag or (str(default) if default.exists() else None)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
 from benchmarks.dynamic_mixing import bench_dynamic_mixing, print_figures
 from benchmarks.mix_stage import NO_SCAPER, find_scaper_python
 from tests.conftest import tiny_train_params
@@ -35,10 +37,12 @@ def test_without_a_scaper_environment_one_line_says_the_peer_did_not_run(capsys)
 def test_the_scaper_python_is_the_flag_else_the_default_environment_if_present(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert find_scaper_python(None) is None
-    assert find_scaper_python("/opt/scaper/bin/python") == "/opt/scaper/bin/python"
+    with pytest.raises(FileNotFoundError, match="no such file; make Scaper's environment"):
+        find_scaper_python("/opt/scaper/bin/python")
     (tmp_path / ".venv-scaper/bin").mkdir(parents=True)
     (tmp_path / ".venv-scaper/bin/python").touch()
     assert find_scaper_python(None) == ".venv-scaper/bin/python"
+    assert find_scaper_python(str(tmp_path / ".venv-scaper/bin/python")) == str(tmp_path / ".venv-scaper/bin/python")
 
 
 def test_scaper_mixes_as_many_mixtures_from_the_mixing_source_s_folders(mixed, shard_folder, tmp_path, monkeypatch) -> None:
