@@ -13,37 +13,36 @@ cluster relations under ``clusters/``; licences, attribution and pictures.
 Every label phrase of a row carries its cluster id, taken from the phrase database by
 (phrase, label, MID); its segments are the label's relabeled segments. The folder is built
 under a staging name and swapped in whole.
+
+Memory: every row but its audio is read once into Arrow columns (:func:`mixture_index`, under a
+kilobyte per mixture), and a row group's rows are cut from them when that row group is written
+(:func:`row_group_table`), its audio read then. No mixture is held as a Python record, so
+beyond the index the stage holds one row group at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import shutil
 import sys
-from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.mix.layout import ATTRIBUTION, LICENSES, MIXTURES
 from pipeline.config.params import folders_besides
 from pipeline.outputs import check_out_dir, staged_dir
-from pipeline.schema import (
-    SPLITS,
-    AudioFile,
-    Caption,
-    LabelPhrase,
-    MixtureRecipe,
-    PhraseAssignment,
-    ShardPhrase,
-    ShardRow,
-    from_table,
-)
+from pipeline.schema import SPLITS, LabelPhrase, ShardPhrase
 from pipeline.shards import card
+from pipeline.shards.layout import shard_schema
 from pipeline.shards.writer import MB, plan_chunks, write_shards
 
-__all__ = ["ShardError", "build_rows", "plan_chunks", "run", "shard_phrase"]
+__all__ = ["INDEX_FIELDS", "ShardError", "mixture_index", "plan_chunks", "row_group_table", "run", "shard_phrase"]
 
 
 class ShardError(ValueError):
@@ -56,7 +55,11 @@ def _need(path: Path, stage: str) -> Path:
     return path
 
 
-_KEPT_PHRASE_FIELDS = tuple(f.name for f in dataclasses.fields(ShardPhrase) if f.name != "cluster_id")
+PHRASE_FIELDS = tuple(f.name for f in dataclasses.fields(ShardPhrase))
+_KEPT_PHRASE_FIELDS = tuple(name for name in PHRASE_FIELDS if name != "cluster_id")
+PHRASE_KEY = ("phrase", "label", "mid")  # what the phrase database assigns a cluster by
+RECIPE_FIELDS = ("sample_rate_hz", "duration_s", "background_id", "split", "license", "licenses", "attribution")  # same name in a row
+INDEX_FIELDS = ("id", "audio_path", "caption", "phrases", *RECIPE_FIELDS)
 
 
 def shard_phrase(ph: LabelPhrase, cluster_id: int) -> ShardPhrase:
@@ -64,27 +67,92 @@ def shard_phrase(ph: LabelPhrase, cluster_id: int) -> ShardPhrase:
     return ShardPhrase(**{name: getattr(ph, name) for name in _KEPT_PHRASE_FIELDS}, cluster_id=cluster_id)
 
 
-def build_rows(mix_dir: Path, seed: int, captions: dict[str, Caption], phrases: dict[str, list[LabelPhrase]],
-               cluster_of: dict[tuple[str, str, str], int]):
-    """Row builder: recipe -> :class:`ShardRow` (reads the mixture's FLAC bytes)."""
+def _recipes_in_row_order(mix_dir: Path) -> pa.Table:
+    """The recipes' columns a row needs, sorted by (split in :data:`SPLITS` order, index); ties keep the file's order."""
+    recipes = pq.read_table(_need(mix_dir / MIXTURES, "mix"), columns=["mixture_id", "index", "audio_path", *RECIPE_FIELDS])
+    rank = pc.index_in(recipes["split"], value_set=pa.array(SPLITS))
+    if rank.null_count:
+        unknown = sorted(set(pc.filter(recipes["split"], pc.is_null(rank)).to_pylist()))
+        raise ShardError(f"mixtures of splits {unknown}: a dataset's splits are {list(SPLITS)}; re-run `sedsynth mix`")
+    return recipes.take(np.lexsort((recipes["index"].to_numpy(), rank.to_numpy())))  # a stable sort, its last key first
 
-    def row(r: MixtureRecipe) -> ShardRow:
-        if r.mixture_id not in captions:
-            raise ShardError(f"mixture {r.mixture_id} has no caption: the captions stage is older than the mix stage; re-run `dvc repro`")
-        shard_phrases = []
-        for ph in phrases.get(r.mixture_id, []):
-            key = (ph.phrase, ph.label, ph.mid)
-            if key not in cluster_of:
-                raise ShardError(f"phrase {ph.phrase!r} ({ph.label}) has no cluster: re-run `sedsynth clusters` after `sedsynth captions`")
-            shard_phrases.append(shard_phrase(ph, cluster_of[key]))
-        audio = AudioFile(bytes=(mix_dir / r.audio_path).read_bytes(), path=Path(r.audio_path).name)
-        return ShardRow(
-            id=r.mixture_id, audio=audio, audio_sha256=hashlib.sha256(audio.bytes).hexdigest(), sample_rate_hz=r.sample_rate_hz,
-            duration_s=r.duration_s, caption=captions[r.mixture_id].caption, phrases=tuple(shard_phrases),
-            background_id=r.background_id, split=r.split, license=r.license, licenses=r.licenses, attribution=r.attribution, seed=seed,
-        )
 
-    return row
+def _cluster_ids(phrases: pa.Table, clusters_dir: Path) -> pa.Array:
+    """Each row of ``phrases`` -> its cluster id in the phrase database, found by (phrase, label, MID)."""
+    database = pq.read_table(_need(clusters_dir / "phrases.parquet", "clusters"), columns=[*PHRASE_KEY, "cluster_id"])
+    cluster_of = {tuple(a[k] for k in PHRASE_KEY): a["cluster_id"] for a in database.to_pylist()}  # a key listed twice: its last row
+    keys = pa.Table.from_pylist([dict(zip(PHRASE_KEY, key), cluster_id=c) for key, c in cluster_of.items()], schema=database.schema)
+    rows = phrases.select(list(PHRASE_KEY)).append_column("row", pa.array(np.arange(len(phrases))))
+    found = rows.join(keys, keys=list(PHRASE_KEY), join_type="left outer").sort_by("row")  # a join keeps no order
+    missing = found.filter(pc.is_null(found["cluster_id"]))
+    if missing.num_rows:
+        ph = missing.slice(0, 1).to_pylist()[0]
+        raise ShardError(f"phrase {ph['phrase']!r} ({ph['label']}) has no cluster: re-run `sedsynth clusters` after `sedsynth captions`")
+    return found["cluster_id"].combine_chunks()
+
+
+def _phrase_lists(ids: pa.Array, captions_dir: Path, clusters_dir: Path) -> pa.Array:
+    """Mixture ``ids`` -> one Arrow list per mixture of its :class:`ShardPhrase` structs, in ``phrases.parquet``'s order."""
+    phrases = pq.read_table(_need(captions_dir / "phrases.parquet", "captions"), columns=["mixture_id", *_KEPT_PHRASE_FIELDS])
+    owner = pc.index_in(phrases["mixture_id"], value_set=ids)  # a phrase of no listed mixture is left out
+    phrases, owner = phrases.filter(pc.is_valid(owner)), owner.filter(pc.is_valid(owner)).combine_chunks().to_numpy()
+    phrases = phrases.take(np.argsort(owner, kind="stable"))
+    cluster_id = _cluster_ids(phrases, clusters_dir)
+    structs = pa.StructArray.from_arrays([cluster_id if name == "cluster_id" else phrases[name].combine_chunks() for name in PHRASE_FIELDS],
+                                         names=list(PHRASE_FIELDS))
+    offsets = np.zeros(len(ids) + 1, np.int32)
+    np.cumsum(np.bincount(owner, minlength=len(ids)), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), structs)
+
+
+def mixture_index(mix_dir: Path, captions_dir: Path, clusters_dir: Path) -> pa.Table:
+    """Every shard row without its audio, as Arrow columns: one row per mixture, in (split, index) order.
+
+    Columns (:data:`INDEX_FIELDS`): ``id``; ``audio_path``, the FLAC relative to ``mix_dir``;
+    ``caption``; ``phrases``, the mixture's label phrases in ``phrases.parquet``'s order, each with
+    its cluster id; and the recipe's :data:`RECIPE_FIELDS`. Raises :class:`ShardError` for a
+    missing input, a mixture without a caption, a phrase without a cluster or more than one
+    sample rate.
+    """
+    recipes = _recipes_in_row_order(mix_dir)
+    rates = pc.unique(recipes["sample_rate_hz"]).to_pylist()
+    if len(rates) != 1:
+        raise ShardError(f"mixtures have sample rates {sorted(rates)}; one dataset needs one rate (the Audio feature has one)")
+    ids = recipes["mixture_id"].combine_chunks()
+    captions = pq.read_table(_need(captions_dir / "captions.parquet", "captions"), columns=["mixture_id", "caption"])
+    at = pc.index_in(ids, value_set=captions["mixture_id"])
+    if at.null_count:
+        missing = pc.filter(ids, pc.is_null(at))[0].as_py()
+        raise ShardError(f"mixture {missing} has no caption: the captions stage is older than the mix stage; re-run `dvc repro`")
+    columns = {"id": ids, "audio_path": recipes["audio_path"], "caption": captions["caption"].take(at),
+               "phrases": _phrase_lists(ids, captions_dir, clusters_dir), **{name: recipes[name] for name in RECIPE_FIELDS}}
+    return pa.table({name: columns[name] for name in INDEX_FIELDS}).combine_chunks()
+
+
+def row_group_table(index: pa.Table, rows: range, mix_dir: Path, schema: pa.Schema, seed: int) -> pa.Table:
+    """Rows ``rows`` of the :func:`mixture_index` -> one row group of :class:`~pipeline.schema.ShardRow` rows in ``schema``.
+
+    The rows' FLAC bytes are read from ``mix_dir`` and hashed here; every other column is a slice
+    of the index. The same table as ``to_table([ShardRow(...) ...], ShardRow).cast(schema)``.
+    """
+    part = index.slice(rows.start, len(rows))
+    paths = [Path(p) for p in part["audio_path"].to_pylist()]
+    data = [(mix_dir / p).read_bytes() for p in paths]
+    audio = pa.StructArray.from_arrays([pa.array(data, pa.binary()), pa.array([p.name for p in paths], pa.string())],
+                                       fields=list(schema.field("audio").type))
+    columns = {"audio": audio, "audio_sha256": pa.array([hashlib.sha256(d).hexdigest() for d in data], pa.string()),
+               "seed": pa.array([seed] * len(rows), pa.int64()), **{name: part[name] for name in INDEX_FIELDS}}
+    return pa.table({f.name: columns[f.name] for f in schema}).cast(schema).combine_chunks()
+
+
+def _split_rows(index: pa.Table) -> dict[str, range]:
+    """Split -> its rows of the :func:`mixture_index` (contiguous, in :data:`SPLITS` order), for the splits it has."""
+    counts = {c["values"]: c["counts"] for c in pc.value_counts(index["split"]).to_pylist()}
+    rows, start = {}, 0
+    for split in (s for s in SPLITS if s in counts):
+        rows[split] = range(start, start + counts[split])
+        start += counts[split]
+    return rows
 
 
 def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, clusters_dir: Path | None = None,
@@ -97,26 +165,14 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
     out_dir = Path(out_dir or p.out_dir)
     check_out_dir(out_dir, "shards.out_dir", {**folders_besides(params, "shards.out_dir"), "mix.out_dir": mix_dir,
                                               "captions.out_dir": captions_dir, "clusters.out_dir": clusters_dir})
-    recipes = from_table(pq.read_table(_need(mix_dir / MIXTURES, "mix")), MixtureRecipe)
-    captions = {c.mixture_id: c for c in from_table(pq.read_table(_need(captions_dir / "captions.parquet", "captions")), Caption)}
-    phrases: dict[str, list[LabelPhrase]] = defaultdict(list)
-    for ph in from_table(pq.read_table(_need(captions_dir / "phrases.parquet", "captions")), LabelPhrase):
-        phrases[ph.mixture_id].append(ph)
-    database = from_table(pq.read_table(_need(clusters_dir / "phrases.parquet", "clusters")), PhraseAssignment)
-    cluster_of = {(a.phrase, a.label, a.mid): a.cluster_id for a in database}
-    rates = {r.sample_rate_hz for r in recipes}
-    if len(rates) != 1:
-        raise ShardError(f"mixtures have sample rates {sorted(rates)}; one dataset needs one rate (the Audio feature has one)")
-    rate = rates.pop()
-    row_of = build_rows(mix_dir, params.seed, captions, phrases, cluster_of)
-
-    by_split: dict[str, list[MixtureRecipe]] = defaultdict(list)
-    for r in sorted(recipes, key=lambda r: (SPLITS.index(r.split), r.index)):
-        by_split[r.split].append(r)
+    mixtures = mixture_index(mix_dir, captions_dir, clusters_dir)
+    rate = mixtures["sample_rate_hz"][0].as_py()
+    audio_paths = mixtures["audio_path"]
     with staged_dir(out_dir) as staging:
-        index = write_shards(staging, rate, by_split, lambda r: (mix_dir / r.audio_path).stat().st_size, row_of=row_of,
-                             shard_size_mb=p.shard_size_mb, row_group_size_mb=p.row_group_size_mb, compression=p.compression,
-                             desc="shards")
+        index = write_shards(staging, rate, _split_rows(mixtures), lambda row: (mix_dir / audio_paths[row].as_py()).stat().st_size,
+                             row_of=None, shard_size_mb=p.shard_size_mb, row_group_size_mb=p.row_group_size_mb,
+                             compression=p.compression, desc="shards",
+                             table_of=functools.partial(row_group_table, mixtures, mix_dir=mix_dir, schema=shard_schema(rate), seed=params.seed))
         files = index["files"]
         (staging / "clusters").mkdir()
         for name in ("clusters.parquet", "phrases.parquet", "labels.csv"):
@@ -125,7 +181,6 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
             shutil.copyfile(_need(mix_dir / name, "mix"), staging / name)
         card.write(staging, params, mix_dir, index)
     per_split = ", ".join(f"{s} {v['num_rows']}" for s, v in index["splits"].items())
-    print(f"shards: {len(recipes)} rows in {len(files)} shards ({per_split}), "
+    print(f"shards: {mixtures.num_rows} rows in {len(files)} shards ({per_split}), "
           f"{sum(f['num_bytes'] for f in files) / MB:.1f} MB -> {out_dir}", file=sys.stderr)
     return index
-

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,15 +22,22 @@ import yaml
 from pipeline.mix.bank import FileSources
 from pipeline.mix.render import render
 from pipeline.schema import (
+    SPLITS,
+    AudioFile,
     BackgroundSegment,
+    Caption,
     EventClip,
     EventOccurrence,
+    LabelPhrase,
     MixtureRecipe,
+    PhraseAssignment,
     ShardRow,
     from_table,
+    to_table,
 )
 from pipeline.shards import publish as pub
-from pipeline.stages.shards import plan_chunks
+from pipeline.shards.layout import shard_schema
+from pipeline.stages.shards import INDEX_FIELDS, ShardError, mixture_index, plan_chunks, row_group_table, shard_phrase
 from pipeline.stages.shards import run as shards
 from pipeline.shards.validate import ValidationError, validate
 from tests.conftest import tree_digest
@@ -118,6 +127,58 @@ def test_same_bytes_on_a_second_run(dataset, tmp_path: Path) -> None:
     p, mix_dir, _, _, tmp = dataset
     shards(p, mix_dir, tmp / "captions", tmp / "clusters", tmp_path / "again")
     assert tree_digest(tmp_path / "again") == tree_digest(tmp / "dataset")
+
+
+def records_the_record_way(mix_dir: Path, captions_dir: Path, clusters_dir: Path, seed: int) -> list[ShardRow]:
+    """Every row as a :class:`ShardRow` record in row order, built from every recipe, caption and phrase held
+    as a Python record: how the stage built its rows before its columnar index, kept here as the reference."""
+    recipes = sorted(from_table(pq.read_table(mix_dir / "mixtures.parquet"), MixtureRecipe), key=lambda r: (SPLITS.index(r.split), r.index))
+    captions = {c.mixture_id: c.caption for c in from_table(pq.read_table(captions_dir / "captions.parquet"), Caption)}
+    phrases = defaultdict(list)
+    for ph in from_table(pq.read_table(captions_dir / "phrases.parquet"), LabelPhrase):
+        phrases[ph.mixture_id].append(ph)
+    database = from_table(pq.read_table(clusters_dir / "phrases.parquet"), PhraseAssignment)
+    cluster_of = {(a.phrase, a.label, a.mid): a.cluster_id for a in database}
+    rows = []
+    for r in recipes:
+        data = (mix_dir / r.audio_path).read_bytes()
+        rows.append(ShardRow(
+            id=r.mixture_id, audio=AudioFile(data, Path(r.audio_path).name), audio_sha256=hashlib.sha256(data).hexdigest(),
+            sample_rate_hz=r.sample_rate_hz, duration_s=r.duration_s, caption=captions[r.mixture_id],
+            phrases=tuple(shard_phrase(ph, cluster_of[(ph.phrase, ph.label, ph.mid)]) for ph in phrases[r.mixture_id]),
+            background_id=r.background_id, split=r.split, license=r.license, licenses=r.licenses, attribution=r.attribution, seed=seed))
+    return rows
+
+
+def test_row_groups_built_from_the_columnar_index_are_the_records(dataset) -> None:
+    p, mix_dir, _, _, tmp = dataset
+    records = records_the_record_way(mix_dir, tmp / "captions", tmp / "clusters", p.seed)
+    index = mixture_index(mix_dir, tmp / "captions", tmp / "clusters")
+    assert index.column_names == list(INDEX_FIELDS) and index.num_rows == len(records), "metadata only: no audio, one row per mixture"
+    assert index["id"].to_pylist() == [r.id for r in records]
+    schema = shard_schema(p.sample_rate_hz)
+    for rows in (range(0, 1), range(3, 11), range(len(records) - 4, len(records))):  # a row group starts and ends anywhere
+        want = to_table(records[rows.start:rows.stop], ShardRow).cast(schema)
+        assert row_group_table(index, rows, mix_dir, schema, p.seed).equals(want, check_metadata=True)
+    files = json.loads((tmp / "dataset" / "index.json").read_text())["files"]
+    assert [r for f in files for r in from_table(pq.read_table(tmp / "dataset" / f["path"]), ShardRow)] == records
+
+
+def test_a_mixture_without_a_caption_or_a_phrase_without_a_cluster_is_refused(dataset, tmp_path: Path) -> None:
+    _, mix_dir, _, _, tmp = dataset
+    for name in ("captions", "clusters"):
+        shutil.copytree(tmp / name, tmp_path / name)
+    captions = pq.read_table(tmp / "captions" / "captions.parquet")
+    pq.write_table(captions.slice(1), tmp_path / "captions" / "captions.parquet")
+    with pytest.raises(ShardError, match=f"mixture {captions['mixture_id'][0]} has no caption"):
+        mixture_index(mix_dir, tmp_path / "captions", tmp_path / "clusters")
+    shutil.copyfile(tmp / "captions" / "captions.parquet", tmp_path / "captions" / "captions.parquet")
+    phrase = pq.read_table(tmp / "captions" / "phrases.parquet").slice(0, 1).to_pylist()[0]
+    database = pq.read_table(tmp / "clusters" / "phrases.parquet")
+    other = [(a["phrase"], a["label"], a["mid"]) != (phrase["phrase"], phrase["label"], phrase["mid"]) for a in database.to_pylist()]
+    pq.write_table(database.filter(pa.array(other)), tmp_path / "clusters" / "phrases.parquet")
+    with pytest.raises(ShardError, match=re.escape(f"phrase {phrase['phrase']!r} ({phrase['label']}) has no cluster")):
+        mixture_index(mix_dir, tmp_path / "captions", tmp_path / "clusters")
 
 
 def test_card_yaml_matches_the_index(dataset) -> None:
