@@ -71,7 +71,7 @@ from pipeline.schema import (
 )
 from pipeline.shards import card
 from pipeline.shards.layout import shard_schema
-from pipeline.shards.writer import MB, write_shards
+from pipeline.shards.writer import MB, audio_column, write_shards
 from pipeline.text.clustering import cluster_rows, phrase_database
 from pipeline.text.label_phrases import default_label_phrases, phrases_for
 from pipeline.text.templates import fill, load_templates
@@ -101,7 +101,6 @@ class PreparedAudio:
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 KEEP_FREED_BYTES = 1 << 30  # freed heap kept for reuse, at most
 HEAP_ARRAYS_BELOW_BYTES = 1 << 26  # arrays below 64 MiB come from the reused heap, not fresh mappings
-BINARY_DATA_LIMIT_BYTES = 2**31  # Arrow binary arrays have 32-bit offsets
 
 
 @functools.cache
@@ -241,28 +240,6 @@ def _assign_clusters(keys: Counter, params, index) -> tuple[list[Cluster], list[
     return relations, rows, low, {k: a[0] for k, a in pairs}
 
 
-def audio_column(items: list[tuple[ImportedClip, PreparedAudio, list]], scratch: Path, audio_type: pa.StructType) -> pa.Array:
-    """The ``audio`` column (``struct<bytes, path>``) of some kept clips, their FLACs read from ``scratch``.
-
-    The files are read straight into one buffer that becomes the Arrow binary data: one copy,
-    rather than a bytes object per clip that Arrow copies again.
-    """
-    offsets = np.zeros(len(items) + 1, np.int64)
-    np.cumsum([audio.num_bytes for _, audio, _ in items], out=offsets[1:])
-    paths = pa.array([clip.clip_id.replace("/", "_") + ".flac" for clip, _, _ in items], pa.string())
-    if offsets[-1] >= BINARY_DATA_LIMIT_BYTES:  # let Arrow split what 32-bit offsets cannot address
-        data = [(scratch / audio.scratch_name).read_bytes() for _, audio, _ in items]
-        return pa.StructArray.from_arrays([pa.array(data, pa.binary()), paths], fields=list(audio_type))
-    data = np.empty(int(offsets[-1]), np.uint8)
-    view = memoryview(data)
-    for (_, audio, _), start in zip(items, offsets[:-1].tolist()):
-        with open(scratch / audio.scratch_name, "rb") as f:
-            if f.readinto(view[start:start + audio.num_bytes]) != audio.num_bytes:
-                raise OSError(f"{scratch / audio.scratch_name} is shorter than the {audio.num_bytes} bytes written")
-    binary = pa.BinaryArray.from_buffers(pa.binary(), len(items), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
-    return pa.StructArray.from_arrays([binary, paths], fields=list(audio_type))
-
-
 def row_group_table(items: list[tuple[ImportedClip, PreparedAudio, list]], scratch: Path, schema: pa.Schema, sample_rate_hz: int,
                     seed: int, cluster_of: dict, templates: list[str], empty_caption: str) -> pa.Table:
     """Kept clips ``(clip, audio, phrases)`` -> one row group of :class:`~pipeline.schema.ShardRow` rows in ``schema``.
@@ -288,7 +265,9 @@ def row_group_table(items: list[tuple[ImportedClip, PreparedAudio, list]], scrat
         "attribution": [[c.attribution] if c.attribution else [] for c, _, _ in items],
         "seed": [seed] * len(items),
     }
-    arrays = [audio_column(items, scratch, f.type) if f.name == "audio" else pa.array(columns[f.name], f.type) for f in schema]
+    audio = audio_column([scratch / a.scratch_name for _, a, _ in items], [a.num_bytes for _, a, _ in items],
+                         [c.clip_id.replace("/", "_") + ".flac" for c, _, _ in items], schema.field("audio").type)
+    arrays = [audio if f.name == "audio" else pa.array(columns[f.name], f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

@@ -40,7 +40,7 @@ from pipeline.outputs import check_out_dir, staged_dir
 from pipeline.schema import SPLITS, LabelPhrase, ShardPhrase
 from pipeline.shards import card
 from pipeline.shards.layout import shard_schema
-from pipeline.shards.writer import MB, plan_chunks, write_shards
+from pipeline.shards.writer import MB, audio_column, plan_chunks, write_shards
 
 __all__ = ["INDEX_FIELDS", "ShardError", "mixture_index", "plan_chunks", "row_group_table", "run", "shard_phrase"]
 
@@ -132,15 +132,15 @@ def mixture_index(mix_dir: Path, captions_dir: Path, clusters_dir: Path) -> pa.T
 def row_group_table(index: pa.Table, rows: range, mix_dir: Path, schema: pa.Schema, seed: int) -> pa.Table:
     """Rows ``rows`` of the :func:`mixture_index` -> one row group of :class:`~pipeline.schema.ShardRow` rows in ``schema``.
 
-    The rows' FLAC bytes are read from ``mix_dir`` and hashed here; every other column is a slice
-    of the index. The same table as ``to_table([ShardRow(...) ...], ShardRow).cast(schema)``.
+    The rows' FLAC bytes are read from ``mix_dir`` into one buffer (:func:`~pipeline.shards.writer.audio_column`)
+    and hashed there; every other column is a slice of the index. The same table as
+    ``to_table([ShardRow(...) ...], ShardRow).cast(schema)``.
     """
     part = index.slice(rows.start, len(rows))
-    paths = [Path(p) for p in part["audio_path"].to_pylist()]
-    data = [(mix_dir / p).read_bytes() for p in paths]
-    audio = pa.StructArray.from_arrays([pa.array(data, pa.binary()), pa.array([p.name for p in paths], pa.string())],
-                                       fields=list(schema.field("audio").type))
-    columns = {"audio": audio, "audio_sha256": pa.array([hashlib.sha256(d).hexdigest() for d in data], pa.string()),
+    files = [mix_dir / p for p in part["audio_path"].to_pylist()]
+    audio = audio_column(files, [f.stat().st_size for f in files], [f.name for f in files], schema.field("audio").type)
+    data = audio.field("bytes")
+    columns = {"audio": audio, "audio_sha256": pa.array([hashlib.sha256(data[i].as_buffer()).hexdigest() for i in range(len(data))], pa.string()),
                "seed": pa.array([seed] * len(rows), pa.int64()), **{name: part[name] for name in INDEX_FIELDS}}
     return pa.table({f.name: columns[f.name] for f in schema}).cast(schema).combine_chunks()
 

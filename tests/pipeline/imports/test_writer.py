@@ -223,7 +223,7 @@ def test_cli_import_reads_options_and_the_out_folder(audioset_root, tmp_path, mo
 
 @pytest.mark.parametrize("binary_limit", [2**31, 0])  # 0: the path for row groups beyond 32-bit offsets
 def test_row_group_table_is_the_table_of_the_records(tmp_path, monkeypatch, binary_limit):
-    monkeypatch.setattr("pipeline.imports.writer.BINARY_DATA_LIMIT_BYTES", binary_limit)
+    monkeypatch.setattr("pipeline.shards.writer.BINARY_DATA_LIMIT_BYTES", binary_limit)
     clips = [ImportedClip("a/1", "a.wav", "train", (), (ImportedRegion("Bark", "/m/05tny_", "", 0.5, 1.0),), "CC-BY 4.0", "by x"),
              ImportedClip("b", "b.wav", "train", ("Own caption.",), (), "", "")]
     spans = (TimeSpan(0.5, 1.0), TimeSpan(2.0, 3.5))
