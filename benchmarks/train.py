@@ -96,7 +96,8 @@ def profile_steps(step, steps: int = 3) -> dict:
     for e in prof.key_averages():
         us = e.self_device_time_total if e.device_type == torch.autograd.DeviceType.CUDA else 0
         if us > 0:
-            kinds[kernel_kind(e.key)] = kinds.get(kernel_kind(e.key), 0.0) + us / steps / 1000
+            kind = kernel_kind(e.key)
+            kinds[kind] = kinds.get(kind, 0.0) + us / steps / 1000
             kernels.append((us / steps / 1000, e.key))
     return {"wall_ms": wall_ms, "busy_ms": sum(kinds.values()), "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
             "top": sorted(kernels, reverse=True)[:8]}
@@ -110,6 +111,7 @@ def bench_step(params, model, items, steps: int, peak_override: float | None, pr
     from trainer.objective import Objective
     from trainer.optim import optimizer_for, passes_per_step
     from trainer.precision import autocast_for
+    from trainer.stages.train import clip_gradients
 
     t = params.train
     device = torch.device("cuda") if torch.cuda.is_available() and t.device != "cpu" else torch.device("cpu")
@@ -131,8 +133,7 @@ def bench_step(params, model, items, steps: int, peak_override: float | None, pr
         if passes_per_step(optimizer) == 2:  # SAM: the closure's second pass at the perturbed weights
             optimizer.step(loss_backward)
         else:
-            if t.optim.clip_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(objective.parameters(), t.optim.clip_grad_norm)
+            clip_gradients(objective, t.optim.clip_grad_norm)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from trainer.encoders import AudioEncoder, build_encoder
-from trainer.text import TextEncoder
+from trainer.text import TextEncoder, to_device
 
 
 def projector(width: int, dim: int) -> nn.Sequential:
@@ -126,10 +126,7 @@ class FineLAP(nn.Module):
         unique = sorted(set(texts))
         feature = self.text(unique)
         where = {t: i for i, t in enumerate(unique)}
-        index = torch.tensor([where[t] for t in texts])
-        if feature.is_cuda:  # from pinned memory the copy does not wait for the GPU's queue to drain
-            index = index.pin_memory()
-        index = index.to(feature.device, non_blocking=True)
+        index = to_device(torch.tensor([where[t] for t in texts]), feature.device)
         return _unit(self.text_proj(feature))[index], feature[index]
 
     def forward(self, wave: torch.Tensor, captions: list[str], phrases: list[list[str]]) -> Embeddings:

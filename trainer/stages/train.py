@@ -362,7 +362,7 @@ def optimizer_step(setup: Setup, objective, held: list[tuple[Batch, int]]) -> No
     if setup.passes > 1:
         setup.optimizer.step(lambda: second_pass(setup, objective, held))  # SAM: perturb, pass again, restore, AdamW step
     else:
-        clip_gradients(setup)
+        clip_gradients(setup.objective, setup.train.optim.clip_grad_norm)
         setup.optimizer.step()
     setup.scheduler.step()
     setup.optimizer.zero_grad(set_to_none=True)
@@ -376,14 +376,15 @@ def second_pass(setup: Setup, objective, held: list[tuple[Batch, int]]) -> torch
     loss = torch.zeros((), device=setup.world.device)
     for k, (batch, seed) in enumerate(held):
         loss += forward_backward(setup, objective, batch, seed, sync=k == len(held) - 1)["loss"].detach() / len(held)
-    clip_gradients(setup)
+    clip_gradients(setup.objective, setup.train.optim.clip_grad_norm)
     return loss
 
 
-def clip_gradients(setup: Setup) -> None:
-    """Clip the gradient's norm over every parameter to ``train.optim.clip_grad_norm`` (0: no clipping)."""
-    if setup.train.optim.clip_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(setup.objective.parameters(), setup.train.optim.clip_grad_norm)
+def clip_gradients(objective: torch.nn.Module, clip_grad_norm: float) -> None:
+    """Clip the gradient's norm over every parameter of ``objective`` to ``clip_grad_norm``
+    (``train.optim.clip_grad_norm``; 0: no clipping)."""
+    if clip_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(objective.parameters(), clip_grad_norm)
 
 
 def log_step(setup: Setup, logs: Logs, step: int, epoch: int, terms: dict[str, torch.Tensor]) -> None:
