@@ -192,14 +192,103 @@ def floor_pass(inputs: FloorInputs) -> tuple[float, float]:
     return arithmetic, encode
 
 
+# The parts ``--profile`` times: (module, function, part, parent part), each timed around its calls
+# during one more 1-worker pass (in process); a part's own share is its time less its children's.
+PARTS = (
+    ("pipeline.stages.mix", "fill_bank", "source bank (decoding every source once)", "stage"),
+    ("pipeline.mix.partitions", "render_partition", "partitions (every mixture's work)", "stage"),
+    ("pipeline.mix.instantiate", "draw_mixture", "drawing (RNG, placement, levels, recipe)", "partitions (every mixture's work)"),
+    ("pipeline.mix.instantiate", "_render", "rendering (sum, realised SNR, normalisation, int16)", "partitions (every mixture's work)"),
+    ("pipeline.mix.instantiate", "relabel_mixture", "relabeling", "partitions (every mixture's work)"),
+    ("pipeline.mix.partitions", "encode_mixture", "FLAC encode", "partitions (every mixture's work)"),
+    ("pipeline.mix.exports", "write_partition_files", "tables and DCASE rows", "partitions (every mixture's work)"),
+    ("pipeline.mix.partitions", "write_partition_tables", "tables and DCASE rows", "partitions (every mixture's work)"),
+    ("pipeline.stages.mix", "join_partitions", "joining partitions, exports", "stage"),
+    ("pipeline.mix.exports", "write_all", "joining partitions, exports", "stage"),
+)
+
+
+class PartTimes:
+    """Times each function of :data:`PARTS` around its calls while in use (wrapped in its module, restored after)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __enter__(self) -> "PartTimes":
+        import importlib
+
+        self._saved = []
+        for module_name, name, part, _ in PARTS:
+            module = importlib.import_module(module_name)
+            self._saved.append((module, name, getattr(module, name)))
+            setattr(module, name, self._timed(getattr(module, name), part))
+        return self
+
+    def _timed(self, fn, part: str):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
+        return timed
+
+    def __exit__(self, *exc) -> None:
+        for module, name, fn in self._saved:
+            setattr(module, name, fn)
+
+
+def profile_pass(run, params: Params, events_dir: Path, backgrounds_dir: Path, out: Path, mixtures: int) -> list[tuple[int, str, float]]:
+    """One more 1-worker pass of the stage with :class:`PartTimes`: ``[(depth, part, ms per mixture)]``,
+    each parent followed by its parts and ``the rest`` (its time outside them)."""
+    with PartTimes() as parts:
+        t0 = time.perf_counter()
+        run(params, events_dir, backgrounds_dir, out)
+        parts.seconds["stage"] = time.perf_counter() - t0
+    ms = {k: v / mixtures * 1e3 for k, v in parts.seconds.items()}
+    rows: list[tuple[int, str, float]] = []
+
+    def add(parent: str, depth: int) -> None:
+        rows.append((depth, parent, ms.get(parent, 0.0)))
+        children = list(dict.fromkeys(part for _, _, part, up in PARTS if up == parent))
+        for child in children:
+            add(child, depth + 1)
+        if children:
+            rest = "the rest (file create and write, records)" if depth else "the rest (plan, sources, start-up)"
+            rows.append((depth + 1, rest, ms.get(parent, 0.0) - sum(ms.get(c, 0.0) for c in children)))
+
+    add("stage", 0)
+    return rows
+
+
+def keep_or_remove(kept: list[Path], tmp: Path) -> bool:
+    """Keep the passes' outputs until the bench ends, while the disk holds two more; else remove
+    all but the newest (True: something was removed between passes).
+
+    Removing a pass's files right before the next pass slows the next one: ext4 without a
+    journal, allocating an inode, skips every inode of the group freed in the last 60 s (6 min
+    while the inode table is dirty), looking each up (``recently_deleted`` in a kernel profile),
+    so creating a file cost 0.6-0.8 ms of kernel CPU after 2,000 files were removed against
+    0.02 ms otherwise. A user's first run deletes nothing; the figures should not pay for the
+    bench's own cleaning."""
+    size = sum(f.stat().st_size for f in kept[-1].rglob("*") if f.is_file())
+    if shutil.disk_usage(tmp).free > 2 * size + 2**30:
+        return False
+    for out in kept[:-1]:
+        shutil.rmtree(out)
+    del kept[:-1]
+    return True
+
+
 def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: str | None, scaper_mixtures: int,
-              repeat: int = 1) -> dict:
+              repeat: int = 1, profile: bool = False) -> dict:
     """Time the mix stage ``repeat`` times per worker count, the counts interleaved (1, 2, 1, 2, ...),
     and keep each count's fastest pass: this VM's speed drifts within minutes, and interleaving
     exposes both counts to the same drift. The dirty pages of a pass are flushed (``os.sync``)
     before the next is timed, so no pass pays for writing the previous one's files. The floor
     (see the module docstring) is timed after each round of passes, from the first 1-worker
-    pass's recipes, and its fastest pass kept too."""
+    pass's recipes, and its fastest pass kept too. ``profile``: one more 1-worker pass with each
+    part of the stage timed (:func:`profile_pass`), after the timed ones."""
     from pipeline.stages.mix import run
 
     figures: dict = {"mixtures": mixtures, "preset": params.mix.preset, "runs": {}, "repeat": repeat}
@@ -212,9 +301,10 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
         passes: dict[int, list[tuple[float, float]]] = {w: [] for w in workers}  # worker count -> [(seconds, peak MiB)]
         floor: FloorInputs | None = None
         floor_passes: list[tuple[float, float]] = []  # (arithmetic s, encode s)
-        for _ in range(max(1, repeat)):
+        kept: list[Path] = []  # passes' outputs, removed at the end (see keep_or_remove)
+        for round_ in range(max(1, repeat)):
             for w, p in configs.items():
-                out = tmp / f"mix-{w}"
+                out = tmp / f"mix-{w}-{round_}"
                 os.sync()
                 with PeakMemory() as mem:
                     t0 = time.perf_counter()
@@ -223,9 +313,13 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
                 passes[w].append((wall, mem.peak_bytes / 2**20))
                 if floor is None and w == min(workers):
                     floor = floor_inputs(out, events_dir, backgrounds_dir)
-                shutil.rmtree(out)
+                kept.append(out)
+                figures["removed_between_passes"] = keep_or_remove(kept, tmp) or figures.get("removed_between_passes", False)
             if floor is not None:
                 floor_passes.append(floor_pass(floor))
+        if profile and 1 in workers:
+            os.sync()
+            figures["profile"] = profile_pass(run, configs[1], events_dir, backgrounds_dir, tmp / "mix-profile", mixtures)
         if floor_passes:
             arithmetic, encode = min(floor_passes, key=sum)
             figures["floor"] = {"seconds": arithmetic + encode, "mixtures_per_s": mixtures / (arithmetic + encode),
@@ -250,6 +344,9 @@ def print_figures(f: dict) -> None:
         print(f"  {w} worker(s): {r['seconds']:7.1f} s  {r['mixtures_per_s']:7.1f} mixtures/s  "
               f"{r['mixtures_per_s_per_core']:7.1f} per core  peak memory {r['peak_rss_mib']:7.0f} MiB"
               + (f"  (passes: {each} s)" if each else ""))
+    if f.get("removed_between_passes"):
+        print("  note: the disk could not hold every pass, so passes were removed between them; file creation "
+              "right after removing files is slower on ext4 (docs/benchmarks.md, 'Against the floor')")
     one = f["runs"].get(1) or next(iter(f["runs"].values()))
     print(f"  target: >= 150 mixtures/s per core -> {'met' if one['mixtures_per_s_per_core'] >= 150 else 'NOT met'}")
     if "floor" in f:
@@ -260,6 +357,13 @@ def print_figures(f: dict) -> None:
               f"per mixture; stage {1e3 / one['mixtures_per_s_per_core']:.2f} ms)" + (f"  (passes: {each} s)" if each else ""))
         ratio = one["mixtures_per_s_per_core"] / fl["mixtures_per_s"]
         print(f"  stage / floor (1 worker): {ratio:.2f} of the floor's rate (target >= {TARGET_STAGE_TO_FLOOR})")
+    if "profile" in f:
+        floor = f.get("floor", {})
+        beside = {"rendering (sum, realised SNR, normalisation, int16)": "arithmetic_ms", "FLAC encode": "encode_ms"}
+        print("  where a 1-worker pass's time goes (--profile: one more pass, each part timed around its calls), ms per mixture:")
+        for depth, part, ms in f["profile"]:
+            note = f"   the floor's: {floor[beside[part]]:.2f}" if part in beside and beside[part] in floor else ""
+            print(f"    {'  ' * depth}{part:<{56 - 2 * depth}} {ms:6.2f}{note}")
     if 2 in f["runs"]:
         if 1 in f["runs"]:
             ratio = f["runs"][2]["mixtures_per_s"] / f["runs"][1]["mixtures_per_s"]

@@ -127,7 +127,7 @@ def _mix(args: argparse.Namespace, params: Params) -> None:
     from benchmarks.mix_stage import bench_mix, print_figures
 
     workers = [int(w) for w in args.workers.split(",")]
-    print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures, args.repeat))
+    print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures, args.repeat, args.profile))
 
 
 def _shards(args: argparse.Namespace, params: Params) -> None:

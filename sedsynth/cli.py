@@ -352,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     mix.add_argument("--workers", default="1,2", help="comma-separated worker counts to time (default 1,2)")
     scaper_python(mix)
     mix.add_argument("--scaper-mixtures", type=int, default=200, help="soundscapes Scaper makes (default 200)")
+    mix.add_argument("--profile", action="store_true", help="one more 1-worker pass, printing where its time goes by part of the stage")
     repeat(mix)
     repeat(benchmark("shards", "the text and shard stages on the configured mixtures, against their peers"))
     imports = benchmark("import", "importing AudioSet-Strong-style clips against datasets.to_parquet")

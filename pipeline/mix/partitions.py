@@ -130,10 +130,15 @@ def render_partition(part: Partition) -> dict:
                                   txt=r.export_txt, jams=r.export_jams, spec=r.spec, sources=ctx.sources,
                                   events_dir=Path(r.events_dir), backgrounds_dir=Path(r.backgrounds_dir),
                                   events=ctx.events[part.split], backgrounds=ctx.backgrounds[part.split])
-    for name, records in rows.items():
-        write_table(parts / f"{part.key}.{name}", flat_table(records, RECORDS[name]))
+    write_partition_tables(parts, part.key, rows)
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})
     return {"dropped_occurrences": dropped}
+
+
+def write_partition_tables(parts: Path, key: str, rows: dict[str, list]) -> None:
+    """A partition's recipes, occurrences and segments (``rows``, by table name) as its three tables under ``parts``."""
+    for name, records in rows.items():
+        write_table(parts / f"{key}.{name}", flat_table(records, RECORDS[name]))
 
 
 @lru_cache(maxsize=None)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from benchmarks.mix_stage import floor_inputs, floor_pass, print_figures
+import shutil
+from collections import namedtuple
+
+from benchmarks.mix_stage import floor_inputs, floor_pass, keep_or_remove, print_figures
+
+Usage = namedtuple("Usage", "total used free")
 
 
 def test_the_report_states_the_two_worker_ratio_and_the_100k_time(capsys) -> None:
@@ -42,3 +47,36 @@ def test_the_floor_encodes_the_stage_s_own_bytes(mixed) -> None:
     assert len(inputs.mixtures) == len(list(mix_dir.glob("audio/*/*.flac")))
     arithmetic, encode = floor_pass(inputs)
     assert arithmetic > 0 and encode > 0
+
+
+def test_passes_are_kept_while_the_disk_holds_them_else_only_the_newest(tmp_path, monkeypatch, capsys) -> None:
+    kept = []
+    for name in ("mix-1-0", "mix-2-0", "mix-1-1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.flac").write_bytes(b"x" * 1000)
+        kept.append(tmp_path / name)
+    assert keep_or_remove(kept, tmp_path) is False  # removing files right before a pass slows its file creation
+    assert all(p.exists() for p in kept)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(2**31, 2**31 - 2**30, 2**30))  # no room for two more
+    assert keep_or_remove(kept, tmp_path) is True
+    assert kept == [tmp_path / "mix-1-1"] and not (tmp_path / "mix-1-0").exists() and not (tmp_path / "mix-2-0").exists()
+    one = {"seconds": 1.0, "mixtures_per_s": 10.0, "mixtures_per_s_per_core": 10.0, "peak_rss_mib": 1.0}
+    print_figures({"mixtures": 10, "preset": "finelap", "runs": {1: one}, "removed_between_passes": True})
+    assert "passes were removed between them" in capsys.readouterr().out
+
+
+def test_the_profile_splits_a_pass_into_parts_that_add_up_and_leaves_the_stage_as_it_was(mixed, tmp_path) -> None:
+    import pipeline.mix.instantiate as instantiate
+    from benchmarks.mix_stage import PARTS, profile_pass
+    from pipeline.stages.mix import run
+
+    params, mix_dir, events_dir, backgrounds_dir = mixed
+    before = {name: getattr(instantiate, name) for name in ("draw_mixture", "_render", "relabel_mixture")}
+    n = sum(getattr(params.mix.mixtures, s) for s in ("train", "valid", "test"))
+    rows = profile_pass(run, params, events_dir, backgrounds_dir, tmp_path / "out", n)
+    assert {name: getattr(instantiate, name) for name in before} == before  # every wrapped function restored
+    ms = {part: value for _, part, value in rows}
+    assert {part for _, _, part, _ in PARTS} <= set(ms) and all(ms[p] > 0 for p in ("FLAC encode", "relabeling", "drawing (RNG, placement, levels, recipe)"))
+    partition_parts = [value for depth, part, value in rows if depth == 2]
+    assert abs(sum(partition_parts) - ms["partitions (every mixture's work)"]) < 1e-9  # the rest closes the sum
+    assert sorted(p.name for p in (tmp_path / "out" / "audio").rglob("*.flac")) == sorted(p.name for p in (mix_dir / "audio").rglob("*.flac"))
