@@ -139,7 +139,8 @@ class ParquetSource:
 
     def __init__(self, index: int, params: SourceParams):
         self.index, self.params = index, params
-        self.fs, _ = _fs(params.path)
+        self.fs, root = _fs(params.path)
+        self.root = root.rstrip("/")  # the folder (or the one file) the files are listed under
         self.files = list_parquet(params.path, params.split)
         self._cached: tuple[tuple[str, int], list[dict]] | None = None
         self._row_groups: list[tuple[str, int, int]] | None = None
@@ -310,6 +311,23 @@ class CaptionCsvSource:
 
     def read(self, piece: Piece) -> list[dict]:
         return [dict(r) for r in self.rows[piece.start:piece.stop]]
+
+
+def location_free(source) -> list[tuple[str, int, int]]:
+    """``source.row_groups()`` with each Parquet file named relative to its source's folder (its
+    bare name when the source is the file itself): the same for a checkout in any folder, so
+    what is derived from it (a checkpoint's data fingerprint) has the same bytes everywhere."""
+    groups = source.row_groups()
+    if not isinstance(source, ParquetSource):
+        return groups
+    root = source.root
+
+    def name(file: str) -> str:
+        if file == root:
+            return file.rsplit("/", 1)[-1]
+        return file[len(root) + 1:] if file.startswith(root + "/") else file
+
+    return [(name(file), group, rows) for file, group, rows in groups]
 
 
 def open_source(index: int, params: SourceParams):

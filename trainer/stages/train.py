@@ -44,6 +44,7 @@ from pipeline.schema import Skip
 from trainer import checkpoint, distributed
 from trainer.captioner import CAPTION_VOCABULARY, fixed_size_vocabulary
 from trainer.config import TrainParams, current_train_section
+from trainer.data.sources import location_free
 from trainer.data.stream import Batch, TrainStream, caption_texts, collate, make_stream
 from trainer.evaluation.calibration import calibrate_checkpoint
 from trainer.heldout import score
@@ -500,11 +501,12 @@ def optimizer_steps_in_epoch(stream: TrainStream, epoch: int, world_size: int, n
 
 
 def data_fingerprint(stream: TrainStream) -> str:
-    """A digest of the training data: each source's files with their sizes and row groups (and
-    their sha256 where the shard index lists them), so a resume never continues on other data."""
+    """A digest of the training data: each source's files (named within their folder, not by where
+    the checkout sits: :func:`~trainer.data.sources.location_free`) with their row groups and rows,
+    so a resume never continues on other data."""
     h = hashlib.sha256()
     for source in stream.sources:
-        h.update(repr(source.row_groups()).encode())
+        h.update(repr(location_free(source)).encode())
     return h.hexdigest()[:16]
 
 

@@ -749,3 +749,26 @@ def test_a_shard_source_with_another_cluster_inventory_is_refused(shard_folder, 
     with pytest.raises(SourceError, match="another cluster inventory"):
         check_inventories(tables, str(folder / "clusters"), sources)
     check_inventories(tables, str(folder / "clusters"), [sources[0], replace(sources[1], level="clip")])  # clip level: no phrases used
+
+
+def test_the_data_fingerprint_names_files_within_their_folder_not_where_the_checkout_sits(shards, tmp_path, monkeypatch):
+    import shutil
+
+    from trainer.data.sources import ParquetSource
+    from trainer.stages.train import data_fingerprint
+
+    here, there = tmp_path / "a" / "dataset", tmp_path / "b" / "deeper" / "dataset"
+    shutil.copytree(shards, here)
+    shutil.copytree(shards, there)
+
+    def fingerprint(path) -> str:
+        return data_fingerprint(SimpleNamespace(sources=[ParquetSource(0, SourceParams(path=str(path), split="train"))]))
+
+    assert fingerprint(here) == fingerprint(there)  # absolute paths would change every checkpoint's bytes with the clone's folder
+    monkeypatch.chdir(tmp_path / "b")
+    assert fingerprint("deeper/dataset") == fingerprint(here)  # params name folders relative to the checkout
+    one = sorted((here / "data").glob("train-*.parquet"))[0]
+    assert fingerprint(one) == fingerprint(sorted((there / "data").glob("train-*.parquet"))[0])
+    table = pq.read_table(one)
+    pq.write_table(table.slice(0, table.num_rows - 1), one)  # other data: another fingerprint
+    assert fingerprint(here) != fingerprint(there)
