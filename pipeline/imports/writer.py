@@ -52,7 +52,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import soundfile as sf
 
 from pipeline.audio import AudioError, downmix, encode_flac, quantize_int16, read_audio, resample
