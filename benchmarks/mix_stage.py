@@ -297,13 +297,16 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
         events_dir, backgrounds_dir = _sources(params, tmp)
         mix = dataclasses.replace(params.mix, mixtures=MixtureCounts(train=mixtures, valid=0, test=0),
                                   export=dataclasses.replace(params.mix.export, jams=False, timelines=0))
-        configs = {w: dataclasses.replace(params, compute=dataclasses.replace(params.compute, workers=w), mix=mix) for w in workers}
+        configs = {w: dataclasses.replace(params, compute=dataclasses.replace(params.compute, workers=w), mix=mix)
+                   for w in sorted(set(workers) | ({1} if profile else set()))}
         passes: dict[int, list[tuple[float, float]]] = {w: [] for w in workers}  # worker count -> [(seconds, peak MiB)]
         floor: FloorInputs | None = None
         floor_passes: list[tuple[float, float]] = []  # (arithmetic s, encode s)
         kept: list[Path] = []  # passes' outputs, removed at the end (see keep_or_remove)
+        removed = False
         for round_ in range(max(1, repeat)):
-            for w, p in configs.items():
+            for w in workers:
+                p = configs[w]
                 out = tmp / f"mix-{w}-{round_}"
                 os.sync()
                 with PeakMemory() as mem:
@@ -314,10 +317,11 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
                 if floor is None and w == min(workers):
                     floor = floor_inputs(out, events_dir, backgrounds_dir)
                 kept.append(out)
-                figures["removed_between_passes"] = keep_or_remove(kept, tmp) or figures.get("removed_between_passes", False)
+                removed = keep_or_remove(kept, tmp) or removed
             if floor is not None:
                 floor_passes.append(floor_pass(floor))
-        if profile and 1 in workers:
+        figures["removed_between_passes"] = removed
+        if profile:  # in process, so each part's wrapper sees its calls: one worker whatever --workers times
             os.sync()
             figures["profile"] = profile_pass(run, configs[1], events_dir, backgrounds_dir, tmp / "mix-profile", mixtures)
         if floor_passes:
