@@ -6,8 +6,9 @@ import csv
 
 import pytest
 
-from benchmarks.scale import COLUMNS, FULL_CLIPS, mixture_counts, parse_sizes
+from benchmarks.scale import COLUMNS, FULL_CLIPS, free_after, mixture_counts, overrides, parse_sizes, stage_folders
 from sedsynth.cli import build_parser, main
+from trainer.config import load_params
 
 
 def test_sizes_are_clip_counts_and_full_is_fsd50k() -> None:
@@ -42,6 +43,22 @@ def test_a_tiny_run_prints_the_table_and_writes_scale_csv_and_png(tmp_path, caps
                for r in rows)
     assert (out / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "24" / "logs" / "corpus.log").exists() and not (out / "24" / "sources").exists()  # data removed, log kept
+
+
+def test_inputs_go_once_no_later_stage_reads_them(tmp_path) -> None:
+    config = overrides(tmp_path, 100, load_params("params.yaml"))
+    stages = ("corpus", "clip", "ambience", "mix", "captions", "clusters", "shards")
+    for stage in stages:
+        for folder in stage_folders(stage, config):
+            folder.mkdir(parents=True)
+    gone_after = {}
+    for stage in stages:
+        free_after(stage, config)
+        for other in stages:
+            if other not in gone_after and not any(f.exists() for f in stage_folders(other, config)):
+                gone_after[other] = stage
+    # the corpus outlives its readers (clip, ambience) until mix has written; the mixtures go after shards
+    assert gone_after == {"corpus": "mix", "mix": "shards"}
 
 
 def test_an_unknown_stage_is_refused_before_anything_runs(tmp_path) -> None:
