@@ -62,9 +62,10 @@ SAMPLE_INTERVAL_S = 0.1
 # Targets on two cores (docs/benchmarks.md, "Full scale"): minutes at full size for these stages together
 TARGET_MINUTES = {("clip",): 5.0, ("mix",): 6.0, ("captions", "clusters"): 2.0, ("shards",): 5.0}
 TARGET_PEAK_RSS_GIB = 2.0
-# Without --keep, a stage's output is removed as soon as no later stage reads it, so a size's disk
-# is at most two stages' data (at full size: the 32 GB corpus with the 23 GB of mixtures, then the
-# mixtures with the 23 GB of shards) rather than all of it (about 80 GB). The keys are the stages
+# A stage's output is removed as soon as no later stage reads it (with --keep too: the shards hold the
+# mixtures' audio), so a size's disk is at most two stages' data (at full size: the 32 GB corpus
+# with the 23 GB of mixtures, then the mixtures with the 23 GB of shards) rather than all of it
+# (about 80 GB). The keys are the stages
 # whose output goes, the values the stage after which it goes. The corpus's last readers are clip and
 # ambience, but it goes only once mix has run: on ext4 without a journal, every file created within
 # a minute or more of a mass removal pays a scan of the freed inodes (0.6-0.8 ms here), which would
@@ -251,8 +252,7 @@ def bench_size(args: argparse.Namespace, params: Params, clips: int, out: Path) 
         run = StageRun(stage, items, wall, cpu, peak, anon, max_proc, sum(folder_bytes(f) for f in stage_folders(stage, config)))
         print(f"  {clips} clips: {stage} done in {wall:.1f} s", file=sys.stderr, flush=True)
         runs.append(run)
-        if not args.keep:
-            free_after(stage, config)
+        free_after(stage, config)
     return runs
 
 

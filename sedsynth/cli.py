@@ -382,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--train", action="store_true", help="also train one epoch streaming the shards, then evaluate")
     scale.add_argument("--stages", default=None, help="comma-separated stages to run, in the pipeline's order (default: "
                                                      "corpus to shards, with --train also train and evaluate)")
-    scale.add_argument("--keep", action="store_true", help="keep each size's data (default: removed once measured; the logs stay)")
+    scale.add_argument("--keep", action="store_true", help="keep each size's data but the corpus and the mixtures, which go once no later stage reads them "
+                       "(default: all removed once measured; the logs stay)")
     return parser
 
 
