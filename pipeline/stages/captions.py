@@ -29,8 +29,11 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -80,19 +83,39 @@ def label_phrases_of(recipe: MixtureRecipe, occurrences: list[EventOccurrence], 
     return out
 
 
-def read_mixtures(mix_dir: Path) -> tuple[list[MixtureRecipe], dict[str, list[EventOccurrence]], dict[str, list[LabelSegment]]]:
-    """The mix stage's three manifests, occurrences and segments grouped by mixture."""
+MIXTURES_PER_CHUNK = 4096  # recipes made Python records at a time (their occurrences and segments with them)
+
+
+def read_mixtures(mix_dir: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """The mix stage's three manifests as Arrow tables: the recipes in (split, index) order, the
+    occurrences and segments in the same mixture order (a mixture's rows in their stored order),
+    each with its recipe's row number in ``_position`` (-1: a row of no recipe, never read)."""
     missing = [n for n in ("mixtures.parquet", "occurrences.parquet", "segments.parquet") if not (mix_dir / n).exists()]
     if missing:
         raise CaptionError(f"{mix_dir} lacks {', '.join(missing)}: run `sedsynth mix` (or `dvc repro mix`) first")
-    recipes = from_table(pq.read_table(mix_dir / "mixtures.parquet"), MixtureRecipe)
-    occ: dict[str, list[EventOccurrence]] = defaultdict(list)
-    for o in from_table(pq.read_table(mix_dir / "occurrences.parquet"), EventOccurrence):
-        occ[o.mixture_id].append(o)
-    seg: dict[str, list[LabelSegment]] = defaultdict(list)
-    for s in from_table(pq.read_table(mix_dir / "segments.parquet"), LabelSegment):
-        seg[s.mixture_id].append(s)
-    return recipes, occ, seg
+    recipes = pq.read_table(mix_dir / "mixtures.parquet")
+    split_rank = pc.index_in(recipes["split"], value_set=pa.array(SPLITS))
+    recipes = recipes.take(np.lexsort((recipes["index"].to_numpy(), split_rank.to_numpy(zero_copy_only=False))))
+
+    def in_recipe_order(table: pa.Table) -> pa.Table:
+        position = pc.fill_null(pc.index_in(table["mixture_id"], value_set=recipes["mixture_id"]), -1).to_numpy()
+        return table.take(np.argsort(position, kind="stable")).append_column("_position", pa.array(np.sort(position, kind="stable")))
+
+    return (recipes, in_recipe_order(pq.read_table(mix_dir / "occurrences.parquet")),
+            in_recipe_order(pq.read_table(mix_dir / "segments.parquet")))
+
+
+def mixtures_in_order(recipes: pa.Table, occurrences: pa.Table, segments: pa.Table,
+                      chunk: int = MIXTURES_PER_CHUNK) -> Iterator[tuple[MixtureRecipe, list[EventOccurrence], list[LabelSegment]]]:
+    """Each recipe of :func:`read_mixtures`' tables with its occurrences and segments, as records,
+    ``chunk`` recipes at a time: memory holds the tables' columns, not every mixture's records."""
+    bounds = [np.searchsorted(t["_position"].to_numpy(), np.arange(recipes.num_rows + 1)) for t in (occurrences, segments)]
+    for start in range(0, recipes.num_rows, chunk):
+        stop = min(start + chunk, recipes.num_rows)
+        rows = [from_table(t.slice(b[start], b[stop] - b[start]), kind) for t, b, kind in
+                ((occurrences, bounds[0], EventOccurrence), (segments, bounds[1], LabelSegment))]
+        for i, recipe in enumerate(from_table(recipes.slice(start, stop - start), MixtureRecipe), start):
+            yield recipe, *(r[b[i] - b[start] : b[i + 1] - b[start]] for r, b in zip(rows, bounds))
 
 
 def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dict:
@@ -101,7 +124,7 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
     mix_dir = Path(mix_dir or params.mix.out_dir)
     out_dir = Path(out_dir or p.out_dir)
     check_out_dir(out_dir, "captions.out_dir", {**folders_besides(params, "captions.out_dir"), "mix.out_dir": mix_dir})
-    recipes, occurrences, segments = read_mixtures(mix_dir)
+    tables = read_mixtures(mix_dir)
     completer: Completer | None = None
 
     def get_completer() -> Completer:
@@ -110,7 +133,7 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
         return completer
 
     templates = load_templates(p.templates, get_completer, p.llm_templates)
-    labels = sorted({(s.label, s.mid) for segs in segments.values() for s in segs})
+    labels = sorted(tuple(row.values()) for row in tables[2].group_by(["label", "mid"]).aggregate([]).to_pylist())
     defaults = default_label_phrases()
     by_label = {label: list(phrases_for(label, mid, defaults)) for label, mid in labels}
     if p.phrases == "llm":
@@ -119,10 +142,9 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
 
     phrase_rows: list[LabelPhrase] = []
     captions: list[Caption] = []
-    recipes = sorted(recipes, key=lambda r: (SPLITS.index(r.split), r.index))
-    for recipe in tqdm(recipes, desc="captions", unit="mix", disable=None):
+    for recipe, occurrences, segments in tqdm(mixtures_in_order(*tables, chunk=MIXTURES_PER_CHUNK), total=tables[0].num_rows, desc="captions", unit="mix", disable=None):
         rng = np.random.default_rng([params.seed, CAPTION_STREAM, SPLITS.index(recipe.split), recipe.index])
-        phrases = label_phrases_of(recipe, occurrences[recipe.mixture_id], segments[recipe.mixture_id], by_label, rng)
+        phrases = label_phrases_of(recipe, occurrences, segments, by_label, rng)
         phrase_rows += phrases
         template = templates[int(rng.integers(len(templates)))]
         words = list(dict.fromkeys(ph.phrase for ph in phrases))

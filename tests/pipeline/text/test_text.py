@@ -7,6 +7,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -172,6 +174,24 @@ def test_captions_are_deterministic(captioned, tmp_path: Path) -> None:
     assert tree_digest(tmp_path / "again") == tree_digest(out)
     captions.run(replace(params, seed=params.seed + 1), mix_dir, tmp_path / "other")
     assert tree_digest(tmp_path / "other")["captions.parquet"] != tree_digest(out)["captions.parquet"]
+
+
+def test_captions_do_not_depend_on_the_stored_row_order_or_the_chunk(captioned, tmp_path: Path, monkeypatch) -> None:
+    """Rows shuffled in all three manifests, plus an occurrence and a segment of no recipe, read a few
+    mixtures at a time: the same files as the stored order read at once."""
+    params, mix_dir, out, _ = captioned
+    shuffled = tmp_path / "mix"
+    shuffled.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("mixtures.parquet", "occurrences.parquet", "segments.parquet"):
+        table = pq.read_table(mix_dir / name)
+        if name != "mixtures.parquet":  # a row whose mixture is not in the recipes is never read
+            i = table.schema.get_field_index("mixture_id")
+            table = pa.concat_tables([table, table.slice(0, 1).set_column(i, table.schema.field(i), pa.array(["orphan"]))])
+        pq.write_table(table.take(rng.permutation(table.num_rows)), shuffled / name)
+    monkeypatch.setattr(captions, "MIXTURES_PER_CHUNK", 3)
+    captions.run(params, shuffled, tmp_path / "again")
+    assert tree_digest(tmp_path / "again") == tree_digest(out)
 
 
 def test_template_file_and_missing_inputs(mixed, tmp_path: Path) -> None:
