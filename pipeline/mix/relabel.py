@@ -34,6 +34,9 @@ Spans cut from inside a clip (pieces, trimmed events) are judged on their own sa
 
 from __future__ import annotations
 
+import math
+import re
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -76,16 +79,19 @@ class Envelope:
         return np.interp(t_s, self._knots_s, self._knots_power, left=0.0, right=0.0)
 
 
-def _runs(active: np.ndarray) -> np.ndarray:
-    """(n, 2) array of [start, end) index pairs of the True runs."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], active.view(np.int8), [0]))))
-    return edges.reshape(-1, 2)
+_TRUE_RUN = re.compile(b"\x01+")  # a boolean vector's bytes are 0 and 1
+
+
+def _runs(active: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) index pairs of the True runs of a boolean vector (a regular expression over its
+    bytes: about 1 us for an occurrence's mask of a few runs, against 5 us for the diff of a padded copy)."""
+    return [m.span() for m in _TRUE_RUN.finditer(active.tobytes())]
 
 
 def smoothed_runs(active: np.ndarray, fill_gap_frames: int, drop_run_frames: int, span_frames: int) -> list[list[int]]:
     """FLAM's two smoothing rules on one occurrence's frame activity, as ``[start, end)`` runs."""
     runs: list[list[int]] = []
-    for start, end in _runs(active).tolist():  # gaps shorter than fill_gap_frames between runs are filled
+    for start, end in _runs(active):  # gaps shorter than fill_gap_frames between runs are filled
         if runs and start - runs[-1][1] < fill_gap_frames:
             runs[-1][1] = end
         else:
@@ -111,19 +117,24 @@ def occurrence_activity(
     hop = envelope.hop_s
     half = envelope.frame_s / 2
     origin = envelope.origin_s
-    first = max(0, int(np.ceil((occ.source_in_s - origin - half) / hop - 1e-9)))
-    last = min(envelope.power.shape[0] - 1, int(np.floor((occ.source_out_s - origin - half) / hop + 1e-9)))
+    first = max(0, math.ceil((occ.source_in_s - origin - half) / hop - 1e-9))
+    last = min(envelope.power.shape[0] - 1, math.floor((occ.source_out_s - origin - half) / hop + 1e-9))
     if last < first:  # shorter than one frame: audible iff its level says so
         first = last = min(max(0, int(round((occ.source_in_s - origin - half) / hop))), envelope.power.shape[0] - 1)
-    frames = np.arange(first, last + 1)
-    t = origin + frames * hop + half - occ.source_in_s + occ.onset_s  # frame centres in mixture time
+    # frame centres in mixture time: origin + frame * hop + half - source_in + onset, term by term in place
+    t = np.arange(first, last + 1) * hop
+    t += origin
+    t += half
+    t -= occ.source_in_s
+    t += occ.onset_s
+    times = t.tolist()  # t rises: bisect finds the frames inside another occurrence's [onset, offset)
     own_db = envelope.db[first : last + 1] + (occ.gain_db + mixture_gain_db)
     other = np.zeros(own_db.shape[0])
     if background is not None:
         offset_s, gain_db, bg_env = background
         other += bg_env.at(t + offset_s) * 10.0 ** ((gain_db + mixture_gain_db) / 10.0)
-    for o, env in rest:  # t rises: the frames inside [onset, offset) of another occurrence are one slice
-        i, j = np.searchsorted(t, (o.onset_s, o.offset_s), side="left")
+    for o, env in rest:  # the frames inside [onset, offset) of another occurrence are one slice
+        i, j = bisect_left(times, o.onset_s), bisect_left(times, o.offset_s)
         if j > i:
             other[i:j] += env.at(t[i:j] - o.onset_s + o.source_in_s) * 10.0 ** ((o.gain_db + mixture_gain_db) / 10.0)
     other_db = 10.0 * np.log10(np.maximum(other, 1e-30))
@@ -137,20 +148,20 @@ def occurrence_activity(
     )
     power = envelope.power[first : last + 1]
     intervals = []
-    n = frames.shape[0]
+    n = len(times)
     for a, b in runs:
-        start, end = t[a], t[b - 1]
+        start, end = times[a], times[b - 1]
         # An edge next to quiet (not masked) frames, or at the span's edge, is a step in the
         # event's own energy: the edge frame's share of its neighbour's energy says where in
         # the frame the step lies (exact for steady sounds; kept within the frame's hop).
         if (a == 0 or not loud[a - 1]) and b - a >= 2:
             share = min(1.0, power[a] / max(power[a + 1], 1e-30))
-            start = min(max(t[a] + half - 2 * half * share, t[a] - hop), t[a] + hop / 2)
+            start = min(max(times[a] + half - 2 * half * share, times[a] - hop), times[a] + hop / 2)
         if (b == n or not loud[b]) and b - a >= 2:
             share = min(1.0, power[b - 1] / max(power[b - 2], 1e-30))
-            end = max(min(t[b - 1] - half + 2 * half * share, t[b - 1] + hop), t[b - 1] - hop / 2)
+            end = max(min(times[b - 1] - half + 2 * half * share, times[b - 1] + hop), times[b - 1] - hop / 2)
         if end <= start:  # a single frame: its own hop around the centre
-            start, end = t[a] - hop / 2, t[a] + hop / 2
+            start, end = times[a] - hop / 2, times[a] + hop / 2
         intervals.append((max(start, occ.onset_s), min(end, occ.offset_s)))
     return intervals
 

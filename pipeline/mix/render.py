@@ -155,9 +155,16 @@ def mix_components(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence]
     return mix, background, parts
 
 
-def apply_gain(mix: np.ndarray, gain_db: float) -> np.ndarray:
-    """The mixture gain (normalisation); 0 dB returns the samples unchanged."""
-    return mix if gain_db == 0.0 else mix * np.float32(db_to_gain(gain_db))
+def apply_gain(mix: np.ndarray, gain_db: float, overwrite: bool = False) -> np.ndarray:
+    """The mixture gain (normalisation); 0 dB returns the samples unchanged (``overwrite``: in ``mix``'s buffer)."""
+    if gain_db == 0.0:
+        return mix
+    return np.multiply(mix, np.float32(db_to_gain(gain_db)), out=mix if overwrite else None)
+
+
+def stored_samples(mix: np.ndarray, gain_db: float) -> np.ndarray:
+    """The sum before the mixture gain -> the stored int16 samples, in ``mix``'s own buffer (which it overwrites)."""
+    return quantize_int16(apply_gain(mix, gain_db, overwrite=True), overwrite=True)
 
 
 def render(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources) -> np.ndarray:
@@ -165,4 +172,4 @@ def render(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], source
     if sources.sample_rate_hz != recipe.sample_rate_hz:
         raise ValueError(f"sources are at {sources.sample_rate_hz} Hz but the recipe at {recipe.sample_rate_hz} Hz")
     mix, _, _ = mix_components(recipe, occurrences, sources)
-    return quantize_int16(apply_gain(mix, recipe.mixture_gain_db))
+    return stored_samples(mix, recipe.mixture_gain_db)
