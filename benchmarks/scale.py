@@ -63,14 +63,14 @@ SAMPLE_INTERVAL_S = 0.1
 TARGET_MINUTES = {("clip",): 5.0, ("mix",): 6.0, ("captions", "clusters"): 2.0, ("shards",): 5.0}
 TARGET_PEAK_RSS_GIB = 2.0
 # A stage's output is removed as soon as no later stage reads it (with --keep too: the shards hold the
-# mixtures' audio), so a size's disk is at most two stages' data (at full size: the 32 GB corpus
-# with the 23 GB of mixtures, then the mixtures with the 23 GB of shards) rather than all of it
-# (about 80 GB). The keys are the stages
-# whose output goes, the values the stage after which it goes. The corpus's last readers are clip and
-# ambience, but it goes only once mix has run: on ext4 without a journal, every file created within
-# a minute or more of a mass removal pays a scan of the freed inodes (0.6-0.8 ms here), which would
-# be timed as the mix stage's. Mix's output is read by captions and shards (pretrain, its other
-# reader, is left out); train and evaluate read the shards and the event clips.
+# mixtures' audio), so a size holds at most two large outputs at once (at full size the 30.6 GiB
+# corpus beside the 21.1 GiB of mixtures, then the mixtures beside the 21.1 GiB of shards) rather
+# than all of them (about 75 GiB). Keys: the stage whose output goes; values: the stage after which
+# it goes. The corpus's last readers are clip and ambience, but it goes only once mix has run: on
+# ext4 without a journal, every file created within a minute of a mass removal pays a scan of the
+# freed inodes (0.6-0.8 ms here), which would be timed as the mix stage's. Mix's output is read by
+# captions and shards (pretrain, its other reader, is left out); train and evaluate read the shards
+# and the event clips.
 FREED_AFTER = {"corpus": "mix", "mix": "shards"}
 
 
@@ -256,12 +256,12 @@ def bench_size(args: argparse.Namespace, params: Params, clips: int, out: Path) 
     return runs
 
 
-def free_after(stage: str, config: dict) -> list[Path]:
-    """Remove the outputs that :data:`FREED_AFTER` frees once ``stage`` has run; the folders removed."""
-    folders = [path for done, after in FREED_AFTER.items() if after == stage for path in stage_folders(done, config)]
-    for path in folders:
-        shutil.rmtree(path, ignore_errors=True)
-    return folders
+def free_after(stage: str, config: dict) -> None:
+    """Remove the outputs that :data:`FREED_AFTER` frees once ``stage`` has run."""
+    for done, after in FREED_AFTER.items():
+        if after == stage:
+            for path in stage_folders(done, config):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def bench_scale(args: argparse.Namespace, params: Params) -> dict:

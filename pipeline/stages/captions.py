@@ -99,7 +99,8 @@ def read_mixtures(mix_dir: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
 
     def in_recipe_order(table: pa.Table) -> pa.Table:
         position = pc.fill_null(pc.index_in(table["mixture_id"], value_set=recipes["mixture_id"]), -1).to_numpy()
-        return table.take(np.argsort(position, kind="stable")).append_column("_position", pa.array(np.sort(position, kind="stable")))
+        order = np.argsort(position, kind="stable")
+        return table.take(order).append_column("_position", pa.array(position[order]))
 
     return (recipes, in_recipe_order(pq.read_table(mix_dir / "occurrences.parquet")),
             in_recipe_order(pq.read_table(mix_dir / "segments.parquet")))
