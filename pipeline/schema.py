@@ -510,9 +510,13 @@ def to_table(records: list, record_type: type) -> pa.Table:
 FROM_TABLE_BATCH_ROWS = 4096
 
 
-def from_table(table: pa.Table, record_type: type) -> list:
-    """An Arrow table written by :func:`to_table` -> records (lists become tuples, structs records)."""
-    names = [f.name for f in dataclasses.fields(record_type)]
+def from_table(table: pa.Table, record_type: type, fill: typing.Mapping[str, object] | None = None) -> list:
+    """An Arrow table written by :func:`to_table` -> records (lists become tuples, structs records).
+
+    ``fill`` gives fields that are not read but set to the value given in every record (a column
+    the caller keeps in another form, e.g. ``{"envelope_db": ()}``)."""
+    fill = dict(fill or {})
+    names = [f.name for f in dataclasses.fields(record_type) if f.name not in fill]
     # a batch of rows at a time: the whole table's row dicts at once would double the peak beside the records
-    return [_as_record(record_type, row) for batch in table.select(names).to_batches(max_chunksize=FROM_TABLE_BATCH_ROWS)
+    return [_as_record(record_type, {**row, **fill}) for batch in table.select(names).to_batches(max_chunksize=FROM_TABLE_BATCH_ROWS)
             for row in batch.to_pylist()]

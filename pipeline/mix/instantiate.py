@@ -25,7 +25,9 @@ background keeps its own level. Occurrences of one event share its gain, except 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -48,6 +50,10 @@ from pipeline.schema import (
     MixtureRecipe,
 )
 
+if TYPE_CHECKING:
+    from pipeline.mix.sources import StoredEnvelopes
+
+T = TypeVar("T")
 SCAPER_TILE_BELOW_S = 0.5
 ROOM_STREAM = 7  # the simulated rooms' generators: (seed, ROOM_STREAM, room index), apart from every mixture's
 FULL_SCALE_PEAK_DB = 20.0 * math.log10(32767.0 / FULL_SCALE_INT16)
@@ -63,6 +69,7 @@ class MixContext:
     sources: Sources
     events: dict[str, list[EventClip]]  # split -> pool
     backgrounds: dict[str, list[BackgroundSegment]]
+    stored_envelopes: tuple[StoredEnvelopes, StoredEnvelopes] | None = None  # (events, backgrounds); None: the records' own
     _envelopes: dict[str, Envelope] = field(default_factory=dict)
     _levels: dict[tuple, float] = field(default_factory=dict)
     _rooms: list[str] | None = None
@@ -93,11 +100,31 @@ class MixContext:
         return self._pools[split]
 
     def envelope(self, item: EventClip | BackgroundSegment) -> Envelope:
-        key = getattr(item, "clip_id", None) or item.segment_id
+        """``item``'s stored envelope (from :attr:`stored_envelopes` when given, else its record)."""
+        clip_id = getattr(item, "clip_id", None)
+        key = clip_id or item.segment_id
         env = self._envelopes.get(key)
         if env is None:
-            env = self._envelopes[key] = Envelope.from_db(item.envelope_frame_s, item.envelope_hop_s, item.envelope_db)
+            db = item.envelope_db if self.stored_envelopes is None else self.stored_envelopes[clip_id is None].db(key)
+            env = remember(self._envelopes, key, Envelope.from_db(item.envelope_frame_s, item.envelope_hop_s, db))
         return env
+
+    def level(self, key: tuple, measure: Callable[[], float]) -> float:
+        """A level measurement of a source window, made once while it stays in the cache."""
+        level = self._levels.get(key)
+        return remember(self._levels, key, measure()) if level is None else level
+
+
+MAX_CACHED = 4096  # entries per cache of a context (envelopes: about 6.5 KB each): a worker does not grow with the corpus or the mixtures
+
+
+def remember(cache: dict, key: object, value: T) -> T:
+    """``cache[key] = value``, the cache emptied first when it holds :data:`MAX_CACHED` entries
+    (it holds pure measurements: emptying it changes no value, only what is computed again)."""
+    if len(cache) >= MAX_CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 @dataclass(frozen=True)
@@ -303,11 +330,11 @@ def _draw_background(ctx: MixContext, rng: np.random.Generator, backgrounds: lis
         q = ctx.sources.background(bg.segment_id)
         start = _draw_position(spec.background_offset_s, rng, max(q.shape[0] - num_samples, 0) / sr, sr)
         window = q[start : start + num_samples]
-        key = ("bg", bg.segment_id, start, num_samples, mode)
-        if key not in ctx._levels:  # measured as mixed: zero-padded when the background is short
+        def measure() -> float:  # as mixed: zero-padded when the background is short
             padded = window if window.shape[0] == num_samples else np.concatenate([window, np.zeros(num_samples - window.shape[0], np.int16)])
-            ctx._levels[key] = level_db(padded, mode, sr)
-        level = ctx._levels[key]
+            return level_db(padded, mode, sr)
+
+        level = ctx.level(("bg", bg.segment_id, start, num_samples, mode), measure)
     room = _draw_room(ctx, rng, spec.reverb.background_probability)
     return _Background(bg, start, window, level, 0.0 if spec.ref_db is None else spec.ref_db - level, *room)
 
@@ -378,9 +405,7 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
     if mode != "local":
         fades = (0, 0) if role == "piece" else (fade_in, fade_out)  # a split event is levelled whole
         key = (clip.clip_id, src_start, length, *fades, mode, aug.pitch_shift_semitones, aug.time_stretch_factor, aug.stretch_method)
-        if key not in ctx._levels:
-            ctx._levels[key] = _event_level_db(q[src_start : src_start + length], fades, aug, mode, sr)
-        gain = bg.level_db + bg.gain_db + snr - ctx._levels[key]
+        gain = bg.level_db + bg.gain_db + snr - ctx.level(key, lambda: _event_level_db(q[src_start : src_start + length], fades, aug, mode, sr))
     own: list[tuple[int, int]] = []
     out: list[dict] = []
     tail = tail_samples(aug.rir_id, sr)

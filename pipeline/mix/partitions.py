@@ -33,7 +33,7 @@ from pipeline.mix import exports
 from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
 from pipeline.mix.instantiate import MixContext, instantiate
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, RECORDS, SEGMENTS, TIMELINES, audio_path, mixture_id
-from pipeline.mix.sources import read_parquet, read_sources
+from pipeline.mix.sources import read_envelopes, read_parquet, read_sources
 from pipeline.outputs import MANIFEST, file_sha256, write_json, write_table
 from pipeline.schema import SPLITS, BackgroundSegment, EventClip, arrow_schema
 
@@ -95,7 +95,8 @@ TIMELINES_PART = "timelines.png"  # the picture in the staging folder's parts, u
 def load_context(run: MixRun) -> MixContext:
     """The worker's context for one run, built once per process from ``run`` and the staging folder's plan."""
     plan = json.loads((Path(run.stage_dir) / PLAN).read_text(encoding="utf-8"))
-    events, backgrounds = read_sources(Path(plan["events_dir"]), Path(plan["backgrounds_dir"]))
+    events_dir, backgrounds_dir = Path(plan["events_dir"]), Path(plan["backgrounds_dir"])
+    events, backgrounds = read_sources(events_dir, backgrounds_dir, envelopes=False)
     ev = {e.clip_id: e for e in events}
     bg = {b.segment_id: b for b in backgrounds}
     return MixContext(
@@ -105,6 +106,7 @@ def load_context(run: MixRun) -> MixContext:
         sources=SourceBank(Path(run.stage_dir) / BANK),
         events={s: [ev[i] for i in ids] for s, ids in plan["event_pools"].items()},
         backgrounds={s: [bg[i] for i in ids] for s, ids in plan["background_pools"].items()},
+        stored_envelopes=(read_envelopes(events_dir, "clip_id"), read_envelopes(backgrounds_dir, "segment_id")),
     )
 
 

@@ -101,7 +101,7 @@ def _run(params: Params, events_dir: Path, backgrounds_dir: Path, out_dir: Path)
     spec = resolve_spec(p.preset, p.spec, sample_rate_hz=params.sample_rate_hz)  # the params check's spec, from the cache
     folders = prepare_sources(params, spec, events_dir, backgrounds_dir, out_dir)
     events_dir, backgrounds_dir = folders.events_dir, folders.backgrounds_dir
-    events, backgrounds = read_sources(events_dir, backgrounds_dir)
+    events, backgrounds = read_sources(events_dir, backgrounds_dir, envelopes=False)  # the workers read the envelopes
     check_sample_rates(spec, events, backgrounds, events_dir, backgrounds_dir)
 
     events, backgrounds, skips, license_drops = filter_licenses(events, backgrounds, p.allowed_licenses)

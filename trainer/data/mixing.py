@@ -69,7 +69,6 @@ from trainer.config import SourceParams
 from trainer.data.negatives import ClusterTables, NegativeError
 from trainer.data.sources import Piece, SourceError
 
-MAX_CACHED_LEVELS = 200_000  # level measurements kept per worker; a fresh background offset adds one per mixture
 
 
 def source_folders(params: SourceParams, run_params) -> tuple[Path, Path]:
@@ -214,8 +213,6 @@ class MixingSource:
                                   {i: e.audio_path for i, e in self.event_by_id.items()},
                                   {i: b.audio_path for i, b in self.background_by_id.items()})
             self._context = MixContext(self.spec, self.seed, self.relabel, sources, self.event_pools, self.background_pools)
-        if len(self._context._levels) > MAX_CACHED_LEVELS:
-            self._context._levels.clear()  # a cache of pure measurements: clearing it changes no value
         return self._context
 
     def set_epoch(self, epoch: int) -> None:

@@ -168,6 +168,40 @@ def test_same_bytes_for_one_and_two_workers(sources, tmp_path: Path) -> None:
     assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "two")
 
 
+def test_workers_keep_envelopes_as_one_buffer_and_bounded_caches_write_the_same_bytes(sources, tmp_path: Path, monkeypatch) -> None:
+    """A worker's records carry no envelope tuple; its stored envelopes are the manifest's values;
+    caches emptied every 2 entries (instead of 4,096) change no byte of the run."""
+    from pipeline.mix import instantiate, partitions
+    from pipeline.mix.sources import read_envelopes, read_sources
+
+    events_dir, backgrounds_dir = sources
+    events, backgrounds = read_sources(events_dir, backgrounds_dir)
+    stored = read_envelopes(events_dir, "clip_id"), read_envelopes(backgrounds_dir, "segment_id")
+    for table, records, key in ((stored[0], events, "clip_id"), (stored[1], backgrounds, "segment_id")):
+        for r in records:
+            db = table.db(getattr(r, key))
+            assert db.dtype == np.float32 and not db.flags.writeable and tuple(db.tolist()) == r.envelope_db
+    light = read_sources(events_dir, backgrounds_dir, envelopes=False)
+    assert [replace(r, envelope_db=()) for r in events] == light[0]
+    assert all(b.envelope_db == () for b in light[1])
+
+    run(small(), events_dir, backgrounds_dir, tmp_path / "unbounded")
+    sizes = []
+    remember = instantiate.remember
+
+    def small_cache(cache, key, value):
+        out = remember(cache, key, value)
+        sizes.append(len(cache))
+        return out
+
+    monkeypatch.setattr(instantiate, "MAX_CACHED", 2)
+    monkeypatch.setattr(instantiate, "remember", small_cache)
+    partitions.load_context.cache_clear()
+    run(small(), events_dir, backgrounds_dir, tmp_path / "bounded")
+    assert sizes and max(sizes) <= 2
+    assert tree_digest(tmp_path / "unbounded") == tree_digest(tmp_path / "bounded")
+
+
 def test_the_spec_is_resolved_once_per_run_and_travels_to_workers(sources, tmp_path: Path, monkeypatch) -> None:
     """The params check resolves the spec; the stage takes it from the cache; each partition carries it
     (pickled, as a worker receives it) into the worker's context, which resolves nothing."""
