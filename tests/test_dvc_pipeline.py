@@ -56,6 +56,7 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     params["train"]["model"].update(embed_dim=32, adapter_ffn=64)
     params["train"]["optim"].update(epochs=2, warmup_steps=2)
     params["evaluate"]["pictures"] = 1
+    params["evaluate"]["probe_steps"] = 50  # tiny data: a few steps fit the probes
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _git(work, "init", "-q")
     _git(work, "config", "user.name", "sedsynth test")

@@ -206,10 +206,10 @@ class EvaluateParams:
     pictures: int = 6  # test clips drawn with their phrase scores
     probes: bool = True  # linear probes on the frozen audio encoder's frames (CaptionStew 4.2): metrics.json "probes"
     probe_split: str = "train"  # the shard split the probes train on (its mixtures, the event clips they use); split scores them
-    probe_clips: int = 256  # at most this many clips per probe set and side: mixtures in shard order, event clips drawn with the seed
+    probe_clips: int = 1600  # at most this many clips per probe set and side: mixtures in shard order, event clips drawn with the seed
     probe_pooling: tuple[str, ...] = ("mean", "attention")  # clip probes: CaptionStew's mean and multi-head attention pooling
     probe_heads: int = 4  # attention pooling heads (CaptionStew does not give them)
-    probe_steps: int = 300  # AdamW steps per probe (batches of 256 clips or 4096 frames)
+    probe_steps: int = 3000  # AdamW steps per probe (batches of 256 clips or 4096 frames), enough to fit them
     probe_lr: float = 0.01
     caption_metrics: bool = True  # BLEU, ROUGE-L, CIDEr-D of the checkpoint's captioning decoder on split (skipped without one)
     benchmarks: dict = field(default_factory=dict)  # name -> {kind: desed|urbansed|..., paths}

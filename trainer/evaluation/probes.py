@@ -29,9 +29,10 @@ from torch import nn
 
 from trainer.evaluation.ranking import auroc
 
-PROBE_STEPS = 300
+PROBE_STEPS = 3000
 PROBE_LR = 1e-2
 PROBE_WEIGHT_DECAY = 1e-2
+FITTED_LOSS = 1e-4  # a probe whose batch loss falls below this has fitted its training set (the attention probes, within 300 steps)
 
 
 class AttentionPool(nn.Module):
@@ -78,7 +79,7 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
     Returns ``{"top1_accuracy": share of test clips whose best class is (one of) its label(s),
     "mean_average_precision": macro AP over the classes with a positive test clip, the clips ranked
     by the class's probability (softmax for single-label, sigmoid for multi-label),
-    "classes_scored", "train_clips", "test_clips", "final_train_loss", "pooling", "steps"}``.
+    "classes_scored", "train_clips", "test_clips", "final_train_loss", "pooling", "steps" (taken: at most ``steps``)}``.
     """
     if pooling not in ("mean", "attention"):
         raise ValueError(f"clip_probe: pooling must be 'mean' or 'attention', got {pooling!r}")
@@ -113,7 +114,7 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
             return head(pool(x[idx], v[idx]))
 
     loss_of = nn.functional.binary_cross_entropy_with_logits if multi_label else nn.functional.cross_entropy
-    final_loss = _fit(model, lambda idx: loss_of(logits("train", idx), y_train[idx]), len(x_train), steps,
+    final_loss, taken = _fit(model, lambda idx: loss_of(logits("train", idx), y_train[idx]), len(x_train), steps,
                       batch_size, lr, weight_decay, seed)
     with torch.no_grad():
         scores = torch.cat([logits("test", idx) for idx in torch.arange(len(x_test)).split(batch_size)])
@@ -125,7 +126,7 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
     ap, scored = mean_average_precision(scores, targets)
     return {"top1_accuracy": float(targets[np.arange(len(best)), best].mean()), "mean_average_precision": ap,
             "classes_scored": scored, "train_clips": len(x_train), "test_clips": len(x_test),
-            "final_train_loss": final_loss, "pooling": pooling, "steps": steps}
+            "final_train_loss": final_loss, "pooling": pooling, "steps": taken}
 
 
 def frame_probe(train_features, train_targets, test_features, test_targets, *, train_valid=None,
@@ -140,7 +141,7 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
     ``{"frame_auroc_macro": mean per-class AUROC over the valid test frames of the classes with
     both positive and negative frames, "classes_scored", "segment_f1": micro F1 over (segment,
     class) pairs at ``threshold``, "segment_f1_macro", "segment_precision", "segment_recall",
-    "train_frames", "test_frames", "final_train_loss", "steps"}``.
+    "train_frames", "test_frames", "final_train_loss", "steps" (taken: at most ``steps``)}``.
     """
     x_train, valid_train = _frames(train_features, train_valid)
     x_test, valid_test = _frames(test_features, test_valid)
@@ -153,7 +154,7 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
         torch.manual_seed(seed)
         head = nn.Linear(x_train.shape[-1], y_train.shape[-1])
     head = head.to(x_train.device)
-    final_loss = _fit(head, lambda idx: nn.functional.binary_cross_entropy_with_logits(head(frames_train[idx]), y_train[idx]),
+    final_loss, taken = _fit(head, lambda idx: nn.functional.binary_cross_entropy_with_logits(head(frames_train[idx]), y_train[idx]),
                       len(frames_train), steps, batch_frames, lr, weight_decay, seed)
     with torch.no_grad():
         probs = torch.cat([torch.sigmoid(head(x)) for x in x_test.split(max(1, batch_frames // x_test.shape[1]))])
@@ -163,7 +164,7 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
     return {"frame_auroc_macro": frame_auc, "classes_scored": scored,
             **segment_f1(probs >= threshold, targets, valid_test, segment_frames),
             "train_frames": len(frames_train), "test_frames": int(valid_test.sum()),
-            "final_train_loss": final_loss, "steps": steps}
+            "final_train_loss": final_loss, "steps": taken}
 
 
 def mean_average_precision(scores: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
@@ -235,17 +236,27 @@ def _standardiser(frames: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tens
 
 
 def _fit(model: nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int, steps: int,
-         batch_size: int, lr: float, weight_decay: float, seed: int) -> float:
-    """AdamW on ``batch_loss(indices)`` for ``steps`` steps; batches drawn without replacement
-    from ``n`` items by a generator seeded with ``seed`` (the whole set when ``n <= batch_size``).
-    Returns the last batch's loss."""
+         batch_size: int, lr: float, weight_decay: float, seed: int) -> tuple[float, int]:
+    """AdamW on ``batch_loss(indices)`` for at most ``steps`` steps; the batches walk through a
+    permutation of the ``n`` items drawn by a generator seeded with ``seed``, a new one for each
+    pass (the whole set each step when ``n <= batch_size``). A probe whose batch loss falls below
+    :data:`FITTED_LOSS` has fitted its training set and stops: more steps would only grow its
+    weights. Returns the last batch's loss and the steps taken."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     draw = torch.Generator().manual_seed(seed)
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
-        idx = torch.randperm(n, generator=draw)[:batch_size] if n > batch_size else torch.arange(n)
+    order, at = torch.arange(n), n
+    for step in range(1, steps + 1):
+        if n > batch_size:
+            if at + batch_size > n:
+                order, at = torch.randperm(n, generator=draw), 0
+            idx, at = order[at : at + batch_size], at + batch_size
+        else:
+            idx = order
         loss = batch_loss(idx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    return float(loss.detach())
+        if loss.item() < FITTED_LOSS:
+            return float(loss.detach()), step
+    return float(loss.detach()), steps

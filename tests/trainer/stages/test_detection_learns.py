@@ -109,7 +109,8 @@ def train_and_evaluate(params: Params, folder: Path, out: Path, lr: float = LR, 
     p = replace(p, train=replace(t, data=replace(t.data, batch_size=BATCH), optim=replace(t.optim, lr=lr, max_steps=steps, epochs=100)))
     train.run(p)
     p = replace(p, evaluate=replace(p.evaluate, checkpoint=str(out / "model" / "checkpoints" / "latest.pt"), shards=str(folder),
-                                    event_clips=str(event_clips) if event_clips else None, untrained=True, pictures=0, device="cpu", benchmarks={}, out_dir=str(out / "eval")))
+                                    event_clips=str(event_clips) if event_clips else None, untrained=True, pictures=0, device="cpu", benchmarks={}, out_dir=str(out / "eval"),
+                                    probe_steps=100))
     evaluate.run(p)
     return json.loads((out / "eval" / "metrics.json").read_text())["test"]
 
