@@ -9,6 +9,9 @@ segment AUROC, collar F1 at 0.5, zero-shot accuracy through the clip embedding a
 and the frozen encoder's frame probe (AUROC, 1 s segment F1), and writes ``<out>/psds_curve.csv``
 and ``<out>/psds_curve.png``.
 
+``--score-only`` scores the checkpoints an earlier run left in ``<out>/finelap`` again, without
+training (after a change to the evaluation protocol); the minutes are that run's.
+
 The learning-rate schedule spans all ``--epochs``, so an early row is a checkpoint in the middle
 of a longer schedule, not a shorter run of its own: it answers "how far does more training
 take this model", not "what is the best model for N minutes".
@@ -28,9 +31,13 @@ COLUMNS = ("epoch", "step", "train_min", "psds1", "psds1_astat0", "psds2", "auro
            "zero_shot_frame_accuracy", "probe_frame_auroc", "probe_segment_f1")
 
 
-def run(params, out: Path, epochs: int) -> list[dict]:
-    """Train for ``epochs`` into ``out/finelap`` and score each epoch's checkpoint; returns the rows
-    of :data:`COLUMNS` (``epoch`` 0 is the untrained model)."""
+class NoRunError(FileNotFoundError):
+    """``--score-only`` without the checkpoints of an earlier run; the message says what to run."""
+
+
+def run(params, out: Path, epochs: int, score_only: bool = False) -> list[dict]:
+    """Train for ``epochs`` into ``out/finelap`` (unless ``score_only``) and score each epoch's
+    checkpoint; returns the rows of :data:`COLUMNS` (``epoch`` 0 is the untrained model)."""
     from trainer.stages import evaluate, train
 
     out = Path(out)
@@ -38,7 +45,12 @@ def run(params, out: Path, epochs: int) -> list[dict]:
     run_dir = out / "finelap"
     params = replace(params, train=replace(t, optim=replace(t.optim, epochs=epochs, max_steps=0), out_dir=str(run_dir),
                                            keep_epoch_checkpoints=True, resume=False))
-    train.run(params)
+    if not score_only:
+        train.run(params)
+    missing = [f"epoch{epoch:03d}.pt" for epoch in range(1, epochs + 1) if not (run_dir / "checkpoints" / f"epoch{epoch:03d}.pt").is_file()]
+    if missing or not (run_dir / "valid_log.csv").is_file():
+        raise NoRunError(f"bench detection: {run_dir} holds no run of {epochs} epochs to score (missing {(missing or ['valid_log.csv'])[0]}); "
+                         f"run `sedsynth bench detection --epochs {epochs} --out {out}` without --score-only first")
     with (run_dir / "valid_log.csv").open() as f:
         log = {int(r["epoch"]): r for r in csv.DictReader(f)}
     scores: dict[int, dict] = {}

@@ -1,6 +1,6 @@
 """``sedsynth ablate``: the command around :mod:`trainer.ablations` (FineLAP's Table 5 variants).
 
-Input: the parsed ``args`` (variants, ``--queue``, ``--table``, ``--seed``) and the trainer's
+Input: the parsed ``args`` (variants, ``--queue``, ``--table``, ``--seed``, ``--score-only``) and the trainer's
 params. Output: each named variant trained and evaluated per seed (the train and evaluate
 stages, into ``<ablations.out_dir>/<variant>/seed<seed>/``), or the variants queued as DVC
 experiments, or the table written and printed; the exit status.
@@ -49,5 +49,9 @@ def main(args: argparse.Namespace, params) -> int:
 
     for variant in args.variant:
         for seed in seeds:
-            ablations.run_variant(params, variant, seed, train=train, evaluate=evaluate)
+            try:
+                ablations.run_variant(params, variant, seed, train=None if args.score_only else train, evaluate=evaluate)
+            except FileNotFoundError as e:
+                print(f"sedsynth {e}", file=sys.stderr)
+                return 1
     return 0

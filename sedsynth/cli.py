@@ -328,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "DVC experiments (else their folders): every variant, or full and the ones named")
     abl.add_argument("--seed", type=int, action="append", metavar="S",
                      help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
+    abl.add_argument("--score-only", action="store_true",
+                     help="evaluate the named variants' existing checkpoints again without training (after an evaluation change)")
     bench = sub.add_parser("bench", help="measure stage throughput against a peer measured in the same run",
                            description="Measure a stage's throughput against a peer measured in the same run; each benchmark "
                                        "takes its own flags (sedsynth bench BENCHMARK --help).")
@@ -373,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     detection = benchmark("detection", "PSDS1 against training minutes on the params' shards")
     detection.add_argument("--epochs", type=int, default=15, help="training epochs, one checkpoint scored per epoch (default 15)")
     detection.add_argument("--out", default="models/bench_detection", help="folder for the run, its scores and psds_curve.{csv,png}")
+    detection.add_argument("--score-only", action="store_true",
+                           help="score the epoch checkpoints of an earlier run in --out again, without training (after an evaluation change)")
     repeat(benchmark("llm-cache", "storing one LLM completion at 5,000 and 100,000 entries against rewriting the file"),
            "timed rewrites of the whole file, the peer; their mean is reported")
     scale = benchmark("scale", "every data stage at growing corpus sizes: wall, CPU, peak RSS and output bytes, growth ratios")

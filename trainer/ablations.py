@@ -230,13 +230,21 @@ def experiment_metrics(params: Params, repo: Path | str = ".") -> dict[str, dict
     return found
 
 
-def run_variant(params: Params, variant: str, seed: int, *, train: Callable[[Params], object], evaluate: Callable[[Params], dict]) -> dict:
+def run_variant(params: Params, variant: str, seed: int, *, train: Callable[[Params], object] | None,
+                evaluate: Callable[[Params], dict]) -> dict:
     """Train ``variant`` with ``seed`` into :func:`run_dir` and evaluate it, with the train and evaluate
     stages' ``run`` functions (the command passes them in: a stage sits above this module); returns
-    the evaluation's summary."""
+    the evaluation's summary. ``train`` None evaluates the checkpoint an earlier run left there
+    again (after a change to the evaluation); FileNotFoundError names the run to make when there is none."""
     p = variant_params(params, variant, seed)
-    print(f"ablate: {variant} ({VARIANTS[variant][0]}), seed {seed}: training into {p.train.out_dir}")
-    train(p)
+    if train is None:
+        if not Path(p.evaluate.checkpoint).is_file():
+            raise FileNotFoundError(f"ablate: {variant}, seed {seed}: no checkpoint {p.evaluate.checkpoint} to score again; "
+                                    f"train it with `sedsynth ablate {variant} --seed {seed}`")
+        print(f"ablate: {variant} ({VARIANTS[variant][0]}), seed {seed}: scoring {p.evaluate.checkpoint} again")
+    else:
+        print(f"ablate: {variant} ({VARIANTS[variant][0]}), seed {seed}: training into {p.train.out_dir}")
+        train(p)
     return evaluate(p)
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.detection import COLUMNS, run
+from benchmarks.detection import COLUMNS, NoRunError, run
 from tests.conftest import tiny_train_params
 
 
@@ -31,3 +31,14 @@ def test_every_epoch_is_scored_on_the_test_split(shard_folder, tmp_path):
     assert list(written[0]) == list(COLUMNS) and len(written) == 3
     assert float(written[2]["psds2"]) == pytest.approx(rows[2]["psds2"], abs=1e-4)
     assert (tmp_path / "bench" / "psds_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # --score-only scores the same checkpoints again without training: the same rows, the run's minutes
+    (tmp_path / "bench" / "psds_curve.csv").unlink()
+    before = {c: c.stat().st_mtime_ns for c in (tmp_path / "bench" / "finelap" / "checkpoints").glob("*.pt")}
+    again = run(p, tmp_path / "bench", epochs=2, score_only=True)
+    assert {c: c.stat().st_mtime_ns for c in (tmp_path / "bench" / "finelap" / "checkpoints").glob("*.pt")} == before
+    assert [r["train_min"] for r in again] == [r["train_min"] for r in rows]
+    assert [r["psds2"] for r in again] == pytest.approx([r["psds2"] for r in rows], abs=1e-6)
+    assert (tmp_path / "bench" / "psds_curve.csv").is_file()
+    with pytest.raises(NoRunError, match="without --score-only first"):
+        run(p, tmp_path / "bench", epochs=3, score_only=True)

@@ -6,6 +6,7 @@ No training here: runs are stood in for by fake ``metrics.json`` files.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -114,6 +115,19 @@ def test_a_variant_runs_the_stages_it_is_given_on_its_own_params():
                                     evaluate=lambda p: calls.append(("evaluate", p)) or {"test": {}})
     assert summary == {"test": {}} and [what for what, _ in calls] == ["train", "evaluate"]
     assert all(p == ablations.variant_params(Params(), "infonce", 1235) for _, p in calls)
+
+
+def test_score_only_evaluates_the_runs_checkpoint_and_names_the_run_to_make_without_one(tmp_path):
+    params = dataclasses.replace(Params(), ablations=dataclasses.replace(Params().ablations, out_dir=str(tmp_path)))
+    seen = []
+    with pytest.raises(FileNotFoundError, match="sedsynth ablate infonce --seed 1235"):
+        ablations.run_variant(params, "infonce", 1235, train=None, evaluate=seen.append)
+    assert seen == []
+    checkpoint = Path(ablations.variant_params(params, "infonce", 1235).evaluate.checkpoint)
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"weights")
+    ablations.run_variant(params, "infonce", 1235, train=None, evaluate=lambda p: seen.append(p) or {})
+    assert seen == [ablations.variant_params(params, "infonce", 1235)] and checkpoint.read_bytes() == b"weights"
 
 
 # --------------------------------------------------------------------------- the table: mean and range over seeds
