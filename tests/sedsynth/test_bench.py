@@ -17,7 +17,7 @@ FLAGS = {  # benchmark -> its flags and their defaults
     "mixing": {"rows": 200, "scaper_python": None},
     "train": {"rows": 200, "steps": 5, "preset": "default", "peak_tflops": None, "batch": None, "profile": False},
     "evaluate": {"clips": 10000},
-    "detection": {"epochs": 15, "out": "models/bench_detection"},
+    "detection": {"epochs": 15, "out": "models/bench_detection", "score_only": False},
     "llm-cache": {"repeat": 3},
     "scale": {"sizes": "1000,10000", "out": "bench-out/scale", "train": False, "stages": None, "keep": False},
 }
@@ -39,6 +39,7 @@ def test_every_benchmark_is_a_subcommand_with_only_its_own_flags():
     ("bench detection --epochs 11 --out models/bench_detection", {"epochs": 11, "out": "models/bench_detection"}),
     ("bench train --rows 8 --steps 1 --preset gpu --peak-tflops 989", {"rows": 8, "steps": 1, "preset": "gpu", "peak_tflops": 989.0}),
     ("bench train --preset gpu --batch 256 --profile", {"preset": "gpu", "batch": 256, "profile": True}),
+    ("bench detection --epochs 11 --score-only", {"epochs": 11, "score_only": True}),
 ])
 def test_a_benchmarks_flags_parse(argv, expected):
     args = vars(build_parser().parse_args(argv.split()))
