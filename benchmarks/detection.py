@@ -32,7 +32,8 @@ COLUMNS = ("epoch", "step", "train_min", "psds1", "psds1_astat0", "psds2", "auro
 
 
 class NoRunError(FileNotFoundError):
-    """``--score-only`` without the checkpoints of an earlier run; the message says what to run."""
+    """``--score-only`` without the checkpoints of an earlier run; the message says what to run
+    (the command prints it as one line, as it does every FileNotFoundError)."""
 
 
 def run(params, out: Path, epochs: int, score_only: bool = False) -> list[dict]:

@@ -161,13 +161,9 @@ def _evaluate(args: argparse.Namespace, params: Params) -> None:
 
 
 def _detection(args: argparse.Namespace, params: Params) -> None:
-    from benchmarks.detection import NoRunError, print_figures, run
+    from benchmarks.detection import print_figures, run
 
-    try:
-        rows = run(params, Path(args.out), args.epochs, score_only=args.score_only)
-    except NoRunError as e:
-        raise SystemExit(str(e)) from None
-    print_figures(rows)
+    print_figures(run(params, Path(args.out), args.epochs, score_only=args.score_only))
 
 
 def _llm_cache(args: argparse.Namespace, params: Params) -> None:

@@ -49,9 +49,5 @@ def main(args: argparse.Namespace, params) -> int:
 
     for variant in args.variant:
         for seed in seeds:
-            try:
-                ablations.run_variant(params, variant, seed, train=None if args.score_only else train, evaluate=evaluate)
-            except FileNotFoundError as e:
-                print(f"sedsynth {e}", file=sys.stderr)
-                return 1
+            ablations.run_variant(params, variant, seed, train=None if args.score_only else train, evaluate=evaluate)
     return 0

@@ -134,7 +134,7 @@ def read_sources(events_dir: Path, backgrounds_dir: Path, envelopes: bool = True
     fill = None if envelopes else WITHOUT_ENVELOPE
 
     def read(folder: Path, record_type: type) -> list:
-        names = [name for name in columns(record_type) if envelopes or name not in WITHOUT_ENVELOPE]
+        names = None if envelopes else [name for name in columns(record_type) if name not in WITHOUT_ENVELOPE]
         return from_table(read_parquet(folder / MANIFEST, names), record_type, fill)
 
     return read(events_dir, EventClip), read(backgrounds_dir, BackgroundSegment)
