@@ -116,6 +116,7 @@ def bench_step(params, model, items, steps: int, peak_override: float | None, pr
     t = params.train
     device = torch.device("cuda") if torch.cuda.is_available() and t.device != "cpu" else torch.device("cpu")
     objective = Objective(model, t.loss).to(device)
+    model.encoder.keep_residual_low_precision(t.bf16_residual)
     optimizer = optimizer_for(objective, t.optim)
     autocast = autocast_for(t.precision, device)
     b = t.data.batch_size
@@ -145,7 +146,7 @@ def bench_step(params, model, items, steps: int, peak_override: float | None, pr
     compile_s = 0.0
     if t.compile:
         t0 = time.perf_counter()
-        compile_model(model)
+        compile_model(model, t.compile_mode)
         step()
         step()  # a second call settles what the first one's shapes left to recompile
         if device.type == "cuda":

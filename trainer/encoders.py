@@ -55,6 +55,11 @@ class AudioEncoder(nn.Module):
     def input_samples(self, crop_s: float) -> int:
         return round(crop_s * self.sample_rate_hz)
 
+    def keep_residual_low_precision(self, on: bool = True) -> None:
+        """Store the residual stream in the autocast dtype; only the ViT encoders have one."""
+        if on:
+            raise EncoderError(f"train.bf16_residual applies to the ViT encoders (eat-*); {type(self).__name__} has no residual stream")
+
     def features(self, wave: torch.Tensor) -> torch.Tensor:
         """``(B, S)`` -> log-mel ``(B, T, F)`` in float32 even under autocast: bf16 would round the
         mel energies before the log (errors of 0.01 on the normalised scale) and lose Kaldi parity."""
@@ -121,16 +126,28 @@ class Mlp(nn.Module):
 
 
 class PostNormBlock(nn.Module):
-    """data2vec 2.0's block with ``layer_norm_first=False``: ``x = norm1(x + attn(x)); x = norm2(x + mlp(x))``."""
+    """data2vec 2.0's block with ``layer_norm_first=False``: ``x = norm1(x + attn(x)); x = norm2(x + mlp(x))``.
+
+    With ``low_precision_residual`` set and autocast on, the norms' outputs (the residual stream)
+    are stored in the autocast dtype; the norms still compute in float32. Off, autocast keeps the
+    stream in float32, which doubles the bytes every block reads and writes around its norms."""
+
+    low_precision_residual = False
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0, eps: float = 1e-6):
         super().__init__()
         self.attn, self.norm1 = Attention(dim, heads), nn.LayerNorm(dim, eps=eps)
         self.mlp, self.norm2 = Mlp(dim, int(dim * mlp_ratio)), nn.LayerNorm(dim, eps=eps)
 
+    def _stream(self, x: torch.Tensor) -> torch.Tensor:
+        kind = x.device.type
+        if self.low_precision_residual and torch.is_autocast_enabled(kind):
+            return x.to(torch.get_autocast_dtype(kind))
+        return x
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(x + self.attn(x))
-        return self.norm2(x + self.mlp(x))
+        x = self._stream(self.norm1(x + self.attn(x)))
+        return self._stream(self.norm2(x + self.mlp(x)))
 
 
 class EATEncoder(AudioEncoder):
@@ -157,7 +174,13 @@ class EATEncoder(AudioEncoder):
         x = self.pre_norm(x)
         for block in self.blocks:
             x = block(x)
+        x = x.float()
         return x[:, 0], x[:, 1:].reshape(b, L, fp, d)
+
+    def keep_residual_low_precision(self, on: bool = True) -> None:
+        """Store the blocks' residual stream in the autocast dtype (``train.bf16_residual``)."""
+        for block in self.blocks:
+            block.low_precision_residual = on
 
 
 def _init_vit(m: nn.Module) -> None:

@@ -141,15 +141,15 @@ class FineLAP(nn.Module):
         return out
 
 
-def compile_model(model: FineLAP) -> None:
-    """``torch.compile`` the modules that hold the step's FLOPs, in place: the audio encoder, the
-    text tower when it trains, and the frame adapter. The losses stay eager (their shapes and
-    host-side bookkeeping change from batch to batch)."""
-    model.encoder.compile()
+def compile_model(model: FineLAP, mode: str = "default") -> None:
+    """``torch.compile`` the modules that hold the step's FLOPs, in place, in torch.compile's
+    ``mode``: the audio encoder, the text tower when it trains, and the frame adapter. The losses
+    stay eager (their shapes and host-side bookkeeping change from batch to batch)."""
+    model.encoder.compile(mode=mode)
     if not model.text.frozen:
-        model.text.model.compile()
+        model.text.model.compile(mode=mode)
     if model.local is not None:
-        model.local.compile()
+        model.local.compile(mode=mode)
 
 
 def build_model(p) -> FineLAP:

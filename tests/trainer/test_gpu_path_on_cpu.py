@@ -87,6 +87,45 @@ def test_encoder_features_stay_float32_under_autocast():
     assert feats.dtype == torch.float32 and torch.equal(feats, reference)
 
 
+def test_bf16_residual_stores_the_stream_in_bf16_and_stays_close():
+    """``train.bf16_residual``: under autocast every block hands on a bf16 stream (the norms still
+    compute in float32), the encoder's outputs are float32 as before and within bf16 rounding of
+    the float32 stream's; without autocast it changes nothing; its gradients point the same way."""
+    torch.manual_seed(0)
+    enc = EATEncoder(dim=32, depth=2, heads=2, fbank=FbankParams(target_frames=128))
+    wave = torch.randn(2, enc.fbank.input_samples()) * 0.1
+    probe_cls, probe_dense = torch.randn(2, 32), torch.randn(2, 8, 8, 32)  # (B, D), (B, L, F, D)
+    streams = []
+    hook = enc.blocks[0].register_forward_hook(lambda m, i, o: streams.append(o.dtype))
+    runs, plain = [], []
+    for low in (False, True):
+        enc.keep_residual_low_precision(low)
+        enc.zero_grad()
+        with BF16():
+            cls, dense = enc(wave)
+        ((cls * probe_cls).sum() + (dense * probe_dense).sum()).backward()
+        runs.append((cls, dense, enc.patch_embed.weight.grad.clone()))
+        with torch.no_grad():
+            plain.append(enc(wave)[0])  # no autocast
+    hook.remove()
+    assert streams == [torch.float32, torch.float32, torch.bfloat16, torch.float32]
+    assert torch.equal(plain[0], plain[1])
+    (c0, d0, g0), (c1, d1, g1) = runs
+    assert c1.dtype == d1.dtype == torch.float32
+    assert not torch.equal(c1, c0)
+    assert torch.allclose(c1, c0, atol=0.05) and torch.allclose(d1, d0, atol=0.05)
+    assert torch.nn.functional.cosine_similarity(g1.flatten(), g0.flatten(), dim=0) > 0.99
+
+
+def test_bf16_residual_on_an_encoder_without_a_residual_stream_is_one_line():
+    from trainer.encoders import EncoderError, build_encoder
+
+    cnn = build_encoder("small")
+    cnn.keep_residual_low_precision(False)  # off: nothing to do
+    with pytest.raises(EncoderError, match=r"train.bf16_residual applies to the ViT encoders \(eat-\*\); SmallEncoder"):
+        cnn.keep_residual_low_precision(True)
+
+
 def test_bf16_losses_backward_and_step(tiny_bert):
     objective = tiny_objective(tiny_bert).train()
     batch = tiny_batch(objective)
@@ -179,3 +218,13 @@ def test_compile_model_compiles_the_modules_that_hold_the_flops(tiny_bert):
                      TextEncoder(tiny_bert, frozen=True), dim=8, adapter_ffn=16, adapter_heads=2)
     compile_model(frozen)
     assert frozen.encoder._compiled_call_impl is not None and frozen.text.model._compiled_call_impl is None
+
+
+def test_compile_model_passes_train_compile_mode(tiny_bert, monkeypatch):
+    from trainer.model import compile_model
+
+    model = tiny_objective(tiny_bert).model
+    modes = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: modes.append(kw))
+    compile_model(model, "max-autotune-no-cudagraphs")
+    assert modes == [{"mode": "max-autotune-no-cudagraphs"}] * 3

@@ -56,7 +56,8 @@ from trainer.precision import autocast_for
 
 # Settings that may change between a run and its resume without invalidating the checkpoint.
 RESUMABLE_CHANGES = ("resume", "out_dir", "log_every_steps", "checkpoint_every_steps", "optim.epochs", "optim.max_steps",
-                     "data.num_workers", "threads", "device", "compile")
+                     "data.num_workers", "threads", "device", "compile",
+                     "compile_mode")
 NO_SCORES: dict = {}  # the best held-out scores before any epoch
 LOWER_IS_BETTER = frozenset({"valid_loss", "valid_clip", "valid_frame"})  # held-out losses; other scores: higher is better
 
@@ -173,8 +174,9 @@ def set_up(params, world: distributed.World, out: Path) -> Setup:
     torch.manual_seed(params.seed)  # the same initial weights on every rank
     model = build_model(t.model)
     objective = Objective(model, t.loss).to(world.device)
+    model.encoder.keep_residual_low_precision(t.bf16_residual)
     if t.compile:
-        compile_model(model)
+        compile_model(model, t.compile_mode)
     stream = make_stream(params, model.encoder, t.data.sources, shuffle=True, rank=world.rank, world_size=world.size)
     vocabulary = None
     if objective.captioner is not None and t.model.caption_decoder.vocabulary == CAPTION_VOCABULARY:
