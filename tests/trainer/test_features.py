@@ -99,3 +99,34 @@ def test_fbank_matches_torchaudio_kaldi():
     difference = float((ours - ref).abs().max())
     print(f"fbank vs torchaudio {torchaudio.__version__} kaldi.fbank: max |difference| {difference:.1e} (normalised features)")
     assert difference < 1e-3
+
+
+def _plain_fbank(fbank: Fbank, wave: torch.Tensor) -> torch.Tensor:
+    """Kaldi's steps one after another on every frame, as written before the padded FFT buffer."""
+    p = fbank.params
+    x = wave.float()
+    if p.remove_mean:
+        x = x - x.mean(dim=-1, keepdim=True)
+    frames = x.unfold(-1, p.window_samples, p.shift_samples)
+    frames = frames - frames.mean(dim=-1, keepdim=True)
+    if p.preemphasis:
+        emphasized = frames.clone()
+        emphasized[..., 1:] -= p.preemphasis * frames[..., :-1]
+        emphasized[..., 0] -= p.preemphasis * frames[..., 0]
+        frames = emphasized
+    spectrum = torch.view_as_real(torch.fft.rfft(frames * fbank.window, n=p.fft_size)).pow(2).sum(-1)
+    out = torch.clamp(torch.matmul(spectrum, fbank.banks.T), min=torch.finfo(torch.float32).eps).log()
+    missing = p.target_frames - out.shape[1]
+    out = torch.nn.functional.pad(out, (0, 0, 0, missing)) if missing > 0 else out[:, : p.target_frames]
+    return (out - p.norm_mean) / (p.norm_std * 2)
+
+
+@pytest.mark.parametrize("params", [FbankParams(num_mel_bins=64), FbankParams(),
+                                    FbankParams(window="povey", preemphasis=0.0, remove_mean=False, num_mel_bins=80)],
+                         ids=["small", "eat", "povey-no-preemphasis"])
+def test_fbank_is_bit_for_bit_the_plain_formulation(params):
+    """The padded-buffer FFT changes the speed, not one bit of the features (training depends on them)."""
+    fbank = Fbank(params)
+    for samples, seed in ((fbank.input_samples(), 0), (3 * params.sample_rate_hz + 17, 1), (params.window_samples, 2)):
+        wave = torch.randn(3, samples, generator=torch.Generator().manual_seed(seed)) * 0.3
+        assert torch.equal(fbank(wave), _plain_fbank(fbank, wave)), samples
