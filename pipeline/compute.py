@@ -22,6 +22,7 @@ import asyncio
 import importlib
 import logging
 import os
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -93,6 +94,7 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
                                "compute.scheduler: local") from None
         with client:
             _check_kernels(client, compute.scheduler)
+            _warn_slow_settings(client, compute.scheduler)
             yield client
 
 
@@ -141,6 +143,31 @@ def _check_kernels(client, scheduler: str) -> None:
         worker, kernels = next(iter(off.items()))
         who = f"{len(off)} of its dask workers (e.g. {worker}) use"
         raise ComputeError(f"compute.scheduler {scheduler}: {_kernels_differ(who, kernels, here)}")
+
+
+WORKER_CONFIG = "configs/dask-worker.yaml"  # the settings below, for `dask worker` (DASK_CONFIG)
+
+
+def worker_settings() -> dict[str, object]:
+    """This process's settings that slow a stage's work down (:func:`_warn_slow_settings`)."""
+    import dask
+
+    return {"MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            "distributed.worker.profile.enabled": dask.config.get("distributed.worker.profile.enabled", True)}
+
+
+def _warn_slow_settings(client, scheduler: str) -> None:
+    """One line on stderr where the workers of a remote cluster run as dask starts them by default:
+    their nanny sets MALLOC_TRIM_THRESHOLD_ (glibc then maps and unmaps every large temporary
+    afresh) and the statistical profiler takes the GIL every 10 ms. The corpus stage ran 1.7x
+    slower on such workers (Benchmarks); the bytes are the same."""
+    slow = {w: [k for k, v in got.items() if v not in (None, False)] for w, got in client.run(worker_settings).items()}
+    slow = {w: found for w, found in slow.items() if found}
+    if slow:
+        worker, found = next(iter(slow.items()))
+        print(f"compute.scheduler {scheduler}: {len(slow)} of its dask workers (e.g. {worker}) run with {' and '.join(found)} "
+              f"set, which made stages up to 1.7x slower; start them with DASK_CONFIG={WORKER_CONFIG} (a file in this project)",
+              file=sys.stderr)
 
 
 @contextmanager

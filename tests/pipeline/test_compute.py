@@ -121,3 +121,49 @@ def test_workers_with_the_same_kernels_run_a_remote_map(monkeypatch) -> None:
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         compute = ComputeParams(scheduler=cluster.scheduler_address, workers=1, chunk_size=2)
         assert map_ordered(_square, range(5), compute, "test") == [0, 1, 4, 9, 16]
+
+
+@pytest.mark.parametrize("trim, profile, expected", [
+    ("65536", True, "run with MALLOC_TRIM_THRESHOLD_ and distributed.worker.profile.enabled set"),
+    (None, True, "run with distributed.worker.profile.enabled set"),
+    (None, False, None),
+])
+def test_remote_workers_with_dask_defaults_are_named_once(monkeypatch, capsys, trim, profile, expected) -> None:
+    """A cluster you start yourself gets dask's defaults unless told otherwise; the stage says so in
+    one line, names the fix, and runs on (the bytes are the same, only slower)."""
+    import dask
+    from distributed import LocalCluster
+
+    if trim is None:
+        monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    else:
+        monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", trim)  # in-process workers share this environment
+    with dask.config.set({"distributed.worker.profile.enabled": profile}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        compute = ComputeParams(scheduler=cluster.scheduler_address, workers=1, chunk_size=2)
+        assert map_ordered(_square, range(3), compute, "test") == [0, 1, 4]
+    lines = [line for line in capsys.readouterr().err.splitlines() if "dask workers" in line]
+    if expected is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and expected in lines[0] and "DASK_CONFIG=configs/dask-worker.yaml" in lines[0]
+
+
+def test_the_worker_config_file_unsets_what_slows_workers() -> None:
+    """configs/dask-worker.yaml, read as `DASK_CONFIG=configs/dask-worker.yaml dask worker ...` reads
+    it, turns both off and keeps the nanny's other settings."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from pipeline.compute import WORKER_CONFIG
+
+    code = ("import dask, json, distributed; from distributed.nanny import _get_env_variables; "
+            "print(json.dumps([dask.config.get('distributed.worker.profile.enabled'), "
+            "_get_env_variables('distributed.nanny.pre-spawn-environ')]))")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+    env["DASK_CONFIG"] = str(Path(__file__).parents[2] / WORKER_CONFIG)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    profile, spawn_env = json.loads(out)
+    assert profile is False
+    assert "MALLOC_TRIM_THRESHOLD_" not in spawn_env and spawn_env["OMP_NUM_THREADS"] == "1"
