@@ -35,6 +35,9 @@ from trainer.data.sources import _fs, list_parquet
 META_COLUMNS = ["id", "duration_s", "caption", "phrases"]
 
 
+AUDIO_BATCH_ROWS = 32  # rows :meth:`ShardSplit.audio` converts to Python at a time
+
+
 @dataclass(frozen=True)
 class ShardSplit:
     files: tuple[str, ...]
@@ -62,18 +65,18 @@ class ShardSplit:
         return {i: sorted((s["start_s"], s["end_s"], p["label"]) for p in self.phrases[i] for s in p["segments"]) for i in self.ids}
 
     def audio(self) -> Iterator[tuple[str, bytes]]:
-        """``(id, encoded bytes)`` in :attr:`ids` order, one row group in memory at a time."""
+        """``(id, encoded bytes)`` in :attr:`ids` order, :data:`AUDIO_BATCH_ROWS` rows in memory at a
+        time (a row group of the hub's size holds 100-300 MB of audio)."""
         for path, kept in zip(self.files, self.kept or [None] * len(self.files)):
             fs, root = _fs(path)
             with fs.open(root, "rb") as f:
                 pf = pq.ParquetFile(f)
-                first = 0
-                for g in range(pf.num_row_groups):
-                    table = pf.read_row_group(g, columns=["id", "audio"])
-                    for k, (i, a) in enumerate(zip(table.column("id").to_pylist(), table.column("audio").to_pylist()), first):
+                k = 0
+                for batch in pf.iter_batches(batch_size=AUDIO_BATCH_ROWS, columns=["id", "audio"]):
+                    for i, a in zip(batch.column("id").to_pylist(), batch.column("audio").to_pylist()):
                         if kept is None or k in kept:
                             yield i, a["bytes"]
-                    first += table.num_rows
+                        k += 1
 
 
 def rows_without_audio(pf: pq.ParquetFile) -> set[int]:

@@ -60,6 +60,19 @@ def test_bad_rows_are_left_out_named_and_counted(copy: Path, capsys) -> None:
     assert [(s.item_id, s.path, s.reason) for s in split.skips] == [(rows[k]["id"], str(path), "malformed-row") for k in range(4)]
 
 
+@pytest.mark.parametrize("batch_rows", [1, 2, 3, 64])
+def test_audio_in_small_batches_across_row_groups_stays_aligned(copy: Path, monkeypatch, batch_rows: int) -> None:
+    """The audio is read a few rows at a time (a hub-size row group holds 100-300 MB); batches that
+    straddle row groups and skipped rows leave every id with its own bytes."""
+    import trainer.evaluation.testset as testset
+
+    [entry] = entries(copy, "test")
+    rows = rewrite(copy / entry["path"], lambda rows: rows[1].update(audio=None), row_group_size=2)
+    monkeypatch.setattr(testset, "AUDIO_BATCH_ROWS", batch_rows)
+    split = read_split(str(copy), "test")
+    assert list(split.audio()) == [(r["id"], r["audio"]["bytes"]) for k, r in enumerate(rows) if k != 1]
+
+
 def test_a_shard_with_wrong_column_types_is_left_out_with_one_line(copy: Path, capsys) -> None:
     first, second = entries(copy, "valid")
     path = copy / first["path"]
