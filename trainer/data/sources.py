@@ -224,18 +224,20 @@ class ParquetSource:
                 raise SourceError(f"train: cannot read row group {piece.row_group} of {piece.file} ({_first_line(e)}); re-create it "
                                   "(sedsynth shards, or download it again) or remove it and its index.json entry, then rerun "
                                   "(training resumes from latest.pt)") from None
-            rows = table.to_pylist()
-            first = self._first_row[key]
-            several = self.params.caption_columns != ("caption",)  # a caption corpus's columns: one is drawn per row and epoch
-            for i, r in enumerate(rows):
-                r.setdefault("id", f"{piece.file}#{piece.row_group}:{i}")
-                cell = r["audio"] if "audio" in r else r.pop(self.params.audio_column, None)
-                r["audio"] = {"bytes": cell.get("bytes")} if isinstance(cell, dict) else None
-                r["_from"] = (piece.file, first + i)
-                if several:
-                    r["captions"] = [r[c] for c in self.params.caption_columns if isinstance(r.get(c), str) and r[c].strip()]
-            self._cached = (key, rows)
-        return self._cached[1][piece.start:piece.stop]
+            self._cached = (key, table)  # Arrow's buffers: only a piece's rows become Python objects
+        table = self._cached[1]
+        start = min(piece.start, table.num_rows)
+        rows = table.slice(start, max(0, piece.stop - start)).to_pylist()
+        first = self._first_row[key]  # the row group's first row in the file
+        several = self.params.caption_columns != ("caption",)  # a caption corpus's columns: one is drawn per row and epoch
+        for i, r in enumerate(rows, start):
+            r.setdefault("id", f"{piece.file}#{piece.row_group}:{i}")
+            cell = r["audio"] if "audio" in r else r.pop(self.params.audio_column, None)
+            r["audio"] = {"bytes": cell.get("bytes")} if isinstance(cell, dict) else None
+            r["_from"] = (piece.file, first + i)
+            if several:
+                r["captions"] = [r[c] for c in self.params.caption_columns if isinstance(r.get(c), str) and r[c].strip()]
+        return rows
 
     def texts(self) -> list[str]:
         """Every caption (of ``caption`` and the caption columns) and phrase of the readable files,
