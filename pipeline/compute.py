@@ -25,6 +25,7 @@ import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import dask
@@ -145,7 +146,7 @@ def _check_kernels(client, scheduler: str) -> None:
         raise ComputeError(f"compute.scheduler {scheduler}: {_kernels_differ(who, kernels, here)}")
 
 
-WORKER_CONFIG = "configs/dask-worker.yaml"  # the settings below, for `dask worker` (DASK_CONFIG)
+WORKER_CONFIG = "configs/dask-worker.yaml"  # the settings below, for `dask worker` (DASK_CONFIG), in the checkout
 
 
 def worker_settings() -> dict[str, object]:
@@ -161,12 +162,14 @@ def _warn_slow_settings(client, scheduler: str) -> None:
     their nanny sets MALLOC_TRIM_THRESHOLD_ (glibc then maps and unmaps every large temporary
     afresh) and the statistical profiler takes the GIL every 10 ms. The corpus stage ran 1.7x
     slower on such workers (Benchmarks); the bytes are the same."""
-    slow = {w: [k for k, v in got.items() if v not in (None, False)] for w, got in client.run(worker_settings).items()}
+    answers = client.run(worker_settings, on_error="return")  # a worker that fails to answer is no reason to stop
+    slow = {w: [k for k, v in got.items() if v not in (None, False)] for w, got in answers.items() if isinstance(got, dict)}
     slow = {w: found for w, found in slow.items() if found}
     if slow:
         worker, found = next(iter(slow.items()))
+        config = Path(__file__).resolve().parents[1] / WORKER_CONFIG
         print(f"compute.scheduler {scheduler}: {len(slow)} of its dask workers (e.g. {worker}) run with {' and '.join(found)} "
-              f"set, which made stages up to 1.7x slower; start them with DASK_CONFIG={WORKER_CONFIG} (a file in this project)",
+              f"set, which made stages up to 1.7x slower; start them with DASK_CONFIG={config if config.is_file() else WORKER_CONFIG}",
               file=sys.stderr)
 
 

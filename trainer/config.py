@@ -176,8 +176,8 @@ class TrainParams:
     device: str = "auto"  # auto (cuda when present), cpu, cuda, cuda:1
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False  # torch.compile the audio encoder, the text tower when it trains, and the frame adapter
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"  # torch.compile's mode
-    bf16_residual: bool = False  # under bf16: the ViT encoder's residual stream is stored in bf16 (its LayerNorms compute in fp32)
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"  # torch.compile's mode (CUDA graphs are not offered: the losses stay eager)
+    bf16_residual: bool = False  # under bf16: the ViT encoder's residual stream is stored in bf16 (its LayerNorms compute in fp32); no effect in fp32
     threads: int = 0  # CPU threads for torch; 0 leaves torch's default
     log_every_steps: int = 2  # not a paper setting (configs/train/finelap.yaml: 50)
     checkpoint_every_steps: int = 0  # >0: also save latest.pt mid-epoch (a resume skips the batches done)

@@ -58,7 +58,7 @@ class AudioEncoder(nn.Module):
     def keep_residual_low_precision(self, on: bool = True) -> None:
         """Store the residual stream in the autocast dtype; only the ViT encoders have one."""
         if on:
-            raise EncoderError(f"train.bf16_residual applies to the ViT encoders (eat-*); {type(self).__name__} has no residual stream")
+            raise EncoderError(f"train.bf16_residual applies to the ViT encoders (eat-base, tiny-vit); {type(self).__name__} has no residual stream")
 
     def features(self, wave: torch.Tensor) -> torch.Tensor:
         """``(B, S)`` -> log-mel ``(B, T, F)`` in float32 even under autocast: bf16 would round the

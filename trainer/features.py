@@ -100,14 +100,15 @@ class Fbank(nn.Module):
             x = x - x.mean(dim=-1, keepdim=True)
         frames = x.unfold(-1, p.window_samples, p.shift_samples)  # (B, T, W)
         frames = frames - frames.mean(dim=-1, keepdim=True)
-        # each frame is written once, into its zero-padded FFT buffer: torch's rfft of a padded,
-        # contiguous input is 5x faster than its own padding (rfft(frames, n=fft_size)), and the
-        # arithmetic per sample is the same, so the features are bit for bit what they were
+        # each frame goes once into its zero-padded FFT buffer: torch's rfft of a padded, contiguous
+        # input is 5x faster than its own padding (rfft(frames, n=fft_size)), and the arithmetic per
+        # sample is the same, so eager features are bit for bit what they were (plain assignments,
+        # not out= into a strided view, which torch.compile would break its graph at)
         w = p.window_samples
         padded = frames.new_zeros(*frames.shape[:-1], p.fft_size)
         if p.preemphasis:
-            torch.sub(frames[..., 1:], p.preemphasis * frames[..., :-1], out=padded[..., 1:w])
-            torch.sub(frames[..., :1], p.preemphasis * frames[..., :1], out=padded[..., :1])
+            padded[..., 1:w] = frames[..., 1:] - p.preemphasis * frames[..., :-1]
+            padded[..., :1] = frames[..., :1] - p.preemphasis * frames[..., :1]
         else:
             padded[..., :w] = frames
         padded[..., :w] *= self.window

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,7 +147,8 @@ def test_remote_workers_with_dask_defaults_are_named_once(monkeypatch, capsys, t
     if expected is None:
         assert lines == []
     else:
-        assert len(lines) == 1 and expected in lines[0] and "DASK_CONFIG=configs/dask-worker.yaml" in lines[0]
+        config = Path(__file__).resolve().parents[2] / "configs" / "dask-worker.yaml"
+        assert len(lines) == 1 and expected in lines[0] and f"DASK_CONFIG={config}" in lines[0]
 
 
 def test_the_worker_config_file_unsets_what_slows_workers() -> None:
@@ -154,14 +156,13 @@ def test_the_worker_config_file_unsets_what_slows_workers() -> None:
     it, turns both off and keeps the nanny's other settings."""
     import json
     import subprocess
-    from pathlib import Path
 
     from pipeline.compute import WORKER_CONFIG
 
     code = ("import dask, json, distributed; from distributed.nanny import _get_env_variables; "
             "print(json.dumps([dask.config.get('distributed.worker.profile.enabled'), "
             "_get_env_variables('distributed.nanny.pre-spawn-environ')]))")
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS")}
     env["DASK_CONFIG"] = str(Path(__file__).parents[2] / WORKER_CONFIG)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     profile, spawn_env = json.loads(out)

@@ -122,11 +122,19 @@ def _plain_fbank(fbank: Fbank, wave: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("params", [FbankParams(num_mel_bins=64), FbankParams(),
-                                    FbankParams(window="povey", preemphasis=0.0, remove_mean=False, num_mel_bins=80)],
-                         ids=["small", "eat", "povey-no-preemphasis"])
+                                    FbankParams(window="povey", preemphasis=0.0, remove_mean=False, num_mel_bins=80),
+                                    FbankParams(frame_length_ms=32.0)],
+                         ids=["small", "eat", "povey-no-preemphasis", "window-is-the-fft"])
 def test_fbank_is_bit_for_bit_the_plain_formulation(params):
-    """The padded-buffer FFT changes the speed, not one bit of the features (training depends on them)."""
+    """The padded-buffer FFT changes the speed, not one bit of the (eager) features training depends on."""
     fbank = Fbank(params)
     for samples, seed in ((fbank.input_samples(), 0), (3 * params.sample_rate_hz + 17, 1), (params.window_samples, 2)):
         wave = torch.randn(3, samples, generator=torch.Generator().manual_seed(seed)) * 0.3
         assert torch.equal(fbank(wave), _plain_fbank(fbank, wave)), samples
+
+
+def test_fbank_compiles_as_one_graph():
+    """``train.compile`` traces the fbank inside the encoder: no op in it may break the graph
+    (an ``out=`` into a strided view did)."""
+    explanation = torch._dynamo.explain(Fbank(FbankParams(target_frames=16)))(torch.randn(2, 4000))
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons

@@ -122,7 +122,7 @@ def test_bf16_residual_on_an_encoder_without_a_residual_stream_is_one_line():
 
     cnn = build_encoder("small")
     cnn.keep_residual_low_precision(False)  # off: nothing to do
-    with pytest.raises(EncoderError, match=r"train.bf16_residual applies to the ViT encoders \(eat-\*\); SmallEncoder"):
+    with pytest.raises(EncoderError, match=r"train.bf16_residual applies to the ViT encoders \(eat-base, tiny-vit\); SmallEncoder"):
         cnn.keep_residual_low_precision(True)
 
 

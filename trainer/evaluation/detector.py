@@ -68,6 +68,7 @@ class Detector:
         self.model, self.train_params = objective.model, train
         self.autocast = autocast_for(train.precision, self.device)
         enc = self.model.encoder
+        enc.keep_residual_low_precision(train.bf16_residual)  # scored with the stream it was trained with
         self.sample_rate_hz = enc.sample_rate_hz
         self.window_samples = enc.input_samples(train.data.crop_s)
         self.column_samples = enc.time_stride_frames * enc.fbank.params.shift_samples

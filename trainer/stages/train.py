@@ -56,8 +56,7 @@ from trainer.precision import autocast_for
 
 # Settings that may change between a run and its resume without invalidating the checkpoint.
 RESUMABLE_CHANGES = ("resume", "out_dir", "log_every_steps", "checkpoint_every_steps", "optim.epochs", "optim.max_steps",
-                     "data.num_workers", "threads", "device", "compile",
-                     "compile_mode")
+                     "data.num_workers", "threads", "device", "compile")  # compile_mode too
 NO_SCORES: dict = {}  # the best held-out scores before any epoch
 LOWER_IS_BETTER = frozenset({"valid_loss", "valid_clip", "valid_frame"})  # held-out losses; other scores: higher is better
 
@@ -527,6 +526,10 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def compatible(saved: dict, current: dict) -> list[str]:
-    """Config keys that differ between a checkpoint and this run (beyond the resumable ones)."""
+    """Config keys that differ between a checkpoint and this run (beyond the resumable ones). A
+    setting the checkpoint predates counts as its default (``train.bf16_residual: false`` resumes a
+    checkpoint written before the setting existed; ``true`` does not)."""
     a, b = _flat(saved), _flat(current)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not k.removeprefix("train.").startswith(RESUMABLE_CHANGES))
+    defaults = _flat({"train": dataclasses.asdict(TrainParams())})
+    return sorted(k for k in set(a) | set(b)
+                  if a.get(k, defaults.get(k)) != b.get(k) and not k.removeprefix("train.").startswith(RESUMABLE_CHANGES))

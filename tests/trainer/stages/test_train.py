@@ -165,6 +165,18 @@ def test_compatible_ignores_resumable_keys_only():
         "train.loss.frame_chunk_clips"]
 
 
+
+def test_a_checkpoint_older_than_a_setting_resumes_at_its_default():
+    from trainer.config import Params
+
+    base = Params()
+    older = config_of(base)
+    del older["train"]["bf16_residual"], older["train"]["compile_mode"]  # written before the settings existed
+    assert compatible(older, config_of(base)) == []
+    assert compatible(older, config_of(replace(base, train=replace(base.train, compile_mode="max-autotune-no-cudagraphs")))) == []
+    assert compatible(older, config_of(replace(base, train=replace(base.train, bf16_residual=True)))) == ["train.bf16_residual"]
+
+
 def _resume_from(p, saved: dict, tmp_path, capsys) -> tuple:
     """Save ``saved`` as a checkpoint, resume from it with ``p``'s settings (asserting that it does); returns the position."""
     old = tmp_path / "latest.pt"
