@@ -142,7 +142,7 @@ class ParquetSource:
         self.fs, root = _fs(params.path)
         self.root = root.rstrip("/")  # the folder (or the one file) the files are listed under
         self.files = list_parquet(params.path, params.split)
-        self._cached: tuple[tuple[str, int], list[dict]] | None = None
+        self._cached: tuple[tuple[str, int], "pa.Table"] | None = None  # the last row group read, as Arrow
         self._row_groups: list[tuple[str, int, int]] | None = None
         self._first_row: dict[tuple[str, int], int] = {}  # (file, row group) -> its first row's position in the file
         self.skips: list[Skip] = []
