@@ -151,8 +151,6 @@ WORKER_CONFIG = "configs/dask-worker.yaml"  # the settings below, for `dask work
 
 def worker_settings() -> dict[str, object]:
     """This process's settings that slow a stage's work down (:func:`_warn_slow_settings`)."""
-    import dask
-
     return {"MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
             "distributed.worker.profile.enabled": dask.config.get("distributed.worker.profile.enabled", True)}
 

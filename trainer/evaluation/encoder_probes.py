@@ -108,21 +108,13 @@ def encoder_frames(det: Detector, waves: Iterable[np.ndarray]) -> list[np.ndarra
     return out
 
 
-def padded(frames: list[np.ndarray], consume: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Per-clip frames ``(L_i, D)`` -> ``(N, T, D)`` zero-padded to the longest and valid ``(N, T)``.
-    ``consume``: empty the list as its frames are copied (``frames`` ends up ``[]``), so the
-    padded copy is never held beside the whole list (a GB each for 1,600 mixtures)."""
+def padded(frames: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-clip frames ``(L_i, D)`` -> ``(N, T, D)`` zero-padded to the longest and valid ``(N, T)``."""
     t = max(len(f) for f in frames)
-    n = len(frames)
-    x = np.zeros((n, t, frames[0].shape[1]), np.float32)
-    valid = np.zeros((n, t), bool)
-    for i in range(n):
-        f = frames[i]
+    x = np.zeros((len(frames), t, frames[0].shape[1]), np.float32)
+    valid = np.zeros((len(frames), t), bool)
+    for i, f in enumerate(frames):
         x[i, :len(f)], valid[i, :len(f)] = f, True
-        if consume:
-            frames[i] = None
-    if consume:
-        frames.clear()
     return x, valid
 
 
@@ -236,9 +228,9 @@ def run_probes(det: Detector, data: ProbeData, e, seed: int) -> dict:
     else:
         classes = data.test_split.classes
         min_overlap = det.train_params.data.min_label_overlap
+        (xa, va), (xb, vb) = on(det, padded(train_x)), on(det, padded(test_x))
         ya = frame_targets(det, data.train_split, train_ids, train_x, classes, min_overlap)
         yb = frame_targets(det, data.test_split, test_ids, test_x, classes, min_overlap)
-        (xa, va), (xb, vb) = on(det, padded(train_x, consume=True)), on(det, padded(test_x, consume=True))
         segment_frames = max(1, round(e.segment_s / det.column_s))
         with one_cpu_thread(det.device):
             found = frame_probe(xa, ya, xb, yb, train_valid=va, test_valid=vb, segment_frames=segment_frames, **settings)

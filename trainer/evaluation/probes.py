@@ -147,9 +147,8 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
     x_test, valid_test = _frames(test_features, test_valid)
     y_train = _tensor(train_targets, x_train.device).float()[valid_train]  # (M, C)
     y_test = _tensor(test_targets, "cpu").bool()  # (N, T, C)
-    frames_train = x_train[valid_train]  # (M, D), a copy: standardised in place, so no second one is made
-    mean, std = _moments(frames_train)
-    frames_train.sub_(mean).div_(std)
+    mean, std = _standardiser(x_train, valid_train)
+    frames_train = ((x_train - mean) / std)[valid_train]  # (M, D)
     x_test = (x_test - mean) / std
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -232,11 +231,7 @@ def _frames(features, valid) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _standardiser(frames: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-dimension mean and standard deviation ``(D,)`` over the valid frames of the train split."""
-    return _moments(frames[valid])
-
-
-def _moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-dimension mean and standard deviation (floored at 1e-6) of frames ``(M, D)``."""
+    x = frames[valid]  # (M, D)
     return x.mean(0), x.std(0, correction=0).clamp_min(1e-6)
 
 
