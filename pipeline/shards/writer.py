@@ -42,13 +42,27 @@ def plan_chunks(sizes: list[int], limit_bytes: float) -> list[tuple[int, int]]:
     return out
 
 
-def column_compression(schema, codec: str) -> dict[str, str]:
-    """Per-column codecs: ``codec`` for every column but the FLAC bytes, which do not compress."""
+AUDIO_BYTES = "audio.bytes"  # the Parquet column path of the encoded audio
+
+
+def column_paths(schema) -> list[str]:
+    """The Parquet column paths (``audio.bytes``, ``phrases.list.element.phrase``, ...) of an Arrow schema."""
     buf = io.BytesIO()
     pq.write_table(schema.empty_table(), buf)
     meta = pq.read_metadata(io.BytesIO(buf.getvalue())).schema
-    paths = [meta.column(i).path for i in range(len(meta))]
-    return {path: ("none" if path == "audio.bytes" else codec) for path in paths}
+    return [meta.column(i).path for i in range(len(meta))]
+
+
+def column_compression(schema, codec: str) -> dict[str, str]:
+    """Per-column codecs: ``codec`` for every column but the FLAC bytes, which do not compress."""
+    return {path: ("none" if path == AUDIO_BYTES else codec) for path in column_paths(schema)}
+
+
+def dictionary_columns(schema) -> list[str]:
+    """The columns written with a dictionary: every one but the FLAC bytes. Each clip's bytes are
+    unique, so a dictionary saves nothing there, and a reader would decode a row group's whole
+    dictionary page (its audio) before the first row: ten times slower than plain pages."""
+    return [path for path in column_paths(schema) if path != AUDIO_BYTES]
 
 
 def audio_column(files: Sequence[Path], sizes: Sequence[int], names: Sequence[str], audio_type: pa.StructType) -> pa.Array:
@@ -91,7 +105,7 @@ def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, S
             # records are non-nullable; the cast gives the nullable fields datasets writes
             return to_table([row_of(item) for item in items], ShardRow).cast(schema)
 
-    codecs = column_compression(schema, compression)
+    codecs, dictionary = column_compression(schema, compression), dictionary_columns(schema)
     files = []
     (staging / DATA).mkdir(exist_ok=True)
     total = sum(len(items) for items in items_by_split.values())
@@ -102,7 +116,7 @@ def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, S
             for i, (a, b) in enumerate(shards):
                 name = shard_name(split, i, len(shards))
                 groups = [(a + x, a + y) for x, y in plan_chunks(sizes[a:b], row_group_size_mb * MB)]
-                with pq.ParquetWriter(staging / name, schema, compression=codecs) as writer:
+                with pq.ParquetWriter(staging / name, schema, compression=codecs, use_dictionary=dictionary) as writer:
                     for x, y in groups:
                         writer.write_table(table_of(items[x:y]), row_group_size=y - x)
                         bar.update(y - x)

@@ -119,6 +119,11 @@ def test_shards_and_row_groups_follow_the_size_params(dataset) -> None:
         assert f["path"] == f"data/train-{i:05d}-of-{len(train):05d}.parquet"
         meta = pq.read_metadata(tmp / "dataset" / f["path"])
         assert meta.num_rows == f["num_rows"] and meta.num_row_groups == f["num_row_groups"]
+        for g in range(meta.num_row_groups):  # the FLAC bytes: plain pages, no codec, no dictionary to decode first
+            columns = {meta.row_group(g).column(c).path_in_schema: meta.row_group(g).column(c) for c in range(meta.num_columns)}
+            audio = columns["audio.bytes"]
+            assert audio.compression == "UNCOMPRESSED" and not audio.has_dictionary_page and "RLE_DICTIONARY" not in audio.encodings
+            assert columns["audio.path"].has_dictionary_page  # the other columns keep theirs
     assert any(f["num_row_groups"] > 1 for f in train)
     assert sum(f["num_rows"] for f in train) == index["splits"]["train"]["num_rows"] == 20
 
