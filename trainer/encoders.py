@@ -2,7 +2,9 @@
 
 Contract of every encoder: ``forward(wave)`` takes ``(B, input_samples)`` float audio at
 ``sample_rate_hz`` and returns ``(cls (B, D), dense (B, L, F, D))``: one clip token and a grid of
-L time columns by F frequency rows. ``frame_spans_s()`` gives each time column's extent
+L time columns by F frequency rows. ``forward(wave, fbank)`` takes the wave's log-mel
+``features(wave)`` too, when another encoder with the same front end (``fbank.params``) has
+computed it. ``frame_spans_s()`` gives each time column's extent
 ``(L, 2)`` in seconds of the input: the fbank frames pooled into it, from the first window's
 start to the last window's end, which is what frame labels are built against.
 
@@ -165,8 +167,8 @@ class EATEncoder(AudioEncoder):
         self.blocks = nn.ModuleList(PostNormBlock(dim, heads) for _ in range(depth))
         self.apply(_init_vit)
 
-    def forward(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.features(wave).unsqueeze(1)  # (B, 1, T, F)
+    def forward(self, wave: torch.Tensor, fbank: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x = (self.features(wave) if fbank is None else fbank).unsqueeze(1)  # (B, 1, T, F)
         x = self.patch_embed(x.to(self.patch_embed.weight.dtype))  # (B, D, L, Fp)
         b, d, L, fp = x.shape
         x = x.flatten(2).transpose(1, 2) + self.positions[:, : L * fp]  # (B, L*Fp, D), time-major
@@ -321,8 +323,8 @@ class SmallEncoder(AudioEncoder):
         pools, strides = [(1, 1), (2, 2), (2, 2), (1, 1)], [2, 1, 1, 1]
         self.blocks = nn.Sequential(*(ConvBlock(c[i], c[i + 1], pools[i], strides[i]) for i in range(4)))
 
-    def forward(self, wave: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.features(wave).unsqueeze(1)  # (B, 1, T, F)
+    def forward(self, wave: torch.Tensor, fbank: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x = (self.features(wave) if fbank is None else fbank).unsqueeze(1)  # (B, 1, T, F)
         x = self.blocks(x)  # (B, C, T/8, F/8)
         dense = x.permute(0, 2, 3, 1)  # (B, L, F, C)
         frames = dense.mean(dim=2)  # (B, L, C)

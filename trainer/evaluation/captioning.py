@@ -171,7 +171,7 @@ def split_captions(det, split, batch_size: int) -> tuple[dict, list[tuple[str, s
     decoder = caption_decoder(det)
     if decoder is None:
         return {"skipped": NO_DECODER}, []
-    ids, frames, unreadable = mixture_features(det, split, split.ids)
+    ids, (frames,), unreadable = mixture_features([det], split, split.ids)
     if not ids:
         return {"skipped": "no clip of the split could be read"}, []
     predictions = generate(det, decoder, frames, batch_size)

@@ -20,15 +20,19 @@ Two probe sets, each trained on ``evaluate.probe_split`` and scored on ``evaluat
   F1 over ``evaluate.segment_s`` segments.
 
 Each set holds at most ``evaluate.probe_clips`` clips per side: the first mixtures in shard order
-(read no further), and event clips drawn with the seed. On a CPU the heads are fitted on one
-thread, so every figure depends on the checkpoint, the data and the seed alone.
+(read no further), and event clips drawn with the seed. The audio is decoded once for every model
+probed; on a CPU each head is fitted on one thread (several heads at once, one per core), so every
+figure depends on the checkpoint, the data and the seed alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 
 import numpy as np
@@ -76,28 +80,40 @@ def _draw(clips: EventClips, n: int, seed: int) -> EventClips:
 
 
 @torch.no_grad()
-def encoder_frames(det: Detector, waves: Iterable[np.ndarray]) -> list[np.ndarray]:
-    """Mono waves at ``det.sample_rate_hz`` -> per clip the frozen encoder frames ``(L, D)`` float32,
-    ``L = len(det.timestamps_s(n)) - 1``: consecutive windows of ``det.columns`` columns, each
-    zero-padded to the model's window, ``det.batch_size`` windows per forward pass."""
+def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> list[list[np.ndarray]]:
+    """Mono waves at the detectors' rate -> for each detector, per clip its frozen encoder frames
+    ``(L, D)`` float32, ``L = len(det.timestamps_s(n)) - 1``: consecutive windows of ``det.columns``
+    columns, each zero-padded to the model's window, ``det.batch_size`` windows per forward pass.
+    The detectors share one grid (rate, columns, window, batch size): each wave is read once and
+    every encoder gets the same batches (and, when their front ends are alike, one log-mel of
+    each), so a model's frames are those it would give alone."""
+    det = dets[0]
+    grid = (det.sample_rate_hz, det.columns, det.column_samples, det.window_samples, det.batch_size)
+    if any((d.sample_rate_hz, d.columns, d.column_samples, d.window_samples, d.batch_size) != grid for d in dets):
+        raise ValueError("encoder_frames: the detectors read audio on different grids; probe them one at a time")
     cols, col_samples, window = det.columns, det.column_samples, det.window_samples
-    width = det.model.encoder.width
-    out: list[np.ndarray] = []
+    out: list[list[np.ndarray]] = [[] for _ in dets]
     queue: list[tuple[int, int, int, np.ndarray]] = []  # (clip, first column, columns kept, samples)
+
+    fronts = {(d.model.encoder.fbank.params, d.device) if hasattr(d.model.encoder, "fbank") else None for d in dets}
+    share_fbank = len(dets) > 1 and len(fronts) == 1 and None not in fronts  # one front end: its log-mel once
 
     def flush() -> None:
         batch = torch.from_numpy(np.stack([w for *_, w in queue])).to(det.device)
-        with det.autocast():
-            _, dense = det.model.encoder(batch)
-        frames = dense.float().mean(dim=2)[:, :cols].cpu().numpy()  # (B, cols, D)
-        for j, (k, first, take, _) in enumerate(queue):
-            out[k][first:first + take] = frames[j, :take]
+        fbank = (det.model.encoder.features(batch),) if share_fbank else ()
+        for d, per_clip in zip(dets, out):
+            with d.autocast():
+                _, dense = d.model.encoder(batch.to(d.device), *fbank)
+            frames = dense.float().mean(dim=2)[:, :cols].cpu().numpy()  # (B, cols, D)
+            for j, (k, first, take, _) in enumerate(queue):
+                per_clip[k][first:first + take] = frames[j, :take]
         queue.clear()
 
     for k, wave in enumerate(waves):
         wave = np.asarray(wave, dtype=np.float32)
         frames = len(det.timestamps_s(len(wave))) - 1
-        out.append(np.zeros((frames, width), np.float32))
+        for d, per_clip in zip(dets, out):
+            per_clip.append(np.zeros((frames, d.model.encoder.width), np.float32))
         for first in range(0, frames, cols):
             piece = wave[first * col_samples:first * col_samples + window]
             queue.append((k, first, min(cols, frames - first), np.pad(piece, (0, window - len(piece)))))
@@ -163,16 +179,16 @@ def frame_targets(det: Detector, split: ShardSplit, ids: list[str], frames: list
     return out
 
 
-def clip_features(det: Detector, clips: EventClips) -> tuple[list[str], list[np.ndarray], list[str]]:
-    """Event clips -> ``(ids, frames per clip, unreadable ids)``."""
-    ids, waves, unreadable = decoded(det, clips.audio.items())
-    return ids, encoder_frames(det, waves), unreadable
+def clip_features(dets: Sequence[Detector], clips: EventClips) -> tuple[list[str], list[list[np.ndarray]], list[str]]:
+    """Event clips -> ``(ids, per detector the frames per clip, unreadable ids)``."""
+    ids, waves, unreadable = decoded(dets[0], clips.audio.items())
+    return ids, encoder_frames(dets, waves), unreadable
 
 
-def mixture_features(det: Detector, split: ShardSplit, ids: tuple[str, ...]) -> tuple[list[str], list[np.ndarray], list[str]]:
-    """The mixtures ``ids`` (a prefix of the split) -> ``(ids, frames per clip, unreadable ids)``."""
-    read, waves, unreadable = decoded(det, mixture_audio(split, ids))
-    return read, encoder_frames(det, waves), unreadable
+def mixture_features(dets: Sequence[Detector], split: ShardSplit, ids: tuple[str, ...]) -> tuple[list[str], list[list[np.ndarray]], list[str]]:
+    """The mixtures ``ids`` (a prefix of the split) -> ``(ids, per detector the frames per clip, unreadable ids)``."""
+    read, waves, unreadable = decoded(dets[0], mixture_audio(split, ids))
+    return read, encoder_frames(dets, waves), unreadable
 
 
 @contextmanager
@@ -191,51 +207,79 @@ def one_cpu_thread(device: torch.device):
         torch.set_num_threads(before)
 
 
-def run_probes(det: Detector, data: ProbeData, e, seed: int) -> dict:
-    """Every probe on ``det``'s frozen encoder -> ``{"clip_<pooling>": clip_probe figures (per
-    ``e.probe_pooling``), "frame": frame_probe figures, "unreadable": clips that did not decode}``;
-    a probe without data is ``{"skipped": reason}``. ``e`` is the ``evaluate`` section (probe
-    steps, lr, heads, pooling, segment_s)."""
+def fit_side_by_side(fits: dict, device: torch.device) -> dict:
+    """``{key: a probe fit (no arguments) -> figures}`` -> ``{key: figures}``. On a CPU each fit runs
+    on one torch thread, as many at once as this process has cores (in the dict's order: put the
+    longest first), so the figures are those of fitting them one after another on any machine; on
+    another device they run one after another."""
+    if device.type != "cpu" or len(fits) < 2:
+        with one_cpu_thread(device):
+            return {key: fit() for key, fit in fits.items()}
+    with one_cpu_thread(device), ThreadPoolExecutor(min(len(fits), len(os.sched_getaffinity(0)))) as pool:
+        running = {key: pool.submit(fit) for key, fit in fits.items()}
+        return {key: job.result() for key, job in running.items()}
+
+
+def run_probes(dets: dict[str, Detector], data: ProbeData, e, seed: int) -> dict[str, dict]:
+    """Every probe on each detector's frozen encoder -> per detector name ``{"clip_<pooling>":
+    clip_probe figures (per ``e.probe_pooling``), "frame": frame_probe figures, "unreadable": clips
+    that did not decode}``; a probe without data is ``{"skipped": reason}``. ``e`` is the
+    ``evaluate`` section (probe steps, lr, heads, pooling, segment_s). The audio is decoded once
+    for every detector (:func:`encoder_frames`), then the heads are fitted side by side
+    (:func:`fit_side_by_side`); a detector's figures are those it would get probed alone."""
+    names, models = list(dets), list(dets.values())
+    det = models[0]
     settings = {"steps": e.probe_steps, "lr": e.probe_lr, "seed": seed}
-    out: dict = {}
+    out: dict[str, dict] = {name: {} for name in names}
+    fits: dict[tuple[str, str], Callable[[], dict]] = {}
+    extra: dict[tuple[str, str], dict] = {}
     unreadable = 0
-    if data.train_clips is None or data.test_clips is None:
-        for pooling in e.probe_pooling:
-            out[f"clip_{pooling}"] = {"skipped": "no event clips (evaluate.event_clips: null)"}
+    train_ids, train_x, bad_train = mixture_features(models, data.train_split, data.train_ids)
+    test_ids, test_x, bad_test = mixture_features(models, data.test_split, data.test_ids)
+    unreadable += len(bad_train) + len(bad_test)
+    if not train_ids or not test_ids:
+        for name in names:
+            out[name]["frame"] = {"skipped": f"{len(train_ids)} training and {len(test_ids)} held-out mixtures read"}
     else:
-        train_ids, train_x, bad_train = clip_features(det, data.train_clips)
-        test_ids, test_x, bad_test = clip_features(det, data.test_clips)
+        classes = data.test_split.classes
+        min_overlap = det.train_params.data.min_label_overlap
+        ya = frame_targets(det, data.train_split, train_ids, train_x[0], classes, min_overlap)
+        yb = frame_targets(det, data.test_split, test_ids, test_x[0], classes, min_overlap)
+        segment_frames = max(1, round(e.segment_s / det.column_s))
+        for name, d in zip(names, models):
+            (xa, va), (xb, vb) = on(d, padded(train_x.pop(0))), on(d, padded(test_x.pop(0)))  # each model's frames, once
+            fits[name, "frame"] = partial(frame_probe, xa, ya, xb, yb, train_valid=va, test_valid=vb,
+                                          segment_frames=segment_frames, **settings)
+            extra[name, "frame"] = {"classes": len(classes), "train_clips": len(train_ids), "test_clips": len(test_ids)}
+    if data.train_clips is None or data.test_clips is None:
+        for name in names:
+            for pooling in e.probe_pooling:
+                out[name][f"clip_{pooling}"] = {"skipped": "no event clips (evaluate.event_clips: null)"}
+    else:
+        train_ids, train_x, bad_train = clip_features(models, data.train_clips)
+        test_ids, test_x, bad_test = clip_features(models, data.test_clips)
         unreadable += len(bad_train) + len(bad_test)
         classes = sorted({data.train_clips.labels[i] for i in train_ids})
         where = {c: k for k, c in enumerate(classes)}
         keep = [k for k, i in enumerate(test_ids) if data.test_clips.labels[i] in where]
-        for pooling in e.probe_pooling:
+        ya = np.array([where[data.train_clips.labels[i]] for i in train_ids])
+        yb = np.array([where[data.test_clips.labels[test_ids[k]]] for k in keep])
+        for name, d in zip(names, models):
+            xs_train, xs_test = train_x.pop(0), test_x.pop(0)
             if len(classes) < 2 or not keep:
-                out[f"clip_{pooling}"] = {"skipped": f"{len(classes)} training classes, {len(keep)} held-out clips of them"}
+                for pooling in e.probe_pooling:
+                    out[name][f"clip_{pooling}"] = {"skipped": f"{len(classes)} training classes, {len(keep)} held-out clips of them"}
                 continue
-            (xa, va), (xb, vb) = on(det, padded(train_x)), on(det, padded([test_x[k] for k in keep]))
-            ya = np.array([where[data.train_clips.labels[i]] for i in train_ids])
-            yb = np.array([where[data.test_clips.labels[test_ids[k]]] for k in keep])
-            with one_cpu_thread(det.device):
-                found = clip_probe(xa, ya, xb, yb, pooling=pooling, num_classes=len(classes), train_valid=va, test_valid=vb,
-                                   heads=e.probe_heads, **settings)
-            out[f"clip_{pooling}"] = found | {"classes": len(classes), "test_clips_unseen_class": len(test_ids) - len(keep)}
-    train_ids, train_x, bad_train = mixture_features(det, data.train_split, data.train_ids)
-    test_ids, test_x, bad_test = mixture_features(det, data.test_split, data.test_ids)
-    unreadable += len(bad_train) + len(bad_test)
-    if not train_ids or not test_ids:
-        out["frame"] = {"skipped": f"{len(train_ids)} training and {len(test_ids)} held-out mixtures read"}
-    else:
-        classes = data.test_split.classes
-        min_overlap = det.train_params.data.min_label_overlap
-        (xa, va), (xb, vb) = on(det, padded(train_x)), on(det, padded(test_x))
-        ya = frame_targets(det, data.train_split, train_ids, train_x, classes, min_overlap)
-        yb = frame_targets(det, data.test_split, test_ids, test_x, classes, min_overlap)
-        segment_frames = max(1, round(e.segment_s / det.column_s))
-        with one_cpu_thread(det.device):
-            found = frame_probe(xa, ya, xb, yb, train_valid=va, test_valid=vb, segment_frames=segment_frames, **settings)
-        out["frame"] = found | {"classes": len(classes), "train_clips": len(train_ids), "test_clips": len(test_ids)}
-    out["unreadable"] = unreadable
+            (xa, va), (xb, vb) = on(d, padded(xs_train)), on(d, padded([xs_test[k] for k in keep]))
+            for pooling in sorted(e.probe_pooling):  # attention before mean: the longer fit starts first
+                fits[name, f"clip_{pooling}"] = partial(clip_probe, xa, ya, xb, yb, pooling=pooling, num_classes=len(classes),
+                                                        train_valid=va, test_valid=vb, heads=e.probe_heads, **settings)
+                extra[name, f"clip_{pooling}"] = {"classes": len(classes), "test_clips_unseen_class": len(test_ids) - len(keep)}
+        del xs_train, xs_test
+    for (name, probe), found in fit_side_by_side(fits, det.device).items():
+        out[name][probe] = found | extra[name, probe]
+    for name in names:
+        out[name] = {key: out[name][key] for key in [*(f"clip_{p}" for p in e.probe_pooling), "frame"]} | {"unreadable": unreadable}
     return out
 
 

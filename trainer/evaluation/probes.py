@@ -14,12 +14,14 @@ indices, or ``(N, C)`` 0/1 for multi-label) or per frame (``(N, T, C)`` 0/1). Th
 held-out splits come in separately. Outputs: dicts of figures (floats and counts). The encoder is
 never touched: only the pooling query (attention) and the linear layer are trained, with AdamW for
 a fixed number of steps from a fixed seed, on features standardised with the train split's
-per-dimension mean and standard deviation.
+per-dimension mean and standard deviation. Probes may be fitted from several threads at once: each
+seeds its own initialisation under a lock and draws its batches from its own generator.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import Literal
 
@@ -33,6 +35,7 @@ PROBE_STEPS = 3000
 PROBE_LR = 1e-2
 PROBE_WEIGHT_DECAY = 1e-2
 FITTED_LOSS = 1e-4  # a probe whose batch loss falls below this has fitted its training set (the attention probes, within 300 steps)
+_SEEDED_INIT = threading.Lock()  # torch's global generator seeds each head's initialisation: one probe at a time
 
 
 class AttentionPool(nn.Module):
@@ -93,11 +96,11 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
     else:
         y_train = y_train.long()
         classes = num_classes or int(max(y_train.max(), y_test.max())) + 1
-    mean, std = _standardiser(x_train, valid_train)
+    mean, std = _standardiser(x_train[valid_train])
     x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
     dim = x_train.shape[-1]
 
-    with torch.random.fork_rng(devices=[]):
+    with _SEEDED_INIT, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         pool = AttentionPool(dim, heads) if pooling == "attention" else None
         head = nn.Linear(dim, classes)
@@ -107,14 +110,14 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
         pooled_train, pooled_test = mean_pool(x_train, valid_train), mean_pool(x_test, valid_test)
 
         def logits(split: str, idx: torch.Tensor) -> torch.Tensor:
-            return head((pooled_train if split == "train" else pooled_test)[idx])
+            return head((pooled_train if split == "train" else pooled_test).index_select(0, idx))
     else:
         def logits(split: str, idx: torch.Tensor) -> torch.Tensor:
             x, v = (x_train, valid_train) if split == "train" else (x_test, valid_test)
-            return head(pool(x[idx], v[idx]))
+            return head(pool(x.index_select(0, idx), v.index_select(0, idx)))
 
     loss_of = nn.functional.binary_cross_entropy_with_logits if multi_label else nn.functional.cross_entropy
-    final_loss, taken = _fit(model, lambda idx: loss_of(logits("train", idx), y_train[idx]), len(x_train), steps,
+    final_loss, taken = _fit(model, lambda idx: loss_of(logits("train", idx), y_train.index_select(0, idx)), len(x_train), steps,
                       batch_size, lr, weight_decay, seed)
     with torch.no_grad():
         scores = torch.cat([logits("test", idx) for idx in torch.arange(len(x_test)).split(batch_size)])
@@ -147,14 +150,15 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
     x_test, valid_test = _frames(test_features, test_valid)
     y_train = _tensor(train_targets, x_train.device).float()[valid_train]  # (M, C)
     y_test = _tensor(test_targets, "cpu").bool()  # (N, T, C)
-    mean, std = _standardiser(x_train, valid_train)
-    frames_train = ((x_train - mean) / std)[valid_train]  # (M, D)
+    frames_train = x_train[valid_train]  # (M, D), a copy: standardised in place
+    mean, std = _standardiser(frames_train)
+    frames_train.sub_(mean).div_(std)
     x_test = (x_test - mean) / std
-    with torch.random.fork_rng(devices=[]):
+    with _SEEDED_INIT, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = nn.Linear(x_train.shape[-1], y_train.shape[-1])
     head = head.to(x_train.device)
-    final_loss, taken = _fit(head, lambda idx: nn.functional.binary_cross_entropy_with_logits(head(frames_train[idx]), y_train[idx]),
+    final_loss, taken = _fit(head, lambda idx: nn.functional.binary_cross_entropy_with_logits(head(frames_train.index_select(0, idx)), y_train.index_select(0, idx)),
                       len(frames_train), steps, batch_frames, lr, weight_decay, seed)
     with torch.no_grad():
         probs = torch.cat([torch.sigmoid(head(x)) for x in x_test.split(max(1, batch_frames // x_test.shape[1]))])
@@ -229,10 +233,9 @@ def _frames(features, valid) -> tuple[torch.Tensor, torch.Tensor]:
     return x, v
 
 
-def _standardiser(frames: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-dimension mean and standard deviation ``(D,)`` over the valid frames of the train split."""
-    x = frames[valid]  # (M, D)
-    return x.mean(0), x.std(0, correction=0).clamp_min(1e-6)
+def _standardiser(frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension mean and standard deviation ``(D,)`` of the train split's valid frames ``(M, D)``."""
+    return frames.mean(0), frames.std(0, correction=0).clamp_min(1e-6)
 
 
 def _fit(model: nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int, steps: int,

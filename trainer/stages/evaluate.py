@@ -81,7 +81,7 @@ HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "segment_
 # the probe figures the report prints and the gain compares: (probe, figure)
 PROBE_HEADLINE = (("clip_mean", "top1_accuracy"), ("clip_mean", "mean_average_precision"), ("clip_attention", "top1_accuracy"),
                   ("clip_attention", "mean_average_precision"), ("frame", "frame_auroc_macro"), ("frame", "segment_f1"))
-NOT_TIMED_AS_METRICS = ("model_scoring", "read_", "probes_", "captions_")  # timing.json: steps outside the metric work
+NOT_TIMED_AS_METRICS = ("model_scoring", "read_", "probes", "captions_")  # timing.json: steps outside the metric work
 ABSENT_SHOWN = 3  # absent classes drawn under each picture's own phrases
 
 
@@ -243,9 +243,8 @@ def probes(models: dict[str, Detector], e, split: ShardSplit, clips, seed: int, 
         return {"skipped": str(x)}
     data = probe_data(train_split, split, train_clips, clips, e.probe_clips, seed)
     out: dict = {"protocol": protocol(models["trained"], data, e, seed)}
-    for name, det in models.items():
-        with timer(f"probes_{name}"):
-            out[name] = run_probes(det, data, e, seed)
+    with timer("probes"):
+        out |= run_probes(models, data, e, seed)
     if "untrained" in out:
         a, b = out["trained"], out["untrained"]
         out["gain"] = {f"{probe}_{k}": a[probe][k] - b[probe][k] for probe, k in PROBE_HEADLINE if k in a.get(probe, {}) and k in b.get(probe, {})}

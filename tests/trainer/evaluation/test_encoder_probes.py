@@ -99,7 +99,7 @@ def test_frames_follow_the_detector_grid_across_windows():
     det = stub_detector(batch_size=2)
     rng = np.random.default_rng(0)
     waves = [rng.normal(size=n).astype(np.float32) for n in (COLUMNS * COLUMN * 2 + 3 * COLUMN + 17, 5 * COLUMN, 1)]
-    frames = encoder_frames(det, waves)
+    (frames,) = encoder_frames([det], waves)
     for wave, f in zip(waves, frames):
         assert f.shape == (len(det.timestamps_s(len(wave))) - 1, ToneEncoder().width)
         padded = np.pad(wave, (0, -len(wave) % COLUMN)).reshape(-1, COLUMN)  # each column on its own
@@ -111,15 +111,18 @@ def test_frame_probe_scores_events_the_features_encode_and_not_noise():
     train, test = MemorySplit(rng, 16, prefix="a"), MemorySplit(rng, 12, prefix="b")
     data = probe_data(train, test, None, None, max_clips=12, seed=0)
     assert data.train_ids == train.ids[:12] and data.test_ids == test.ids
-    found = run_probes(stub_detector(), data, settings(), seed=0)
+    found = run_probes({"tones": stub_detector()}, data, settings(), seed=0)["tones"]
     frame = found["frame"]
     assert frame["frame_auroc_macro"] >= 0.97 and frame["segment_f1"] >= 0.8
     assert frame["classes_scored"] == 3 and frame["train_clips"] == 12 and frame["test_clips"] == 12
     assert frame["test_frames"] == 12 * 60 and found["unreadable"] == 0
     assert found["clip_mean"] == {"skipped": "no event clips (evaluate.event_clips: null)"}
-    noise = run_probes(stub_detector(noise=True), data, settings(), seed=0)["frame"]
+    noise = run_probes({"noise": stub_detector(noise=True)}, data, settings(), seed=0)["noise"]["frame"]
     assert abs(noise["frame_auroc_macro"] - 0.5) <= 0.1
-    assert run_probes(stub_detector(), data, settings(), seed=0) == found  # a seed fixes every figure
+    assert run_probes({"again": stub_detector()}, data, settings(), seed=0)["again"] == found  # a seed fixes every figure
+    # probed together (one decode, heads fitted side by side on two threads), each model gets its own figures
+    together = run_probes({"tones": stub_detector(), "noise": stub_detector(noise=True)}, data, settings(), seed=0)
+    assert together["tones"] == found and repr(together["noise"]["frame"]) == repr(noise)  # repr: NaN == NaN
 
 
 def test_frame_targets_mark_the_frames_an_event_covers():
@@ -154,7 +157,7 @@ def test_clip_probes_train_on_one_side_and_score_the_other(tmp_path):
     data = probe_data(split, split, both, test, max_clips=15, seed=3)
     assert len(data.train_clips.audio) == 15 and not set(data.train_clips.audio) & set(test.audio)
     assert data == probe_data(split, split, both, test, max_clips=15, seed=3)
-    out = run_probes(stub_detector(), data, settings(), seed=0)
+    out = run_probes({"tones": stub_detector()}, data, settings(), seed=0)["tones"]
     for pooling in ("mean", "attention"):
         probe = out[f"clip_{pooling}"]
         assert probe["top1_accuracy"] == 1.0 and probe["mean_average_precision"] == 1.0, pooling
@@ -206,3 +209,33 @@ def test_probe_heads_fit_on_one_cpu_thread():
     assert torch.get_num_threads() == 2
     with one_cpu_thread(torch.device("meta")):  # another device: torch's CPU threads are left alone
         assert torch.get_num_threads() == 2
+
+
+def test_heads_fitted_side_by_side_match_one_after_another(monkeypatch):
+    """Fits run on a pool of threads, each on one torch thread, give the figures of a sequential
+    run; their seeded initialisations do not mix although they share torch's global generator."""
+    from trainer.evaluation import encoder_probes
+    from trainer.evaluation.probes import clip_probe, frame_probe
+
+    rng = np.random.default_rng(5)
+    x, x_test = rng.normal(size=(40, 6, 8)).astype(np.float32), rng.normal(size=(20, 6, 8)).astype(np.float32)
+    y, y_test = np.arange(40) % 4, np.arange(20) % 4
+    frames_y, frames_y_test = rng.random((40, 6, 3)) > 0.7, rng.random((20, 6, 3)) > 0.7
+    threads: list[int] = []
+
+    def fits() -> dict:
+        def counted(fit):
+            return lambda: (threads.append(torch.get_num_threads()), fit())[1]
+        jobs = {(seed, "clip"): counted(lambda seed=seed: clip_probe(x, y, x_test, y_test, pooling="attention", steps=40, seed=seed))
+                for seed in range(3)}
+        jobs |= {(seed, "frame"): counted(lambda seed=seed: frame_probe(x, frames_y, x_test, frames_y_test, steps=40, seed=seed))
+                 for seed in range(3)}
+        return jobs
+
+    torch.set_num_threads(2)
+    monkeypatch.setattr(encoder_probes.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    together = encoder_probes.fit_side_by_side(fits(), torch.device("cpu"))
+    assert torch.get_num_threads() == 2 and threads == [1] * 6
+    alone = {key: fit() for key, fit in fits().items()}
+    assert together == alone
+    assert together[0, "clip"] != together[1, "clip"]  # the seed matters, so a mixed-up initialisation would show
