@@ -215,7 +215,8 @@ def fit_side_by_side(fits: dict, device: torch.device) -> dict:
     if device.type != "cpu" or len(fits) < 2:
         with one_cpu_thread(device):
             return {key: fit() for key, fit in fits.items()}
-    with one_cpu_thread(device), ThreadPoolExecutor(min(len(fits), len(os.sched_getaffinity(0)))) as pool:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS has no affinity
+    with one_cpu_thread(device), ThreadPoolExecutor(min(len(fits), cores)) as pool:
         running = {key: pool.submit(fit) for key, fit in fits.items()}
         return {key: job.result() for key, job in running.items()}
 
