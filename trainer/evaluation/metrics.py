@@ -26,6 +26,7 @@ import time
 import warnings
 from collections import defaultdict
 from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,7 +123,7 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
     float, "per_class": DataFrame, "psd_1_roc": (etpr, efpr), "psd_2_roc": ...,
     "psd_1_class_mean", "psd_2_class_mean", "roc": (tpr, fpr) macro average over classes}``.
     """
-    from sed_scores_eval import collar_based, intersection_based, segment_based
+    from sed_scores_eval import segment_based
     from sed_scores_eval.base_modules.roc import (
         auroc_from_intermediate_statistics,
         roc_curve_from_intermediate_statistics,
@@ -139,9 +140,7 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
     per_class = pd.DataFrame(index=pd.Index(list(classes), name="class"))
     for name, s in (("psds1", PSDS1), ("psds2", PSDS2)):
         with timer(name, library=True):
-            value, single, roc, class_rocs = intersection_based.psds(
-                scores, ground_truth, durations_s, dtc_threshold=s.dtc, gtc_threshold=s.gtc, cttc_threshold=s.cttc,
-                alpha_ct=s.alpha_ct, alpha_st=s.alpha_st, unit_of_time=PSDS_UNIT_OF_TIME, max_efpr=s.max_efpr)
+            value, single, roc, class_rocs = psds(scores, ground_truth, durations_s, s)
         out[name] = float(value)
         per_class[name] = pd.Series({k: float(v) for k, v in single.items()})
         out[f"psd_{name.removeprefix('psds')}_roc"] = roc
@@ -153,7 +152,8 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
                 etpr, efpr = multi_class_psd_roc_from_single_class_psd_rocs(class_rocs, alpha_st=a.alpha_st, max_efpr=a.max_efpr)
                 out["psds1_astat0"] = float(psds_from_psd_roc(etpr, efpr, a.max_efpr))
     with timer("segment_auroc", library=True):
-        stats, _ = accumulated_intermediate_statistics(scores, ground_truth, durations_s, segment_length=segment_s)
+        segments = segment_statistics(scores, ground_truth, durations_s, segment_s)
+        stats, _ = accumulated_intermediate_statistics(None, ground_truth, durations_s, deltas=segments)
         auc, _ = auroc_from_intermediate_statistics(stats)
         pauc, _ = auroc_from_intermediate_statistics(stats, max_fpr=max_fpr)
         curves = roc_curve_from_intermediate_statistics(stats)
@@ -163,19 +163,166 @@ def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s
     with timer("roc_average"):
         out["roc"] = macro_roc(curves, classes)
     with timer("collar_f1", library=True):
-        f, p, r, _ = collar_based.fscore(scores if f1_scores is None else f1_scores, ground_truth, threshold, onset_collar=COLLAR.onset_collar_s,
-                                         offset_collar=COLLAR.offset_collar_s, offset_collar_rate=COLLAR.offset_collar_rate)
+        f, p, r, _ = collar_fscore(scores if f1_scores is None else f1_scores, ground_truth, threshold)
     out["f1"], out["precision"], out["recall"] = float(f["macro_average"]), float(p["macro_average"]), float(r["macro_average"])
     out["f1_micro"] = float(f["micro_average"])
     with timer("segment_f1", library=True):  # the frame probe's figure, for the head: 1 s segments at the same threshold
-        sf, _, _, _ = segment_based.fscore(scores if f1_scores is None else f1_scores, ground_truth, durations_s, threshold,
-                                           segment_length=segment_s)
+        if f1_scores is not None:
+            segments = segment_statistics(f1_scores, ground_truth, durations_s, segment_s)
+        sf, _, _, _ = segment_based.fscore(None, ground_truth, durations_s, threshold, deltas=segments, segment_length=segment_s)
     out["segment_f1"], out["segment_f1_macro"] = float(sf["micro_average"]), float(sf["macro_average"])
     for key, d in (("f1", f), ("precision", p), ("recall", r)):
         per_class[key] = pd.Series({k: float(v) for k, v in d.items() if not k.endswith("_average")})
     per_class.insert(0, "events", pd.Series(event_counts(ground_truth)).reindex(per_class.index).fillna(0).astype(int))
     out["per_class"] = per_class.reset_index()
     return out
+
+
+CLIPS_PER_PART = 256  # statistic deltas are computed this many clips at a time (:func:`summed_deltas`)
+ALL_CLIPS = "all clips"  # the one key of summed deltas handed to sed_scores_eval
+
+
+def psds(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, s: PsdsSettings, *,
+         clips_per_part: int = CLIPS_PER_PART) -> tuple:
+    """sed_scores_eval's intersection-based PSDS (``intersection_based.psds``, same return value:
+    ``(psds, {class: psds}, (etpr, efpr), {class: (tpr, efpr, scores)})``, equal to the last bit)
+    in memory that does not grow with the test split's change points.
+
+    The library gathers every clip's statistic deltas (per class: one column for true
+    positives, one for false positives and, with a cross-trigger criterion, one per other
+    class) before it sums them, which at 10,000 clips of 20 classes is several GiB. Here they
+    come from :func:`summed_deltas`. Deltas at scores so low that the false positives counted
+    so far already put every lower threshold past ``max_efpr`` are dropped as they come: each
+    clip's counts are non-negative at every threshold, so those thresholds stay past it, and the
+    library cuts them from every PSD-ROC. The summed deltas then go through the library's own
+    accumulation, PSD-ROCs and areas.
+    """
+    from sed_scores_eval.base_modules.io import parse_audio_durations, parse_inputs
+    from sed_scores_eval.intersection_based import intermediate_statistics as intersection
+    from sed_scores_eval.intersection_based.psds import (
+        _single_class_roc_from_intermediate_statistics,
+        multi_class_psd_roc_from_single_class_psd_rocs,
+        psds_from_psd_roc,
+        seconds_per_unit_of_time,
+    )
+
+    scores, ground_truth, ids = parse_inputs(scores, ground_truth)
+    total_s = sum(parse_audio_durations(durations_s, audio_ids=ids).values())
+    unit_s = seconds_per_unit_of_time[PSDS_UNIT_OF_TIME]
+
+    def past_max_efpr(cps: np.ndarray, deltas: np.ndarray, keys: list[str]) -> int:
+        # false positives at each threshold so far (a threshold counts every change point at or
+        # above it), as a rate the way the library computes it; a cross-trigger rate only adds to it
+        false = np.cumsum(deltas[::-1, keys.index("fps")])[::-1]
+        past = (false / total_s) * unit_s > s.max_efpr
+        return len(past) if past.all() else int(np.argmin(past))  # the run of thresholds past it from the bottom
+
+    criteria = {"dtc_threshold": s.dtc, "gtc_threshold": s.gtc, "cttc_threshold": s.cttc, "time_decimals": 6}
+    summed = summed_deltas(scores, ground_truth, ids, intersection, criteria, drop_low=past_max_efpr, clips_per_part=clips_per_part)
+    stats = intersection.accumulated_intermediate_statistics_from_deltas({ALL_CLIPS: summed}, ground_truth)
+    single = _single_class_roc_from_intermediate_statistics(stats, dataset_duration=total_s, alpha_ct=s.alpha_ct,
+                                                            unit_of_time=PSDS_UNIT_OF_TIME, max_efpr=s.max_efpr)
+    etpr, efpr = multi_class_psd_roc_from_single_class_psd_rocs(single, alpha_st=s.alpha_st, max_efpr=s.max_efpr)
+    per_class = {c: psds_from_psd_roc(tpr, e, s.max_efpr) for c, (tpr, e, _) in single.items()}
+    return psds_from_psd_roc(etpr, efpr, s.max_efpr), per_class, (etpr, efpr), single
+
+
+def collar_fscore(scores: dict[str, pd.DataFrame], ground_truth: dict, threshold: float, c: CollarSettings = COLLAR, *,
+                  clips_per_part: int = CLIPS_PER_PART) -> tuple:
+    """sed_scores_eval's ``collar_based.fscore`` at ``threshold`` (same return value ``(f, p, r,
+    stats)``), from :func:`summed_deltas` without the change points at or below ``threshold``:
+    the library reads the statistics of the first change point above it, which only points at
+    or above that one make."""
+    from sed_scores_eval.base_modules.io import parse_inputs
+    from sed_scores_eval.base_modules.precision_recall import single_fscore_from_intermediate_statistics
+    from sed_scores_eval.collar_based import intermediate_statistics as collar
+
+    scores, ground_truth, ids = parse_inputs(scores, ground_truth)
+    criteria = {"onset_collar": c.onset_collar_s, "offset_collar": c.offset_collar_s,
+                "offset_collar_rate": c.offset_collar_rate, "return_onset_offset_dist_sum": False, "time_decimals": 6}
+    summed = summed_deltas(scores, ground_truth, ids, collar, criteria, clips_per_part=clips_per_part,
+                           drop_low=lambda cps, deltas, keys: int(np.searchsorted(cps, threshold, side="right")))
+    stats = collar.accumulated_intermediate_statistics_from_deltas({ALL_CLIPS: summed}, ground_truth)
+    return single_fscore_from_intermediate_statistics(stats, threshold=threshold)
+
+
+def segment_statistics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, segment_s: float, *,
+                       clips_per_part: int = CLIPS_PER_PART) -> dict:
+    """sed_scores_eval's segment-based statistics deltas over the split, summed
+    (:func:`summed_deltas`), as ``deltas=`` for ``segment_based`` functions: ``{ALL_CLIPS: {class:
+    (change-point scores, {statistic: deltas})}}``. Nothing is dropped: the library reads the
+    reference count from the lowest threshold."""
+    from sed_scores_eval.base_modules.io import parse_audio_durations, parse_inputs
+    from sed_scores_eval.segment_based import intermediate_statistics as segment
+
+    scores, ground_truth, ids = parse_inputs(scores, ground_truth)
+    durations = parse_audio_durations(durations_s, audio_ids=ids)
+    criteria = {"audio_durations": durations, "segment_length": segment_s, "time_decimals": 6}
+    return {ALL_CLIPS: summed_deltas(scores, ground_truth, ids, segment, criteria, clips_per_part=clips_per_part)}
+
+
+def summed_deltas(scores: dict, ground_truth: dict, ids: list[str], kind, criteria: dict, *,
+                  drop_low: Callable[[np.ndarray, np.ndarray, list[str]], int] | None = None,
+                  clips_per_part: int = CLIPS_PER_PART) -> dict:
+    """The statistic deltas of every clip of ``ids``, summed per class and distinct score ->
+    ``{class: (change-point scores (K,) ascending, {statistic: deltas (K,)})}``, what
+    sed_scores_eval's accumulation makes of one clip's deltas.
+
+    ``kind``: sed_scores_eval's ``intersection_based``, ``collar_based`` or ``segment_based``
+    ``intermediate_statistics`` module, whose own per-clip worker computes the deltas of
+    ``clips_per_part`` clips at a time with ``criteria``, after the checks its
+    ``intermediate_statistics_deltas`` makes on the whole split. Deltas are counts, so their
+    sums are exact in any order. ``drop_low(scores, deltas (K, S), statistic names)`` (optional)
+    says how many of the lowest change points so far no threshold of interest can depend on;
+    those go, and so do later ones at or below the highest of them.
+    """
+    from sed_scores_eval.base_modules.ground_truth import multi_label_to_single_label_ground_truths
+    from sed_scores_eval.base_modules.scores import validate_score_dataframe
+    from sed_scores_eval.base_modules.statistics import _worker as event_worker
+
+    classes = validate_score_dataframe(scores[ids[0]])[1]
+    truth = multi_label_to_single_label_ground_truths(ground_truth, classes)
+    summed: dict = {}  # class -> (scores, deltas (K, S), statistic names, floor)
+    step = max(1, clips_per_part)
+    for start in range(0, len(ids), step):
+        part = ids[start:start + step]
+        if hasattr(kind, "statistics_fn"):  # event-based: the shared worker with the kind's criterion
+            deltas = event_worker(part, scores, truth, kind.statistics_fn, criteria, kind.acceleration_fn)
+        else:  # segment-based: its own worker
+            deltas = kind._worker(part, scores, truth, criteria["audio_durations"], criteria["segment_length"], classes,
+                                  criteria["time_decimals"])
+        for c in classes:
+            summed[c] = _add_deltas(summed.get(c), [deltas[i][c] for i in part], drop_low)
+        del deltas
+    return {c: (cps, {k: d[:, n] for n, k in enumerate(keys)}) for c, (cps, d, keys, _) in summed.items()}
+
+
+def _add_deltas(summed: tuple | None, clips: list[tuple], drop_low) -> tuple:
+    """One class's running sum of deltas plus those of ``clips`` (each ``(change-point scores (k,),
+    {statistic: deltas (k,)})``) -> ``(scores (K,) ascending and distinct, deltas (K, S),
+    statistic names, floor)``; change points at or below ``floor`` are dropped (:func:`summed_deltas`)."""
+    keys = summed[2] if summed is not None else sorted(clips[0][1])  # one order for every part (clips list them in any)
+    cps = np.concatenate([c for c, _ in clips])
+    deltas = np.stack([np.concatenate([d[k] for _, d in clips]) for k in keys], axis=1)
+    floor = -np.inf
+    if summed is not None:
+        old_cps, old, _, floor = summed
+        cps, deltas = np.concatenate([old_cps, cps]), np.concatenate([old, deltas])
+    keep = cps > floor
+    order = np.argsort(cps[keep], kind="stable")
+    cps, deltas = cps[keep][order], deltas[keep][order]
+    if len(cps):
+        starts = np.flatnonzero(np.r_[True, cps[1:] != cps[:-1]])
+        cps, deltas = cps[starts], np.add.reduceat(deltas, starts, axis=0)
+    # counts are kept in half the bytes; each part's sums are made in the library's int64 and checked
+    if deltas.dtype.kind in "iu" and (not deltas.size or np.abs(deltas).max() < 2**31):
+        deltas = deltas.astype(np.int32)
+    cut = drop_low(cps, deltas, keys) if drop_low is not None and len(cps) else 0
+    if cut:
+        floor, cps, deltas = cps[cut - 1], cps[cut:], deltas[cut:]
+    if not len(cps) and floor > -np.inf:  # all dropped: one change point with nothing in it, at the floor, keeps the
+        cps, deltas = np.array([floor]), np.zeros((1, len(keys)), deltas.dtype)  # library's curves one point long
+    return cps, deltas, keys, floor
 
 
 def event_counts(ground_truth: dict) -> dict[str, int]:

@@ -344,3 +344,92 @@ def test_timer_splits_library_time_from_the_rest(monkeypatch):
     assert s["sed_scores_eval_s"] == 6.5
     assert s["outside_sed_scores_eval_share"] == round(1.0 / 7.5, 4)
     assert M.Timer().summary() == {"total_s": 0.0, "metrics_s": 0.0, "sed_scores_eval_s": 0.0, "outside_sed_scores_eval_share": 0.0}
+
+
+# --------------------------------------------------------------------------- statistics in parts
+
+
+def noisy_split(clips: int = 60, seed: int = 11) -> tuple[dict, dict, dict]:
+    """Score tables, truth and durations of ``clips`` clips: the crafted events tiled over the
+    split, the scores noise plus a bump over each event (so curves have hundreds of points)."""
+    rng = np.random.default_rng(seed)
+    ids = [f"n{k:03d}" for k in range(clips)]
+    truth = {i: GROUND_TRUTH[IDS[k % len(IDS)]] for k, i in enumerate(ids)}
+    probs = []
+    for i in ids:
+        p = rng.random((100, len(CLASSES))) * 0.5
+        for on, off, c in truth[i]:
+            p[frames_of(on, off), CLASSES.index(c)] += rng.uniform(0.1, 0.6)
+        probs.append(M.smooth(np.clip(p, 0, 1), 3))
+    return M.score_dataframes(ids, [GRID] * clips, probs, CLASSES), truth, {i: 10.0 for i in ids}
+
+
+@pytest.mark.parametrize("settings", [M.PSDS1, M.PSDS2], ids=["psds1", "psds2"])
+@pytest.mark.parametrize("part", [7, 1000])
+def test_psds_in_parts_is_sed_scores_eval_s_to_the_last_bit(settings, part):
+    """Summed a few clips at a time, with the thresholds past max_efpr dropped as they come,
+    PSDS, per-class PSDS, the PSD-ROC and every class's curve equal the library's own call."""
+    from sed_scores_eval import intersection_based
+
+    tables, truth, durations = noisy_split()
+    s = settings
+    theirs = intersection_based.psds(tables, truth, durations, dtc_threshold=s.dtc, gtc_threshold=s.gtc,
+                                     cttc_threshold=s.cttc, alpha_ct=s.alpha_ct, alpha_st=s.alpha_st,
+                                     unit_of_time="hour", max_efpr=s.max_efpr)
+    ours = M.psds(tables, truth, durations, s, clips_per_part=part)
+    assert 0.05 < theirs[0] < 0.99  # neither nothing nor everything detected
+    assert ours[0] == theirs[0] and ours[1] == theirs[1]
+    assert all(np.array_equal(a, b) for a, b in zip(ours[2], theirs[2]))
+    assert ours[3].keys() == theirs[3].keys()
+    for c in CLASSES:
+        assert all(np.array_equal(a, b) for a, b in zip(ours[3][c], theirs[3][c]))
+
+
+def test_psds_in_parts_keeps_far_fewer_thresholds_than_there_are_change_points():
+    """The memory bound: at 60 clips most change points are past max_efpr and are not kept."""
+    from sed_scores_eval.intersection_based import intermediate_statistics as intersection
+
+    tables, truth, durations = noisy_split()
+    ids = sorted(tables)
+    s = M.PSDS2
+    criteria = {"dtc_threshold": s.dtc, "gtc_threshold": s.gtc, "cttc_threshold": s.cttc, "time_decimals": 6}
+    every = M.summed_deltas(tables, truth, ids, intersection, criteria, clips_per_part=7)
+    total_s = sum(durations.values())
+
+    def past(cps, deltas, keys):
+        false = np.cumsum(deltas[::-1, keys.index("fps")])[::-1]
+        bad = false / total_s * 3600 > s.max_efpr
+        return len(bad) if bad.all() else int(np.argmin(bad))
+
+    kept = M.summed_deltas(tables, truth, ids, intersection, criteria, clips_per_part=7, drop_low=past)
+    for c in CLASSES:
+        assert len(kept[c][0]) < len(every[c][0]) / 4
+        # what is kept is the top of the full sum, unchanged
+        top = every[c][0] >= kept[c][0][0]
+        assert np.array_equal(every[c][0][top], kept[c][0])
+        assert all(np.array_equal(every[c][1][k][top], kept[c][1][k]) for k in every[c][1])
+
+
+@pytest.mark.parametrize("threshold", [0.5, 1.0])
+def test_collar_and_segment_f1_and_segment_auroc_in_parts_are_sed_scores_eval_s(threshold):
+    """Collar F1 (change points at or below the threshold dropped), segment F1 and segment
+    AUROC from statistics summed in parts equal the library's calls; at 1.0 no class has a
+    change point above the threshold, which still reads as nothing detected."""
+    from sed_scores_eval import collar_based, segment_based
+    from sed_scores_eval.base_modules.roc import auroc_from_intermediate_statistics
+    from sed_scores_eval.segment_based.intermediate_statistics import accumulated_intermediate_statistics
+
+    tables, truth, durations = noisy_split()
+    c = M.COLLAR
+    theirs = collar_based.fscore(tables, truth, threshold, onset_collar=c.onset_collar_s, offset_collar=c.offset_collar_s,
+                                 offset_collar_rate=c.offset_collar_rate)
+    ours = M.collar_fscore(tables, truth, threshold, clips_per_part=7)
+    assert ours[:3] == theirs[:3] and ours[3] == theirs[3]
+    assert (0.05 < theirs[0]["macro_average"] < 0.95) if threshold < 1 else theirs[0]["macro_average"] == 0.0
+    segments = M.segment_statistics(tables, truth, durations, 1.0, clips_per_part=7)
+    assert segment_based.fscore(None, truth, durations, threshold, deltas=segments, segment_length=1.0)[:3] == \
+        segment_based.fscore(tables, truth, durations, threshold, segment_length=1.0)[:3]
+    mine, _ = accumulated_intermediate_statistics(None, truth, durations, deltas=segments)
+    library, _ = accumulated_intermediate_statistics(tables, truth, durations, segment_length=1.0)
+    for max_fpr in (None, 0.1):
+        assert auroc_from_intermediate_statistics(mine, max_fpr=max_fpr)[0] == auroc_from_intermediate_statistics(library, max_fpr=max_fpr)[0]
