@@ -186,7 +186,8 @@ def psds(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict,
          clips_per_part: int = CLIPS_PER_PART) -> tuple:
     """sed_scores_eval's intersection-based PSDS (``intersection_based.psds``, same return value:
     ``(psds, {class: psds}, (etpr, efpr), {class: (tpr, efpr, scores)})``, equal to the last bit)
-    in memory that does not grow with the test split's change points.
+    in a small part of the library's memory: one part of clips at a time, and only the change
+    points a PSD-ROC can still use.
 
     The library gathers every clip's statistic deltas (per class: one column for true
     positives, one for false positives and, with a cross-trigger criterion, one per other
