@@ -42,6 +42,7 @@ from pipeline.audio import AudioError, decode_mono
 from trainer.data.labels import frame_labels
 from trainer.evaluation.detector import Detector
 from trainer.evaluation.probes import clip_probe, frame_probe
+from trainer.evaluation.scoring import Packed
 from trainer.evaluation.testset import EventClips, ShardSplit
 
 FEATURES = "audio encoder's final-layer frames, mean over frequency (encoder width), before FineLAP's adapter and projections"
@@ -93,6 +94,7 @@ def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> lis
         raise ValueError("encoder_frames: the detectors read audio on different grids; probe them one at a time")
     cols, col_samples, window = det.columns, det.column_samples, det.window_samples
     out: list[list[np.ndarray]] = [[] for _ in dets]
+    kept = [Packed() for _ in dets]  # every clip's frames stay to the end: a few large chunks per model, not one allocation each
     queue: list[tuple[int, int, int, np.ndarray]] = []  # (clip, first column, columns kept, samples)
 
     fronts = {(d.model.encoder.fbank.params, d.device) if hasattr(d.model.encoder, "fbank") else None for d in dets}
@@ -112,8 +114,8 @@ def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> lis
     for k, wave in enumerate(waves):
         wave = np.asarray(wave, dtype=np.float32)
         frames = len(det.timestamps_s(len(wave))) - 1
-        for d, per_clip in zip(dets, out):
-            per_clip.append(np.zeros((frames, d.model.encoder.width), np.float32))
+        for d, per_clip, store in zip(dets, out, kept):
+            per_clip.append(store.zeros((frames, d.model.encoder.width), np.float32))
         for first in range(0, frames, cols):
             piece = wave[first * col_samples:first * col_samples + window]
             queue.append((k, first, min(cols, frames - first), np.pad(piece, (0, window - len(piece)))))

@@ -69,6 +69,7 @@ from trainer.evaluation.scoring import (
     detection,
     frame_classification_metrics,
     grounding,
+    release_freed_heap,
     retrieval_metrics,
     score_all,
     subset,
@@ -294,6 +295,7 @@ def run(params) -> dict:
         for name, det in models.items():
             summary["test"][name], extras[name] = evaluate_split(det, split, clips, e, details=details, model=name, timer=timer,
                                                                   skips=skips, threshold_source=source)
+            release_freed_heap()  # its scores and metric tables are gone; what comes next (probes' frames) is mapped anew
         summary["protocol"] = extras["trained"]["protocol"]
         if e.probes:
             summary["probes"] = probes(models, e, split, clips, params.seed, timer)

@@ -24,6 +24,7 @@ from trainer.evaluation import detect_files as D
 from pipeline.audio import decode_mono
 from trainer.evaluation.detector import ClipScores, Detector
 from trainer.evaluation.metrics import smooth
+from trainer.evaluation.scoring import Packed, score_all
 from trainer.model import build_model
 from trainer.objective import Objective
 from trainer.stages.train import config_of
@@ -248,6 +249,52 @@ def test_batching_does_not_change_scores(setup):
     np.testing.assert_allclose(mixed[0].probs[0], alone[0].probs[0], atol=1e-5)
     (ref,) = det.score([waves[1]], [other])
     np.testing.assert_allclose(mixed[1].probs[0], ref.probs[0], atol=1e-5)
+
+
+def test_score_all_keeps_each_clips_scores_packed_and_read_only(det, setup):
+    vocabs = [det.vocabulary(QUERIES), det.vocabulary(["bird song"])]
+    waves = {"n1": noise(23.0, 5), "n2": noise(3.0, 6)}
+    audio = [(i, _flac(w)) for i, w in waves.items()] + [("bad", b"not audio " * 30)]
+    skips = []
+    scored = score_all(det, audio, lambda i: vocabs, skips)
+    assert scored.ids == ["n1", "n2"] and [s.item_id for s in skips] == ["bad"]
+    alone = list(det.score([decode_mono(b, det.sample_rate_hz) for _, b in audio[:2]], vocabs))
+    for k, ref in enumerate(alone):
+        kept = [scored.clips[k], scored.timestamps_s[k], *scored.probs[k]]
+        for a, b in zip(kept, [ref.clip, ref.timestamps_s, *ref.probs]):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+            assert not a.flags.writeable
+    assert np.shares_memory(scored.probs[0][0].base, scored.probs[1][1].base)  # one chunk, not one allocation each
+
+
+def _flac(wave: np.ndarray) -> bytes:
+    import io
+
+    f = io.BytesIO()
+    sf.write(f, wave, SR, format="FLAC", subtype="PCM_16")
+    return f.getvalue()
+
+
+def test_packed_copies_into_aligned_chunks():
+    rng = np.random.default_rng(0)
+    store = Packed(chunk_bytes=4096)
+    arrays = [rng.random((7, 3), dtype=np.float32), np.arange(5, dtype=np.float64), np.zeros((0, 4), np.float32),
+              rng.integers(0, 9, (2, 2, 2)), rng.random((40, 40))]  # the last is larger than a chunk: a chunk of its own
+    views = [store.put(a) for a in arrays]
+    for a, v in zip(arrays, views):
+        assert v.dtype == a.dtype and v.shape == a.shape and not v.flags.writeable and v.flags.c_contiguous
+        np.testing.assert_array_equal(v, a)
+        assert not np.shares_memory(v, a)
+        assert v.ctypes.data % Packed.ALIGN_BYTES == 0 or v.size == 0
+    assert np.shares_memory(views[0], views[3].base) and views[4].base.nbytes < 2 * arrays[4].nbytes
+    np.testing.assert_array_equal(store.put(arrays[0][:, 1]), arrays[0][:, 1])  # a strided view: copied contiguous
+    arrays[0][:] = 5  # the copies do not follow the originals
+    assert not (views[0] == 5).any()
+    filled = store.zeros((3, 2), np.int16)
+    assert filled.flags.writeable and filled.dtype == np.int16 and not filled.any()
+    filled[1] = 7
+    np.testing.assert_array_equal(views[3], arrays[3])  # its neighbours untouched
 
 
 # --------------------------------------------------------------------------- events
