@@ -81,10 +81,8 @@ def release_freed_heap() -> None:
     under the probes' frames.
     """
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: libc's, where it has one
     if trim is not None:
         trim(0)
 

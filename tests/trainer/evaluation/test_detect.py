@@ -21,7 +21,7 @@ from sedsynth.cli import main
 from tests.conftest import tiny_train_params, tone_burst
 from trainer import checkpoint
 from trainer.evaluation import detect_files as D
-from pipeline.audio import decode_mono
+from pipeline.audio import decode_mono, encode_flac, quantize_int16
 from trainer.evaluation.detector import ClipScores, Detector
 from trainer.evaluation.metrics import smooth
 from trainer.evaluation.scoring import Packed, score_all
@@ -254,7 +254,7 @@ def test_batching_does_not_change_scores(setup):
 def test_score_all_keeps_each_clips_scores_packed_and_read_only(det, setup):
     vocabs = [det.vocabulary(QUERIES), det.vocabulary(["bird song"])]
     waves = {"n1": noise(23.0, 5), "n2": noise(3.0, 6)}
-    audio = [(i, _flac(w)) for i, w in waves.items()] + [("bad", b"not audio " * 30)]
+    audio = [(i, encode_flac(quantize_int16(w), SR)) for i, w in waves.items()] + [("bad", b"not audio " * 30)]
     skips = []
     scored = score_all(det, audio, lambda i: vocabs, skips)
     assert scored.ids == ["n1", "n2"] and [s.item_id for s in skips] == ["bad"]
@@ -266,14 +266,6 @@ def test_score_all_keeps_each_clips_scores_packed_and_read_only(det, setup):
             np.testing.assert_array_equal(a, b)
             assert not a.flags.writeable
     assert np.shares_memory(scored.probs[0][0].base, scored.probs[1][1].base)  # one chunk, not one allocation each
-
-
-def _flac(wave: np.ndarray) -> bytes:
-    import io
-
-    f = io.BytesIO()
-    sf.write(f, wave, SR, format="FLAC", subtype="PCM_16")
-    return f.getvalue()
 
 
 def test_packed_copies_into_aligned_chunks():
