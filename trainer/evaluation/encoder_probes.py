@@ -227,63 +227,81 @@ def run_probes(dets: dict[str, Detector], data: ProbeData, e, seed: int) -> dict
     """Every probe on each detector's frozen encoder -> per detector name ``{"clip_<pooling>":
     clip_probe figures (per ``e.probe_pooling``), "frame": frame_probe figures, "unreadable": clips
     that did not decode}``; a probe without data is ``{"skipped": reason}``. ``e`` is the
-    ``evaluate`` section (probe steps, lr, heads, pooling, segment_s). The audio is decoded once
-    for every detector (:func:`encoder_frames`), then the heads are fitted side by side
-    (:func:`fit_side_by_side`); a detector's figures are those it would get probed alone."""
-    names, models = list(dets), list(dets.values())
-    det = models[0]
-    settings = {"steps": e.probe_steps, "lr": e.probe_lr, "seed": seed}
+    ``evaluate`` section (probe steps, lr, heads, pooling, segment_s). The frame probes, then the
+    clip probes: each set's audio is decoded once for every detector (:func:`encoder_frames`), its
+    heads are fitted side by side (:func:`fit_side_by_side`), and its features go before the next
+    set's are read, so the two sets are never in memory together. A detector's figures are those it
+    would get probed alone."""
+    names = list(dets)
     out: dict[str, dict] = {name: {} for name in names}
-    fits: dict[tuple[str, str], Callable[[], dict]] = {}
-    extra: dict[tuple[str, str], dict] = {}
     unreadable = 0
-    train_ids, train_x, bad_train = mixture_features(models, data.train_split, data.train_ids)
-    test_ids, test_x, bad_test = mixture_features(models, data.test_split, data.test_ids)
-    unreadable += len(bad_train) + len(bad_test)
-    if not train_ids or not test_ids:
+    for probe_set in (_frame_fits, _clip_fits):
+        fits, extra, skipped, bad = probe_set(dets, data, e, {"steps": e.probe_steps, "lr": e.probe_lr, "seed": seed})
+        unreadable += bad
         for name in names:
-            out[name]["frame"] = {"skipped": f"{len(train_ids)} training and {len(test_ids)} held-out mixtures read"}
-    else:
-        classes = data.test_split.classes
-        min_overlap = det.train_params.data.min_label_overlap
-        ya = frame_targets(det, data.train_split, train_ids, train_x[0], classes, min_overlap)
-        yb = frame_targets(det, data.test_split, test_ids, test_x[0], classes, min_overlap)
-        segment_frames = max(1, round(e.segment_s / det.column_s))
-        for name, d in zip(names, models):
-            (xa, va), (xb, vb) = on(d, padded(train_x.pop(0))), on(d, padded(test_x.pop(0)))  # each model's frames, once
-            fits[name, "frame"] = partial(frame_probe, xa, ya, xb, yb, train_valid=va, test_valid=vb,
-                                          segment_frames=segment_frames, **settings)
-            extra[name, "frame"] = {"classes": len(classes), "train_clips": len(train_ids), "test_clips": len(test_ids)}
-    if data.train_clips is None or data.test_clips is None:
-        for name in names:
-            for pooling in e.probe_pooling:
-                out[name][f"clip_{pooling}"] = {"skipped": "no event clips (evaluate.event_clips: null)"}
-    else:
-        train_ids, train_x, bad_train = clip_features(models, data.train_clips)
-        test_ids, test_x, bad_test = clip_features(models, data.test_clips)
-        unreadable += len(bad_train) + len(bad_test)
-        classes = sorted({data.train_clips.labels[i] for i in train_ids})
-        where = {c: k for k, c in enumerate(classes)}
-        keep = [k for k, i in enumerate(test_ids) if data.test_clips.labels[i] in where]
-        ya = np.array([where[data.train_clips.labels[i]] for i in train_ids])
-        yb = np.array([where[data.test_clips.labels[test_ids[k]]] for k in keep])
-        for name, d in zip(names, models):
-            xs_train, xs_test = train_x.pop(0), test_x.pop(0)
-            if len(classes) < 2 or not keep:
-                for pooling in e.probe_pooling:
-                    out[name][f"clip_{pooling}"] = {"skipped": f"{len(classes)} training classes, {len(keep)} held-out clips of them"}
-                continue
-            (xa, va), (xb, vb) = on(d, padded(xs_train)), on(d, padded([xs_test[k] for k in keep]))
-            for pooling in sorted(e.probe_pooling):  # attention before mean: the longer fit starts first
-                fits[name, f"clip_{pooling}"] = partial(clip_probe, xa, ya, xb, yb, pooling=pooling, num_classes=len(classes),
-                                                        train_valid=va, test_valid=vb, heads=e.probe_heads, **settings)
-                extra[name, f"clip_{pooling}"] = {"classes": len(classes), "test_clips_unseen_class": len(test_ids) - len(keep)}
-        del xs_train, xs_test
-    for (name, probe), found in fit_side_by_side(fits, det.device).items():
-        out[name][probe] = found | extra[name, probe]
+            out[name] |= skipped
+        for (name, probe), found in fit_side_by_side(fits, next(iter(dets.values())).device).items():
+            out[name][probe] = found | extra[name, probe]
+        del fits  # the set's features
     for name in names:
         out[name] = {key: out[name][key] for key in [*(f"clip_{p}" for p in e.probe_pooling), "frame"]} | {"unreadable": unreadable}
     return out
+
+
+Fits = dict[tuple[str, str], Callable[[], dict]]
+
+
+def _frame_fits(dets: dict[str, Detector], data: ProbeData, e, settings: dict) -> tuple[Fits, dict, dict, int]:
+    """The frame probes: ``(fits, extra figures per fit, {"frame": skipped} for every detector or {}, unreadable mixtures)``."""
+    models = list(dets.values())
+    det = models[0]
+    train_ids, train_x, bad_train = mixture_features(models, data.train_split, data.train_ids)
+    test_ids, test_x, bad_test = mixture_features(models, data.test_split, data.test_ids)
+    bad = len(bad_train) + len(bad_test)
+    if not train_ids or not test_ids:
+        return {}, {}, {"frame": {"skipped": f"{len(train_ids)} training and {len(test_ids)} held-out mixtures read"}}, bad
+    fits: Fits = {}
+    extra: dict[tuple[str, str], dict] = {}
+    classes = data.test_split.classes
+    min_overlap = det.train_params.data.min_label_overlap
+    ya = frame_targets(det, data.train_split, train_ids, train_x[0], classes, min_overlap)
+    yb = frame_targets(det, data.test_split, test_ids, test_x[0], classes, min_overlap)
+    segment_frames = max(1, round(e.segment_s / det.column_s))
+    for name, d in dets.items():
+        (xa, va), (xb, vb) = on(d, padded(train_x.pop(0))), on(d, padded(test_x.pop(0)))  # each model's frames, once
+        fits[name, "frame"] = partial(frame_probe, xa, ya, xb, yb, train_valid=va, test_valid=vb,
+                                      segment_frames=segment_frames, **settings)
+        extra[name, "frame"] = {"classes": len(classes), "train_clips": len(train_ids), "test_clips": len(test_ids)}
+    return fits, extra, {}, bad
+
+
+def _clip_fits(dets: dict[str, Detector], data: ProbeData, e, settings: dict) -> tuple[Fits, dict, dict, int]:
+    """The clip probes, one per pooling: ``(fits, extra figures per fit, {"clip_<pooling>": skipped}
+    for every detector or {}, unreadable clips)``; attention before mean, so the longer fit starts first."""
+    if data.train_clips is None or data.test_clips is None:
+        return {}, {}, {f"clip_{pooling}": {"skipped": "no event clips (evaluate.event_clips: null)"} for pooling in e.probe_pooling}, 0
+    models = list(dets.values())
+    train_ids, train_x, bad_train = clip_features(models, data.train_clips)
+    test_ids, test_x, bad_test = clip_features(models, data.test_clips)
+    bad = len(bad_train) + len(bad_test)
+    classes = sorted({data.train_clips.labels[i] for i in train_ids})
+    where = {c: k for k, c in enumerate(classes)}
+    keep = [k for k, i in enumerate(test_ids) if data.test_clips.labels[i] in where]
+    if len(classes) < 2 or not keep:
+        why = {"skipped": f"{len(classes)} training classes, {len(keep)} held-out clips of them"}
+        return {}, {}, {f"clip_{pooling}": why for pooling in e.probe_pooling}, bad
+    fits: Fits = {}
+    extra: dict[tuple[str, str], dict] = {}
+    ya = np.array([where[data.train_clips.labels[i]] for i in train_ids])
+    yb = np.array([where[data.test_clips.labels[test_ids[k]]] for k in keep])
+    for name, d in dets.items():
+        xs_train, xs_test = train_x.pop(0), test_x.pop(0)
+        (xa, va), (xb, vb) = on(d, padded(xs_train)), on(d, padded([xs_test[k] for k in keep]))
+        for pooling in sorted(e.probe_pooling):
+            fits[name, f"clip_{pooling}"] = partial(clip_probe, xa, ya, xb, yb, pooling=pooling, num_classes=len(classes),
+                                                    train_valid=va, test_valid=vb, heads=e.probe_heads, **settings)
+            extra[name, f"clip_{pooling}"] = {"classes": len(classes), "test_clips_unseen_class": len(test_ids) - len(keep)}
+    return fits, extra, {}, bad
 
 
 def protocol(det: Detector, data: ProbeData, e, seed: int) -> dict:

@@ -97,8 +97,10 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
         y_train = y_train.long()
         classes = num_classes or int(max(y_train.max(), y_test.max())) + 1
     mean, std = _standardiser(x_train[valid_train])
-    x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
     dim = x_train.shape[-1]
+
+    def standardised(x: torch.Tensor) -> torch.Tensor:  # a batch at a time: the features are never copied whole
+        return (x - mean) / std
 
     with _SEEDED_INIT, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -107,14 +109,15 @@ def clip_probe(train_features, train_labels, test_features, test_labels, *,
     model = nn.ModuleDict({"head": head, **({"pool": pool} if pool is not None else {})}).to(x_train.device)
 
     if pool is None:  # mean pooling has nothing to learn: pool once
-        pooled_train, pooled_test = mean_pool(x_train, valid_train), mean_pool(x_test, valid_test)
+        pooled_train, pooled_test = (torch.cat([mean_pool(standardised(x), v) for x, v in zip(xs.split(batch_size), vs.split(batch_size))])
+                                     for xs, vs in ((x_train, valid_train), (x_test, valid_test)))
 
         def logits(split: str, idx: torch.Tensor) -> torch.Tensor:
             return head((pooled_train if split == "train" else pooled_test).index_select(0, idx))
     else:
         def logits(split: str, idx: torch.Tensor) -> torch.Tensor:
             x, v = (x_train, valid_train) if split == "train" else (x_test, valid_test)
-            return head(pool(x.index_select(0, idx), v.index_select(0, idx)))
+            return head(pool(standardised(x.index_select(0, idx)), v.index_select(0, idx)))
 
     loss_of = nn.functional.binary_cross_entropy_with_logits if multi_label else nn.functional.cross_entropy
     final_loss, taken = _fit(model, lambda idx: loss_of(logits("train", idx), y_train.index_select(0, idx)), len(x_train), steps,
@@ -148,26 +151,41 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
     """
     x_train, valid_train = _frames(train_features, train_valid)
     x_test, valid_test = _frames(test_features, test_valid)
-    y_train = _tensor(train_targets, x_train.device).float()[valid_train]  # (M, C)
-    y_test = _tensor(test_targets, "cpu").bool()  # (N, T, C)
-    frames_train = x_train[valid_train]  # (M, D), a copy: standardised in place
-    mean, std = _standardiser(frames_train)
-    frames_train.sub_(mean).div_(std)
-    x_test = (x_test - mean) / std
+    targets_train = _tensor(train_targets, x_train.device)
+    classes = targets_train.shape[-1]
+    targets_train = targets_train.reshape(-1, classes)  # (N T, C): rows picked a batch at a time, as float
+    targets = _tensor(test_targets, "cpu").bool().numpy()  # (N, T, C)
+    # the valid training frames are rows of the (N T, D) frames: each batch picks and standardises its own,
+    # so neither the frames nor the targets are copied whole (a padded corpus's features are hundreds of MB)
+    rows = valid_train.reshape(-1).nonzero().squeeze(1)  # (M,)
+    flat_train = x_train.reshape(-1, x_train.shape[-1])
+    mean, std = _standardiser(flat_train.index_select(0, rows))
     with _SEEDED_INIT, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        head = nn.Linear(x_train.shape[-1], y_train.shape[-1])
+        head = nn.Linear(x_train.shape[-1], classes)
     head = head.to(x_train.device)
-    final_loss, taken = _fit(head, lambda idx: nn.functional.binary_cross_entropy_with_logits(head(frames_train.index_select(0, idx)), y_train.index_select(0, idx)),
-                      len(frames_train), steps, batch_frames, lr, weight_decay, seed)
+
+    def batch_loss(idx: torch.Tensor) -> torch.Tensor:
+        picked = rows.index_select(0, idx)
+        return nn.functional.binary_cross_entropy_with_logits(head((flat_train.index_select(0, picked) - mean) / std),
+                                                              targets_train.index_select(0, picked).float())
+
+    final_loss, taken = _fit(head, batch_loss, len(rows), steps, batch_frames, lr, weight_decay, seed)
+    valid_test = valid_test.cpu().numpy()
+    scores = np.empty((int(valid_test.sum()), classes), np.float32)  # the valid test frames' probabilities, in order
+    predicted = np.zeros(targets.shape, bool)
+    clips_per_batch, at = max(1, batch_frames // x_test.shape[1]), 0
     with torch.no_grad():
-        probs = torch.cat([torch.sigmoid(head(x)) for x in x_test.split(max(1, batch_frames // x_test.shape[1]))])
-    probs, valid_test = probs.float().cpu().numpy(), valid_test.cpu().numpy()
-    targets = y_test.numpy()
-    frame_auc, scored = macro_auroc(probs[valid_test], targets[valid_test])
+        for first, x in zip(range(0, len(x_test), clips_per_batch), x_test.split(clips_per_batch)):
+            probs = torch.sigmoid(head((x - mean) / std)).float().cpu().numpy()  # (B, T, C)
+            valid = valid_test[first:first + len(x)]
+            predicted[first:first + len(x)] = probs >= threshold
+            scores[at:at + valid.sum()] = probs[valid]
+            at += valid.sum()
+    frame_auc, scored = macro_auroc(scores, targets[valid_test])
     return {"frame_auroc_macro": frame_auc, "classes_scored": scored,
-            **segment_f1(probs >= threshold, targets, valid_test, segment_frames),
-            "train_frames": len(frames_train), "test_frames": int(valid_test.sum()),
+            **segment_f1(predicted, targets, valid_test, segment_frames),
+            "train_frames": len(rows), "test_frames": len(scores),
             "final_train_loss": final_loss, "steps": taken}
 
 

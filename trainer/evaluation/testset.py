@@ -66,11 +66,12 @@ class ShardSplit:
 
     def audio(self) -> Iterator[tuple[str, bytes]]:
         """``(id, encoded bytes)`` in :attr:`ids` order, :data:`AUDIO_BATCH_ROWS` rows in memory at a
-        time (a row group of the hub's size holds 100-300 MB of audio)."""
+        time (a row group of the hub's size holds 100-300 MB of audio). Column chunks are not
+        pre-buffered: Arrow would otherwise hold a second copy of the row group's audio."""
         for path, kept in zip(self.files, self.kept or [None] * len(self.files)):
             fs, root = _fs(path)
             with fs.open(root, "rb") as f:
-                pf = pq.ParquetFile(f)
+                pf = pq.ParquetFile(f, pre_buffer=False)
                 k = 0
                 for batch in pf.iter_batches(batch_size=AUDIO_BATCH_ROWS, columns=["id", "audio"]):
                     for i, a in zip(batch.column("id").to_pylist(), batch.column("audio").to_pylist()):

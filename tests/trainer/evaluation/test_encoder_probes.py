@@ -6,7 +6,9 @@ multi-head attention, single-label mAP ranks by softmax, and the heads fit on on
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
@@ -162,6 +164,34 @@ def test_clip_probes_train_on_one_side_and_score_the_other(tmp_path):
         probe = out[f"clip_{pooling}"]
         assert probe["top1_accuracy"] == 1.0 and probe["mean_average_precision"] == 1.0, pooling
         assert probe["train_clips"] == 15 and probe["test_clips"] == 9 and probe["classes"] == 3
+
+
+def test_the_clip_probes_read_their_clips_once_the_frame_probes_features_are_gone(tmp_path, monkeypatch):
+    """One probe set's features at a time: the frame probes' padded frames are freed before the
+    event clips are decoded, so their memory and the clip probes' never add up."""
+    from trainer.evaluation import encoder_probes
+
+    rng = np.random.default_rng(4)
+    clips = write_clips(tmp_path, rng, 4, "train"), write_clips(tmp_path, rng, 2, "test")
+    data = probe_data(MemorySplit(rng, 4), MemorySplit(rng, 3, prefix="t"), *clips, max_clips=20, seed=0)
+    frames_fed: list[weakref.ref] = []
+    when_clips_read: list[tuple[int, int]] = []  # (frame features fed so far, still alive)
+    fit, read = encoder_probes.frame_probe, encoder_probes.clip_features
+
+    def frame_probe(xa, ya, xb, yb, **kwargs):
+        frames_fed.extend(weakref.ref(x) for x in (xa, xb))
+        return fit(xa, ya, xb, yb, **kwargs)
+
+    def clip_features(*args):
+        gc.collect()
+        when_clips_read.append((len(frames_fed), sum(r() is not None for r in frames_fed)))
+        return read(*args)
+
+    monkeypatch.setattr(encoder_probes, "frame_probe", frame_probe)
+    monkeypatch.setattr(encoder_probes, "clip_features", clip_features)
+    out = run_probes({"a": stub_detector(), "b": stub_detector(noise=True)}, data, settings(), seed=0)
+    assert when_clips_read == [(4, 0), (4, 0)]  # both sides' clips, after both models' frame probes, none of their frames kept
+    assert all("skipped" not in out[m][probe] for m in "ab" for probe in ("frame", "clip_mean", "clip_attention"))
 
 
 def test_fast_attention_pooling_is_multi_head_attention():
