@@ -5,7 +5,7 @@ makes its row. Output, in a (staging) dataset folder: Parquet shards in the sche
 writes (:func:`~pipeline.shards.layout.shard_schema`), a new shard when the audio in one
 reaches ``shard_size_mb`` and a new row group at ``row_group_size_mb``, every column
 compressed with ``compression`` but the audio bytes (stored as they are: they do not
-compress) and cut into data pages of about a megabyte (:func:`page_rows`), and ``index.json`` (per shard: split, rows, row groups, bytes, sha256). The
+compress), and ``index.json`` (per shard: split, rows, row groups, bytes, sha256). The
 synthetic pipeline's shards stage and the corpus importers both write through here, so one
 loader reads everything; both read a row group's audio files with :func:`audio_column`.
 """
@@ -43,18 +43,6 @@ def plan_chunks(sizes: list[int], limit_bytes: float) -> list[tuple[int, int]]:
 
 
 AUDIO_BYTES = "audio.bytes"  # the Parquet column path of the encoded audio
-PAGE_BYTES = 1 << 20  # Parquet's data page size: a reader streaming the audio holds about one page, not a row group
-
-
-def page_rows(sizes: Sequence[int]) -> int:
-    """Rows the Parquet writer takes at a time for a shard whose rows hold ``sizes`` bytes of audio:
-    enough for about :data:`PAGE_BYTES` (at least 1, at most Parquet's default of 1,024).
-
-    The writer closes a data page only between such batches, so at the default a page of the audio
-    column held a whole row group (about 200 MB), and a reader had to hold all of it to read one
-    row; with batches of about a page, pages stay near :data:`PAGE_BYTES`."""
-    mean = sum(sizes) / max(len(sizes), 1)
-    return max(1, min(1024, int(PAGE_BYTES // max(mean, 1.0))))
 
 
 def column_paths(schema) -> list[str]:
@@ -128,8 +116,7 @@ def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, S
             for i, (a, b) in enumerate(shards):
                 name = shard_name(split, i, len(shards))
                 groups = [(a + x, a + y) for x, y in plan_chunks(sizes[a:b], row_group_size_mb * MB)]
-                with pq.ParquetWriter(staging / name, schema, compression=codecs, use_dictionary=dictionary,
-                                      write_batch_size=page_rows(sizes[a:b])) as writer:
+                with pq.ParquetWriter(staging / name, schema, compression=codecs, use_dictionary=dictionary) as writer:
                     for x, y in groups:
                         writer.write_table(table_of(items[x:y]), row_group_size=y - x)
                         bar.update(y - x)

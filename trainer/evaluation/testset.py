@@ -36,7 +36,6 @@ META_COLUMNS = ["id", "duration_s", "caption", "phrases"]
 
 
 AUDIO_BATCH_ROWS = 32  # rows :meth:`ShardSplit.audio` converts to Python at a time
-READ_BUFFER_BYTES = 1 << 20  # :meth:`ShardSplit.audio` reads a shard this much at a time
 
 
 @dataclass(frozen=True)
@@ -67,14 +66,12 @@ class ShardSplit:
 
     def audio(self) -> Iterator[tuple[str, bytes]]:
         """``(id, encoded bytes)`` in :attr:`ids` order, :data:`AUDIO_BATCH_ROWS` rows in memory at a
-        time (a row group of the hub's size holds 100-300 MB of audio). The audio is read a buffer
-        at a time, not pre-buffered nor as a whole column chunk, so where the shard's data pages
-        are small (``sedsynth shards`` writes pages of about a megabyte) a page at a time is held
-        rather than the row group's audio."""
+        time (a row group of the hub's size holds 100-300 MB of audio). Column chunks are not
+        pre-buffered: Arrow would otherwise hold a second copy of the row group's audio."""
         for path, kept in zip(self.files, self.kept or [None] * len(self.files)):
             fs, root = _fs(path)
             with fs.open(root, "rb") as f:
-                pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
+                pf = pq.ParquetFile(f, pre_buffer=False)
                 k = 0
                 for batch in pf.iter_batches(batch_size=AUDIO_BATCH_ROWS, columns=["id", "audio"]):
                     for i, a in zip(batch.column("id").to_pylist(), batch.column("audio").to_pylist()):

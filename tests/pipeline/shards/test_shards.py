@@ -37,7 +37,6 @@ from pipeline.schema import (
 )
 from pipeline.shards import publish as pub
 from pipeline.shards.layout import shard_schema
-from pipeline.shards.writer import PAGE_BYTES, page_rows
 from pipeline.stages.shards import INDEX_FIELDS, ShardError, mixture_index, plan_chunks, row_group_table, shard_phrase
 from pipeline.stages.shards import run as shards
 from pipeline.shards.validate import ValidationError, validate
@@ -127,16 +126,6 @@ def test_shards_and_row_groups_follow_the_size_params(dataset) -> None:
             assert columns["audio.path"].has_dictionary_page  # the other columns keep theirs
     assert any(f["num_row_groups"] > 1 for f in train)
     assert sum(f["num_rows"] for f in train) == index["splits"]["train"]["num_rows"] == 20
-
-
-def test_a_data_page_of_audio_holds_about_a_megabyte() -> None:
-    """The writer takes rows a page's worth at a time: Parquet closes a page only between batches,
-    and at its default 1,024 rows one page held a row group's audio (200 MB), which a reader then
-    held whole to read one row."""
-    assert page_rows([220_000] * 883) == 4  # 10 s of 16 kHz FLAC a row: pages close at 4 or 8 rows
-    assert page_rows([150_000, 290_000]) == PAGE_BYTES // 220_000
-    assert page_rows([5_000_000] * 3) == 1  # a row larger than a page: a page each
-    assert page_rows([100] * 50) == page_rows([]) == 1024  # small rows: Parquet's default
 
 
 def test_same_bytes_on_a_second_run(dataset, tmp_path: Path) -> None:

@@ -93,34 +93,3 @@ def test_nothing_usable_is_one_line(copy: Path) -> None:
     with pytest.raises(ValueError, match="no usable rows in the test split") as caught:
         read_split(str(copy), "test")
     assert "\n" not in str(caught.value)
-
-
-def test_a_split_streams_its_audio_a_page_at_a_time(tmp_path: Path) -> None:
-    """Shards as ``sedsynth shards`` writes them are read back a buffer and a page at a time: Arrow
-    never holds a row group's audio (here 200 rows of 100 kB of incompressible bytes, one 20 MB
-    row group, pages of about 1 MB; a batch of rows in Python is 3.2 MB)."""
-    import hashlib
-
-    import numpy as np
-
-    from pipeline.schema import AudioFile, ShardRow
-    from pipeline.shards.writer import write_shards
-
-    rng = np.random.default_rng(0)
-    blobs = [rng.bytes(100_000) for _ in range(200)]
-
-    def row(k: int) -> ShardRow:
-        return ShardRow(id=f"m{k:03d}", audio=AudioFile(bytes=blobs[k], path=f"m{k:03d}.flac"),
-                        audio_sha256=hashlib.sha256(blobs[k]).hexdigest(), sample_rate_hz=16000, duration_s=10.0,
-                        caption="a dog barks", phrases=(), background_id="bg", split="test", license="CC0", licenses=("CC0",),
-                        attribution=(), seed=0)
-
-    write_shards(tmp_path, 16000, {"test": list(range(200))}, lambda k: len(blobs[k]), row_of=row, shard_size_mb=500.0,
-                 row_group_size_mb=200.0, compression="zstd")
-    assert pq.read_metadata(tmp_path / entries(tmp_path, "test")[0]["path"]).num_row_groups == 1
-    split = read_split(str(tmp_path), "test")
-    held = []
-    for i, audio in split.audio():
-        held.append(pa.total_allocated_bytes())
-        assert audio == blobs[int(i[1:])]
-    assert len(held) == 200 and max(held) < 10_000_000  # a batch of rows, a page and the read buffer, not the row group
