@@ -178,10 +178,10 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
     with torch.no_grad():
         for first, x in zip(range(0, len(x_test), clips_per_batch), x_test.split(clips_per_batch)):
             probs = torch.sigmoid(head((x - mean) / std)).float().cpu().numpy()  # (B, T, C)
-            valid = valid_test[first:first + len(x)]
             predicted[first:first + len(x)] = probs >= threshold
-            scores[at:at + valid.sum()] = probs[valid]
-            at += valid.sum()
+            kept = probs[valid_test[first:first + len(x)]]
+            scores[at:at + len(kept)] = kept
+            at += len(kept)
     frame_auc, scored = macro_auroc(scores, targets[valid_test])
     return {"frame_auroc_macro": frame_auc, "classes_scored": scored,
             **segment_f1(predicted, targets, valid_test, segment_frames),
