@@ -40,6 +40,7 @@ from trainer.data.labels import frame_labels
 from trainer.data.mixing import MixingSource
 from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
 from trainer.data.sources import (
+    ParquetSource,
     SourceError,
     open_source,
     piece_rows_for,
@@ -274,14 +275,18 @@ class TrainStream(IterableDataset):
         A repeated row carries ``_pass`` (1, 2, ...), which gives it its own crop and negatives.
         """
         left, repeat = quota, 0
-        while left > 0 and pieces:
-            for piece in pieces:
-                for row in source.read(piece):
-                    if left == 0:
-                        return
-                    left -= 1
-                    yield {**row, "_pass": repeat} if repeat else row
-            repeat += 1
+        try:
+            while left > 0 and pieces:
+                for piece in pieces:
+                    for row in source.read(piece):
+                        if left == 0:
+                            return
+                        left -= 1
+                        yield {**row, "_pass": repeat} if repeat else row
+                repeat += 1
+        finally:  # a held-out stream's source lives on in the training process: its last row group goes now
+            if isinstance(source, ParquetSource):
+                source.release()
 
     def _already_done(self) -> int:
         """Items this worker made before a resume point (the DataLoader takes batches from its

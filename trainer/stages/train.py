@@ -47,6 +47,7 @@ from trainer.config import TrainParams, current_train_section
 from trainer.data.sources import location_free
 from trainer.data.stream import Batch, TrainStream, caption_texts, collate, make_stream
 from trainer.evaluation.calibration import calibrate_checkpoint
+from trainer.evaluation.scoring import release_freed_heap
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, step_progress, write_skips
 from trainer.model import build_model, compile_model
@@ -251,7 +252,7 @@ def start_logs(setup: Setup, step: int, epoch: int) -> Logs:
             logs.skipped_items += [Skip(*row) for row in saved.get("batch_skips", [])]
         write_skips(setup.out / "skipped.csv", logs.skipped_items)
         if step == 0 and setup.valid_loader is not None:
-            untrained = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
+            untrained = held_out_scores(setup)
             valid_log.add({"epoch": 0, "step": 0, **untrained, "wall_s": 0.0})
     distributed.barrier(setup.world)
     return logs
@@ -404,6 +405,14 @@ def log_step(setup: Setup, logs: Logs, step: int, epoch: int, terms: dict[str, t
                         **logs.throughput(setup.world.size, setup.passes), **{k: float(v.detach()) for k, v in terms.items()}})
 
 
+def held_out_scores(setup: Setup) -> dict[str, float]:
+    """:func:`~trainer.heldout.score` on the valid split, then the C heap's freed pages go back to the
+    system: what scoring freed would otherwise stay resident under the steps and calibration that follow."""
+    scores = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
+    release_freed_heap()
+    return scores
+
+
 def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_done: int, data_ended: bool, best: dict) -> dict:
     """Close ``epoch`` after :func:`train_epoch` returned ``(step, micro_batches_done, data_ended)``.
 
@@ -419,7 +428,7 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
         resume_at = (epoch + 1, 0) if epoch_finished else (epoch, micro_batches_done)
         scores = {}
         if setup.valid_loader is not None:  # on this rank alone: the others wait at the barrier below
-            scores = score(setup.objective, setup.valid_loader, setup.world.device, setup.autocast)
+            scores = held_out_scores(setup)
         logs.valid.add({"epoch": epochs_done, "step": step, **scores, "wall_s": round(time.perf_counter() - logs.started, 1)})
         if improves(scores, best, setup.train.best_by):
             best = {"epoch": epochs_done, "step": step, **scores}
@@ -441,6 +450,7 @@ def calibrate(params, setup: Setup) -> dict:
     valid, e = setup.train.data.valid, params.evaluate
     if valid is None or valid.kind != "shards" or not setup.best_path.exists():
         return {}
+    release_freed_heap()  # the steps' freed buffers: the scores of the whole split come next
     entry = calibrate_checkpoint(setup.best_path, valid.path, valid.split, e.f1_median_filters, store_in=(setup.best_path, setup.latest),
                                  device=str(setup.world.device), overlap=e.window_overlap, batch_size=e.batch_size)
     print(f"train: collar F1 threshold {entry['threshold']:.4g} after a {entry['median_filter_frames']}-frame median filter chosen "
