@@ -27,7 +27,10 @@ and workers):
   once per process, so this is an upper bound); ``anon`` is the same sum without the file-backed and
   shared pages (psutil's ``rss - shared``: the heap and the arrays, what the stage cannot hand back
   to the page cache), so a memory-mapped input read by two workers shows in ``peak RSS`` and not
-  here; ``max proc`` is the largest single process's peak (``ru_maxrss`` from ``os.wait4``), which
+  here (it still counts once per process the pages a forked worker shares with its parent); ``PSS``
+  is the sum of the proportional set sizes (each resident page divided by the number of processes
+  mapping it, file-backed or not), the memory the tree holds counted once; ``max proc`` is the
+  largest single process's peak (``ru_maxrss`` from ``os.wait4``), which
   sampling cannot miss;
 - output bytes: the size of every file under the folders the stage writes
   (:data:`sedsynth.OUTPUT_SETTINGS`), after it ends.
@@ -56,7 +59,8 @@ FULL_MIXTURES = 100_000  # FineLAP-100k
 FULL_AMBIENCE_RECORDINGS = 180  # ~1,800 ten-second segments at full size (FineLAP 4.2: 1,765)
 TRAIN_STAGES = ("train", "evaluate")  # run with --train only
 LEFT_OUT = ("pretrain",)
-COLUMNS = ("size", "stage", "items", "wall_s", "cpu_s", "peak_rss_mib", "peak_anon_mib", "max_proc_rss_mib", "output_bytes")
+COLUMNS = ("size", "stage", "items", "wall_s", "cpu_s", "peak_rss_mib", "peak_anon_mib", "peak_pss_mib", "max_proc_rss_mib",
+           "output_bytes")
 SAMPLE_INTERVAL_S = 0.1
 
 # Targets on two cores (docs/benchmarks.md, "Full scale"): minutes at full size for these stages together
@@ -142,30 +146,34 @@ class StageRun:
     cpu_s: float
     peak_rss_mib: float
     peak_anon_mib: float
+    peak_pss_mib: float
     max_proc_rss_mib: float
     output_bytes: int
 
 
-def _tree_memory(proc) -> tuple[int, int]:
-    """(resident bytes, resident bytes less file-backed and shared pages) summed over ``proc``'s tree."""
-    rss = anon = 0
+def _tree_memory(proc) -> tuple[int, int, int]:
+    """(resident bytes, resident bytes less file-backed and shared pages, proportional set size: each
+    resident page divided by the number of processes that map it) summed over ``proc``'s tree."""
+    rss = anon = pss = 0
     try:
         tree = [proc, *proc.children(recursive=True)]
     except Exception:  # the process just ended
-        return 0, 0
+        return 0, 0, 0
     for p in tree:
         try:
-            m = p.memory_info()
+            m = p.memory_full_info()  # Linux: /proc/<pid>/smaps_rollup for pss
         except Exception:  # a worker that just exited
             continue
         rss += m.rss
         anon += m.rss - getattr(m, "shared", 0)
-    return rss, anon
+        pss += getattr(m, "pss", m.rss)  # where the system gives no PSS, RSS stands in
+    return rss, anon, pss
 
 
-def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, float, float]:
+def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, float, float, float]:
     """Run ``command`` (its output to ``log_path``) and return (wall s, CPU s of it and its descendants,
-    peak summed RSS of its tree in MiB, the same without file-backed and shared pages, largest single
+    peak summed RSS of its tree in MiB, the same without file-backed and shared pages, peak summed PSS
+    in MiB (a page shared by n processes counts 1/n in each), largest single
     process's peak RSS in MiB); raise on failure."""
     import psutil
 
@@ -173,13 +181,13 @@ def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, 
         t0 = time.perf_counter()
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         proc = psutil.Process(child.pid)
-        peak, peak_anon, done = 0, 0, threading.Event()
+        peak, peak_anon, peak_pss, done = 0, 0, 0, threading.Event()
 
         def sample() -> None:
-            nonlocal peak, peak_anon
+            nonlocal peak, peak_anon, peak_pss
             while not done.is_set():
-                rss, anon = _tree_memory(proc)
-                peak, peak_anon = max(peak, rss), max(peak_anon, anon)
+                rss, anon, pss = _tree_memory(proc)
+                peak, peak_anon, peak_pss = max(peak, rss), max(peak_anon, anon), max(peak_pss, pss)
                 done.wait(SAMPLE_INTERVAL_S)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -199,7 +207,7 @@ def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, 
         tail = log_path.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"bench scale: `{' '.join(command)}` failed with status {child.returncode}; its log "
                            f"({log_path}) ends:\n{tail}")
-    return wall, usage.ru_utime + usage.ru_stime, peak / 2**20, peak_anon / 2**20, usage.ru_maxrss / 1024
+    return wall, usage.ru_utime + usage.ru_stime, peak / 2**20, peak_anon / 2**20, peak_pss / 2**20, usage.ru_maxrss / 1024
 
 
 def stages_to_run(args: argparse.Namespace) -> list[str]:
@@ -247,9 +255,9 @@ def bench_size(args: argparse.Namespace, params: Params, clips: int, out: Path) 
             command[-2:-2] = ["--overrides", path]
         for text in args.set or []:
             command += ["--set", text]
-        wall, cpu, peak, anon, max_proc = run_stage(command, folder / "logs" / f"{stage}.log")
+        wall, cpu, peak, anon, pss, max_proc = run_stage(command, folder / "logs" / f"{stage}.log")
         items = stage_items(stage, clips, mixtures, config["corpus"]["ambience_recordings"])
-        run = StageRun(stage, items, wall, cpu, peak, anon, max_proc, sum(folder_bytes(f) for f in stage_folders(stage, config)))
+        run = StageRun(stage, items, wall, cpu, peak, anon, pss, max_proc, sum(folder_bytes(f) for f in stage_folders(stage, config)))
         print(f"  {clips} clips: {stage} done in {wall:.1f} s", file=sys.stderr, flush=True)
         runs.append(run)
         free_after(stage, config)
@@ -289,7 +297,7 @@ def write_csv(figures: dict, path: Path) -> None:
         for clips, runs in figures["sizes"].items():
             for r in runs:
                 writer.writerow([clips, r.stage, r.items, f"{r.wall_s:.3f}", f"{r.cpu_s:.3f}", f"{r.peak_rss_mib:.1f}",
-                                 f"{r.peak_anon_mib:.1f}", f"{r.max_proc_rss_mib:.1f}", r.output_bytes])
+                                 f"{r.peak_anon_mib:.1f}", f"{r.peak_pss_mib:.1f}", f"{r.max_proc_rss_mib:.1f}", r.output_bytes])
 
 
 def plot(figures: dict, path: Path) -> None:
@@ -355,21 +363,21 @@ def print_figures(f: dict) -> None:
         mixtures = next((r.items for r in runs if r.stage == "mix"), 0)
         print(f"\n  {clips} clips, {mixtures} mixtures")
         print(f"    {'stage':<10} {'items':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'ms/item':>8} "
-              f"{'peak RSS':>9} {'anon':>9} {'max proc':>9} {'output':>10}")
+              f"{'peak RSS':>9} {'anon':>9} {'PSS':>9} {'max proc':>9} {'output':>10}")
         for r in runs:
             print(f"    {r.stage:<10} {r.items:7d} {r.wall_s:8.1f} {r.cpu_s:8.1f} {r.cpu_s / max(r.wall_s, 1e-9):8.2f} "
-                  f"{r.wall_s / max(r.items, 1) * 1e3:8.2f} {r.peak_rss_mib:5.0f} MiB {r.peak_anon_mib:5.0f} MiB {r.max_proc_rss_mib:5.0f} MiB "
+                  f"{r.wall_s / max(r.items, 1) * 1e3:8.2f} {r.peak_rss_mib:5.0f} MiB {r.peak_anon_mib:5.0f} MiB {r.peak_pss_mib:5.0f} MiB {r.max_proc_rss_mib:5.0f} MiB "
                   f"{_bytes(r.output_bytes):>10}")
         print(f"    {'total':<10} {'':7} {sum(r.wall_s for r in runs):8.1f} {sum(r.cpu_s for r in runs):8.1f}")
     sizes = list(f["sizes"])
     for small, large in zip(sizes, sizes[1:]):
         print(f"\n  growth {small} -> {large} clips ({large / small:.1f}x the items): larger over smaller, "
               f"1.00 = linear time, flat memory")
-        print(f"    {'stage':<10} {'time/item':>10} {'peak RSS':>9} {'anon':>9}")
+        print(f"    {'stage':<10} {'time/item':>10} {'peak RSS':>9} {'anon':>9} {'PSS':>9}")
         for a, b in zip(f["sizes"][small], f["sizes"][large]):
             per_item = (b.wall_s / max(b.items, 1)) / max(a.wall_s / max(a.items, 1), 1e-12)
             print(f"    {b.stage:<10} {per_item:10.2f} {b.peak_rss_mib / max(a.peak_rss_mib, 1e-9):9.2f} "
-                  f"{b.peak_anon_mib / max(a.peak_anon_mib, 1e-9):9.2f}")
+                  f"{b.peak_anon_mib / max(a.peak_anon_mib, 1e-9):9.2f} {b.peak_pss_mib / max(a.peak_pss_mib, 1e-9):9.2f}")
     if len(sizes) > 1 and sizes[-1] < FULL_CLIPS:
         small, large = sizes[-2], sizes[-1]
         full = extrapolate(f["sizes"][small], f["sizes"][large], small, large, FULL_CLIPS)

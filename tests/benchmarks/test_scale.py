@@ -32,14 +32,15 @@ def test_a_tiny_run_prints_the_table_and_writes_scale_csv_and_png(tmp_path, caps
                    "--set", "compute.workers=1", "--set", "corpus.ambience_recordings=8"])
     assert status == 0
     printed = capsys.readouterr().out
-    for column in ("stage", "items", "wall s", "CPU s", "CPU/wall", "ms/item", "peak RSS", "anon", "max proc", "output"):
+    for column in ("stage", "items", "wall s", "CPU s", "CPU/wall", "ms/item", "peak RSS", "anon", "PSS", "max proc", "output"):
         assert column in printed
     assert "growth 12 -> 24 clips" in printed and "load average" in printed
     with open(out / "scale.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == COLUMNS
     assert [(r["size"], r["stage"]) for r in rows] == [("12", "corpus"), ("24", "corpus")]
-    assert all(float(r["wall_s"]) > 0 and float(r["cpu_s"]) > 0 and float(r["peak_rss_mib"]) >= float(r["peak_anon_mib"]) > 0 and int(r["output_bytes"]) > 0
+    assert all(float(r["wall_s"]) > 0 and float(r["cpu_s"]) > 0 and float(r["peak_rss_mib"]) >= float(r["peak_anon_mib"]) > 0
+               and float(r["peak_rss_mib"]) >= float(r["peak_pss_mib"]) > 0 and int(r["output_bytes"]) > 0
                for r in rows)
     assert (out / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "24" / "logs" / "corpus.log").exists() and not (out / "24" / "sources").exists()  # data removed, log kept
