@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainer import text
 from trainer.text import MAX_CHARS_PER_TOKEN, OFFLINE_MODEL, TextEncoder
 
 
@@ -35,3 +36,15 @@ def test_a_huge_caption_reaches_the_tokenizer_bounded(frozen, one_torch_thread):
     torch.testing.assert_close(features[:1], head)
     if frozen:  # the cache holds the cut string, not the megabytes
         assert max(len(t) for t in encoder.cache) <= 30 * MAX_CHARS_PER_TOKEN
+
+
+def test_the_frozen_towers_cache_keeps_the_strings_used_last_and_no_more(one_torch_thread, monkeypatch):
+    monkeypatch.setattr(text, "CACHE_ENTRIES", 3)
+    encoder = TextEncoder(OFFLINE_MODEL, max_tokens=30, frozen=True).eval()
+    first = encoder(["rain", "a dog barks", "thunder"])
+    encoder(["rain", "speech"])  # "a dog barks" was used least recently: it goes
+    assert list(encoder.cache) == ["thunder", "rain", "speech"]
+    again = encoder(["a dog barks", "rain"])  # encoded anew, beside a cached string
+    assert list(encoder.cache) == ["speech", "a dog barks", "rain"]
+    torch.testing.assert_close(again, first[[1, 0]])
+    assert all(e.untyped_storage().nbytes() == e.numel() * e.element_size() for e in encoder.cache.values())
