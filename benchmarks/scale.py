@@ -238,15 +238,16 @@ def stage_folders(stage: str, config: dict) -> list[Path]:
 
 
 def bench_size(args: argparse.Namespace, params: Params, clips: int, out: Path) -> list[StageRun]:
-    """Every stage once, in order, on a fresh ``out/<clips>/``; each stage's figures as it ends."""
+    """Every stage once, in order, on a fresh ``out/<clips>/`` (with ``--reuse``, on what a ``--keep``
+    run left there); each stage's figures as it ends."""
     folder = out / str(clips)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
     config = overrides(folder, clips, params)
     overrides_path = folder / "overrides.yaml"
+    if not getattr(args, "reuse", False) and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     overrides_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    (folder / "logs").mkdir()
+    (folder / "logs").mkdir(exist_ok=True)
     mixtures = sum(config["mix"]["mixtures"].values())
     runs = []
     for stage in stages_to_run(args):
@@ -276,6 +277,9 @@ def bench_scale(args: argparse.Namespace, params: Params) -> dict:
     """Run every size of ``args.sizes`` into ``args.out``; the figures by size, written to scale.csv and scale.png."""
     sizes, _ = parse_sizes(args.sizes), stages_to_run(args)  # a wrong flag fails here, before anything runs
     out = Path(args.out)
+    for clips in sizes if getattr(args, "reuse", False) else ():
+        if not (out / str(clips) / "overrides.yaml").is_file():
+            raise ValueError(f"bench scale: --reuse: {out / str(clips)} holds no kept run; run that size with --keep first")
     out.mkdir(parents=True, exist_ok=True)
     figures: dict = {"sizes": {}, "load_average": os.getloadavg(), "cores": os.cpu_count()}
     for clips in sizes:

@@ -388,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "corpus to shards, with --train also train and evaluate)")
     scale.add_argument("--keep", action="store_true", help="keep each size's data but the corpus and the mixtures, which go once no later stage reads them "
                        "(default: all removed once measured; the logs stay)")
+    scale.add_argument("--reuse", action="store_true", help="run --stages on the data a --keep run left in --out, e.g. "
+                       "--stages train,evaluate --reuse --keep (default: each size starts from an empty folder)")
     return parser
 
 

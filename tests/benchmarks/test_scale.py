@@ -67,5 +67,20 @@ def test_an_unknown_stage_is_refused_before_anything_runs(tmp_path) -> None:
 
 
 def test_the_parser_takes_the_flags() -> None:
-    args = build_parser().parse_args(["bench", "scale", "--sizes", "full", "--train", "--keep"])
-    assert (args.what, args.sizes, args.out, args.train, args.keep) == ("scale", "full", "bench-out/scale", True, True)
+    args = build_parser().parse_args(["bench", "scale", "--sizes", "full", "--train", "--keep", "--reuse"])
+    assert (args.what, args.sizes, args.out, args.train, args.keep, args.reuse) == ("scale", "full", "bench-out/scale", True, True, True)
+
+
+def test_reuse_runs_the_named_stages_on_a_kept_run_and_refuses_a_missing_one(tmp_path, capsys) -> None:
+    out = tmp_path / "scale"
+    common = ["--out", str(out), "--set", "compute.workers=1", "--set", "corpus.ambience_recordings=8", "--keep"]
+    assert main(["bench", "scale", "--sizes", "12", "--stages", "corpus,clip"] + common) == 0
+    events = sorted(p.name for p in (out / "12" / "events").rglob("*") if p.is_file())
+    assert main(["bench", "scale", "--sizes", "12", "--stages", "ambience", "--reuse"] + common) == 0
+    assert sorted(p.name for p in (out / "12" / "events").rglob("*") if p.is_file()) == events  # the kept run's output stays
+    assert (out / "12" / "backgrounds").is_dir() and (out / "12" / "logs" / "clip.log").exists()
+    with open(out / "scale.csv", newline="") as f:
+        assert [r["stage"] for r in csv.DictReader(f)] == ["ambience"]
+    capsys.readouterr()
+    assert main(["bench", "scale", "--sizes", "24", "--stages", "ambience", "--reuse"] + common) == 2
+    assert "--reuse" in capsys.readouterr().err and not (out / "24").exists()
