@@ -106,11 +106,24 @@ def smooth(probs: np.ndarray, frames: int) -> np.ndarray:
 
 def score_dataframes(ids, timestamps_s, probs, classes) -> dict[str, pd.DataFrame]:
     """Per-clip arrays -> sed_scores_eval score DataFrames (``onset``, ``offset``, one column per class)."""
-    from sed_scores_eval.base_modules.scores import create_score_dataframe
+    return {i: _score_dataframe(t, p, list(classes)) for i, t, p in zip(ids, timestamps_s, probs)}
+
+
+def lazy_score_dataframes(ids, timestamps_s, probs, classes, frames: int = 1):
+    """:func:`score_dataframes` of the probabilities median-filtered over ``frames`` (:func:`smooth`),
+    as a ``lazy_dataset`` keyed by clip that makes a clip's table each time it is read, so a whole
+    split's tables are never held at once; sed_scores_eval takes it wherever it takes the dict."""
+    import lazy_dataset
 
     classes = list(classes)
-    return {i: create_score_dataframe(np.asarray(p, dtype=np.float64), np.asarray(t, dtype=np.float64), classes)
-            for i, t, p in zip(ids, timestamps_s, probs)}
+    rows = {i: (t, p) for i, t, p in zip(ids, timestamps_s, probs)}
+    return lazy_dataset.new(rows).map(lambda row: _score_dataframe(row[0], smooth(row[1], frames), classes))
+
+
+def _score_dataframe(timestamps_s, probs, classes: list) -> pd.DataFrame:
+    from sed_scores_eval.base_modules.scores import create_score_dataframe
+
+    return create_score_dataframe(np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64), classes)
 
 
 def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer, *,
@@ -239,12 +252,30 @@ def collar_fscore(scores: dict[str, pd.DataFrame], ground_truth: dict, threshold
     from sed_scores_eval.collar_based import intermediate_statistics as collar
 
     scores, ground_truth, ids = parse_inputs(scores, ground_truth)
-    criteria = {"onset_collar": c.onset_collar_s, "offset_collar": c.offset_collar_s,
-                "offset_collar_rate": c.offset_collar_rate, "return_onset_offset_dist_sum": False, "time_decimals": 6}
-    summed = summed_deltas(scores, ground_truth, ids, collar, criteria, clips_per_part=clips_per_part,
+    summed = summed_deltas(scores, ground_truth, ids, collar, collar_criteria(c), clips_per_part=clips_per_part,
                            drop_low=lambda cps, deltas, keys: int(np.searchsorted(cps, threshold, side="right")))
     stats = collar.accumulated_intermediate_statistics_from_deltas({ALL_CLIPS: summed}, ground_truth)
     return single_fscore_from_intermediate_statistics(stats, threshold=threshold)
+
+
+def collar_statistics(scores, ground_truth: dict, c: CollarSettings = COLLAR, *, clips_per_part: int = CLIPS_PER_PART) -> dict:
+    """sed_scores_eval's accumulated collar statistics over every threshold (what
+    ``collar_based.accumulated_intermediate_statistics`` returns: ``{class: (change-point scores,
+    {tps, fps, n_ref})}``, equal to the last bit), from :func:`summed_deltas`: the library would
+    first gather every clip's deltas, which grows with the split. ``scores``: a dict of score
+    DataFrames or a ``lazy_dataset`` of them (each table made when it is read)."""
+    from sed_scores_eval.base_modules.io import parse_inputs
+    from sed_scores_eval.collar_based import intermediate_statistics as collar
+
+    scores, ground_truth, ids = parse_inputs(scores, ground_truth)
+    summed = summed_deltas(scores, ground_truth, ids, collar, collar_criteria(c), clips_per_part=clips_per_part)
+    return collar.accumulated_intermediate_statistics_from_deltas({ALL_CLIPS: summed}, ground_truth)
+
+
+def collar_criteria(c: CollarSettings) -> dict:
+    """The keyword arguments of sed_scores_eval's collar-based statistics for collars ``c``."""
+    return {"onset_collar": c.onset_collar_s, "offset_collar": c.offset_collar_s,
+            "offset_collar_rate": c.offset_collar_rate, "return_onset_offset_dist_sum": False, "time_decimals": 6}
 
 
 def segment_statistics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, segment_s: float, *,

@@ -26,6 +26,7 @@ from trainer.evaluation.ranking import auroc, retrieval
 
 
 PACK_CHUNK_BYTES = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB): each chunk is a mapping of its own
+RELEASE_EVERY_CLIPS = 500  # score_all gives the C heap's free pages back this often (release_freed_heap)
 
 
 class Packed:
@@ -112,7 +113,13 @@ def subset(v: Vocabulary, rows: list[int]) -> Vocabulary:
 def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: Callable[[str], list[Vocabulary]],
               skips: list[Skip], keep_waves: int = 0, desc: str = "score", total: int | None = None) -> Scored:
     """Decode and score each ``(id, path or bytes)``; unreadable audio becomes a :class:`Skip`.
-    The scores kept are read-only views into a :class:`Packed` store."""
+    The scores kept are read-only views into a :class:`Packed` store.
+
+    Every :data:`RELEASE_EVERY_CLIPS` clips the C heap's free pages go back to the system
+    (:func:`release_freed_heap`, which also merges glibc's small free blocks). Without it, scoring
+    the 12,821 mixtures of the FSD50K-size test split left the heap growing by about 1.5 MiB a
+    clip, nearly all of it free (9 GiB resident after 6,000 clips, 0.2 GiB of it in use); with it
+    the process stays near 1.2 GiB at the same speed (0.1-0.2 ms a clip)."""
     from tqdm.auto import tqdm
 
     out, kept = Scored(), Packed()
@@ -142,6 +149,8 @@ def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: C
         out.clips.append(kept.put(s.clip))
         out.timestamps_s.append(kept.put(s.timestamps_s))
         out.probs.append([kept.put(p) for p in s.probs])
+        if (k + 1) % RELEASE_EVERY_CLIPS == 0:
+            release_freed_heap()
     out.seconds = time.perf_counter() - start
     return out
 

@@ -7,6 +7,7 @@ the candidates are few and each can be checked with ``collar_based.fscore`` itse
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from sed_scores_eval import collar_based
@@ -75,6 +76,30 @@ def test_too_many_candidates_keeps_quantiles_and_each_class_best():
     assert set(np.round([t for t in own.values() if np.isfinite(t)], 12)) <= set(np.round(few, 12))
     chosen = C.choose_threshold(scores, GROUND_TRUTH, max_candidates=8)
     assert chosen.f1 == pytest.approx(library_f1(scores, chosen.threshold), abs=1e-12)
+
+
+def test_collar_statistics_summed_a_clip_at_a_time_equal_the_librarys_to_the_last_bit():
+    scores = tables(noisy(1.0, 3))
+    want, _ = collar_based.accumulated_intermediate_statistics(scores, GROUND_TRUTH, onset_collar=0.2, offset_collar=0.2,
+                                                                offset_collar_rate=0.2)
+    got = M.collar_statistics(scores, GROUND_TRUTH, clips_per_part=1)
+    assert got.keys() == want.keys()
+    for c, (cps, stats) in want.items():
+        np.testing.assert_array_equal(got[c][0], cps)
+        assert got[c][1].keys() == stats.keys()
+        for k, v in stats.items():
+            np.testing.assert_array_equal(got[c][1][k], v, err_msg=f"{c} {k}")
+
+
+def test_lazy_tables_are_the_filtered_tables_and_choose_the_same_threshold():
+    probs = noisy(0.9, 4)
+    lazy = M.lazy_score_dataframes(IDS, [GRID] * len(IDS), probs, CLASSES, frames=5)
+    eager = tables([M.smooth(p, 5) for p in probs])
+    assert sorted(lazy.keys()) == sorted(eager)
+    for i in IDS:
+        pd.testing.assert_frame_equal(lazy[i], eager[i])
+    a, b = C.choose_threshold(lazy, GROUND_TRUTH), C.choose_threshold(eager, GROUND_TRUTH)
+    assert (a.threshold, a.f1) == (b.threshold, b.f1) and np.array_equal(a.candidate_f1, b.candidate_f1)
 
 
 def test_threshold_setting_number_checkpoint_and_fallback(tmp_path):

@@ -268,6 +268,17 @@ def test_score_all_keeps_each_clips_scores_packed_and_read_only(det, setup):
     assert np.shares_memory(scored.probs[0][0].base, scored.probs[1][1].base)  # one chunk, not one allocation each
 
 
+def test_score_all_gives_the_freed_heap_back_every_so_many_clips(det, monkeypatch):
+    import trainer.evaluation.scoring as S
+
+    released = []
+    monkeypatch.setattr(S, "RELEASE_EVERY_CLIPS", 2)
+    monkeypatch.setattr(S, "release_freed_heap", lambda: released.append(True))
+    audio = [(f"n{k}", encode_flac(quantize_int16(noise(1.0, k)), SR)) for k in range(5)]
+    scored = score_all(det, audio, lambda i: [det.vocabulary(QUERIES)], [])
+    assert len(scored.ids) == 5 and len(released) == 2  # after the 2nd and the 4th clip
+
+
 def test_packed_copies_into_aligned_chunks():
     rng = np.random.default_rng(0)
     store = Packed(chunk_bytes=4096)
