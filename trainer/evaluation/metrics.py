@@ -126,10 +126,11 @@ def _score_dataframe(timestamps_s, probs, classes: list) -> pd.DataFrame:
     return create_score_dataframe(np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64), classes)
 
 
-def sed_metrics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, classes, timer: Timer, *,
+def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: Timer, *,
                 segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5, f1_scores: dict | None = None) -> dict:
     """All detection metrics for one score set (collar F1 at ``threshold``, on ``f1_scores`` when
-    given: the same scores after collar F1's own median filter).
+    given: the same scores after collar F1's own median filter). ``scores`` and ``f1_scores``:
+    ``{clip: DataFrame}`` or a ``lazy_dataset`` of them (:func:`lazy_score_dataframes`).
 
     Returns ``{"psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall",
     "f1_micro", "segment_f1" (micro over ``segment_s`` segments at ``threshold``), "segment_f1_macro":
