@@ -22,6 +22,7 @@ calls and the rest.
 
 from __future__ import annotations
 
+import gc
 import time
 import warnings
 from collections import defaultdict
@@ -153,7 +154,7 @@ def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: T
     out: dict = {}
     per_class = pd.DataFrame(index=pd.Index(list(classes), name="class"))
     for name, s in (("psds1", PSDS1), ("psds2", PSDS2)):
-        with timer(name, library=True):
+        with timer(name, library=True), collected():
             value, single, roc, class_rocs = psds(scores, ground_truth, durations_s, s)
         out[name] = float(value)
         per_class[name] = pd.Series({k: float(v) for k, v in single.items()})
@@ -161,16 +162,19 @@ def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: T
         with timer("roc_average"):
             out[f"psd_{name.removeprefix('psds')}_class_mean"] = mean_psd_roc(class_rocs, s.max_efpr)
         if name == "psds1":  # alpha_st only weighs the per-class PSD-ROCs, which do not depend on it
-            with timer("psds1", library=True):
+            with timer("psds1", library=True), collected():
                 a = PSDS1_ASTAT0
                 etpr, efpr = multi_class_psd_roc_from_single_class_psd_rocs(class_rocs, alpha_st=a.alpha_st, max_efpr=a.max_efpr)
                 out["psds1_astat0"] = float(psds_from_psd_roc(etpr, efpr, a.max_efpr))
     with timer("segment_auroc", library=True):
         segments = segment_statistics(scores, ground_truth, durations_s, segment_s)
         stats, _ = accumulated_intermediate_statistics(None, ground_truth, durations_s, deltas=segments)
-        auc, _ = auroc_from_intermediate_statistics(stats)
-        pauc, _ = auroc_from_intermediate_statistics(stats, max_fpr=max_fpr)
-        curves = roc_curve_from_intermediate_statistics(stats)
+        with collected():
+            auc, _ = auroc_from_intermediate_statistics(stats)
+        with collected():
+            pauc, _ = auroc_from_intermediate_statistics(stats, max_fpr=max_fpr)
+        with collected():
+            curves = roc_curve_from_intermediate_statistics(stats)
     out["auroc"], out["pauroc"] = float(auc["mean"]), float(pauc["mean"])
     per_class["auroc"] = pd.Series({k: float(v) for k, v in auc.items() if k != "mean"})
     per_class["pauroc"] = pd.Series({k: float(v) for k, v in pauc.items() if k != "mean"})
@@ -190,6 +194,24 @@ def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: T
     per_class.insert(0, "events", pd.Series(event_counts(ground_truth)).reindex(per_class.index).fillna(0).astype(int))
     out["per_class"] = per_class.reset_index()
     return out
+
+
+@contextmanager
+def collected():
+    """Around a sed_scores_eval call that makes curves: what exists before it is frozen, and the
+    call's garbage is collected after it (only what the call made is scanned: a few ms).
+
+    The library sorts each curve (``curves.xsort``) through a recursive inner function, a
+    reference cycle that keeps a Python int per change point (40 bytes) alive until the cyclic
+    collector runs, which in a process of this size it rarely does: hundreds of MB over a
+    split's curves.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.collect()
+        gc.unfreeze()
 
 
 CLIPS_PER_PART = 256  # statistic deltas are computed this many clips at a time (:func:`summed_deltas`)

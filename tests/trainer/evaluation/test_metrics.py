@@ -433,3 +433,23 @@ def test_collar_and_segment_f1_and_segment_auroc_in_parts_are_sed_scores_eval_s(
     library, _ = accumulated_intermediate_statistics(tables, truth, durations, segment_length=1.0)
     for max_fpr in (None, 0.1):
         assert auroc_from_intermediate_statistics(mine, max_fpr=max_fpr)[0] == auroc_from_intermediate_statistics(library, max_fpr=max_fpr)[0]
+
+
+def test_collected_frees_the_reference_cycles_a_call_leaves_and_unfreezes():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    gc.disable()  # only the helper may collect here
+    try:
+        with M.collected():
+            node = Node()
+            node.self = node  # a cycle, as the library's curve sorting leaves one
+            ref = weakref.ref(node)
+            del node
+            assert ref() is not None
+        assert ref() is None and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
