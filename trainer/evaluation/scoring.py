@@ -26,7 +26,7 @@ from trainer.evaluation.ranking import auroc, retrieval
 
 
 PACK_CHUNK_BYTES = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB): each chunk is a mapping of its own
-RELEASE_EVERY_CLIPS = 500  # score_all gives the C heap's free pages back this often (release_freed_heap)
+RELEASE_EVERY_CLIPS = 100  # score_all gives the C heap's free pages back this often (release_freed_heap)
 
 
 class Packed:
