@@ -52,12 +52,6 @@ class Calibration:
     candidate_f1: np.ndarray
 
 
-def collar_statistics(scores, ground_truth: dict) -> dict:
-    """sed_scores_eval's accumulated collar statistics: ``{class: (change-point scores, {tps, fps, n_ref})}``,
-    summed a part of clips at a time (:func:`~trainer.evaluation.metrics.collar_statistics`)."""
-    return M.collar_statistics(scores, ground_truth)
-
-
 def candidate_thresholds(stats: dict, max_candidates: int = 100_000) -> np.ndarray:
     """Midpoints ``(K,)`` between consecutive distinct change-point scores of all classes (ascending),
     one below the lowest and one above the highest; at most ``max_candidates`` of them evenly spaced
@@ -88,7 +82,7 @@ def choose_threshold(scores, ground_truth: dict, max_candidates: int = 100_000) 
     """
     from sed_scores_eval.base_modules.precision_recall import fscore_curve_from_intermediate_statistics
 
-    stats = collar_statistics(scores, ground_truth)
+    stats = M.collar_statistics(scores, ground_truth)
     candidates = candidate_thresholds(stats, max_candidates)
     total = np.zeros(len(candidates))
     for class_stats in _each_class(stats):

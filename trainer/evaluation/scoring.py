@@ -172,8 +172,8 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
 
     ids = scored.ids
     probs = [p[column] for p in scored.probs]
-    # each metric makes a clip's filtered table when it reads it: a whole split's at once is 32 KB a
-    # frame-second, 0.4 GB per filter at 12,821 ten-second clips
+    # each metric makes a clip's filtered table when it reads it: a whole split's at once is about
+    # 32 KB a ten-second clip, 0.4 GB per filter at 12,821 clips
     tables = M.lazy_score_dataframes(ids, scored.timestamps_s, probs, classes, e.median_filter_frames)
     truth = {i: ground_truth[i] for i in ids}
     durations = {i: min(durations_s[i], float(t[-1])) for i, t in zip(ids, scored.timestamps_s)}

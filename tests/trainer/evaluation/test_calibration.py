@@ -69,7 +69,7 @@ def test_too_many_candidates_keeps_quantiles_and_each_class_best():
     from sed_scores_eval.base_modules.precision_recall import best_fscore_from_intermediate_statistics
 
     scores = tables(noisy(1.0, 2))
-    stats = C.collar_statistics(scores, GROUND_TRUTH)
+    stats = M.collar_statistics(scores, GROUND_TRUTH)
     few = C.candidate_thresholds(stats, max_candidates=8)
     _, _, _, own, _ = best_fscore_from_intermediate_statistics(stats)
     assert len(few) <= 8 + len(CLASSES)
