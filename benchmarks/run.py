@@ -151,7 +151,7 @@ def _mixing(args: argparse.Namespace, params: Params) -> None:
 def _train(args: argparse.Namespace, params: Params) -> None:
     from benchmarks.train import print_figures, run
 
-    print_figures(run(params, args.rows, args.steps, args.preset, args.peak_tflops, args.profile, args.batch))
+    print_figures(run(params, args.rows, args.steps, args.preset, args.peak_tflops, args.profile, args.batch, args.batches))
 
 
 def _evaluate(args: argparse.Namespace, params: Params) -> None:

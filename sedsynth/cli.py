@@ -363,10 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     mixing.add_argument("--rows", type=int, default=200, help="rows the loader makes, and soundscapes Scaper makes (default 200)")
     scaper_python(mixing)
     train = benchmark("train", "loader clips/s per worker and training steps/s")
-    train.add_argument("--rows", type=int, default=200, help="rows the loader makes (default 200)")
+    train.add_argument("--rows", type=int, default=None,
+                       help="rows the loader makes (default: the batch, so every clip of the timed batch is its own row)")
+    train.add_argument("--batches", type=int, default=2,
+                       help="batches of different rows the step takes in turn, as the loop's differ (default 2)")
     train.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
     train.add_argument("--preset", choices=["default", "gpu"], default="default",
-                       help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16)")
+                       help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16, text_pad_rows 64)")
     train.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU (default: by GPU name)")
     train.add_argument("--batch", type=int, default=None, help="clips per step (default: the params', or 128 with --preset gpu)")
     train.add_argument("--profile", action="store_true", help="on CUDA, where the step's GPU time goes (torch.profiler, by kind of kernel)")

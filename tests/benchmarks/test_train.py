@@ -40,3 +40,25 @@ def test_batch_overrides_the_params_and_the_preset(shard_folder, tmp_path, one_t
 ])
 def test_profile_kinds_of_kernels(name, kind):
     assert kernel_kind(name) == kind
+
+
+def test_the_step_takes_batches_of_different_rows_in_turn(shard_folder, tmp_path, one_torch_thread):
+    params, folder = shard_folder
+    p = tiny_train_params(params, folder, tmp_path / "unused")
+    p = replace(p, train=replace(p.train, device="cpu", data=replace(p.train.data, batch_size=3)))
+    step = run(p, steps=2, batches=2)["step"]
+    assert (step["batches"], step["distinct_rows"]) == (2, 6)  # by default the loader makes a row per clip of every batch
+    assert run(p, rows=4, steps=1, batches=2)["step"]["distinct_rows"] == 4  # fewer rows: repeated, and said so
+
+
+def test_a_mixing_source_is_timed_warm_without_a_decoding_peer(mixed, shard_folder, tmp_path, one_torch_thread):
+    from trainer.config import SourceParams
+
+    params, folder = shard_folder
+    _, _, events, backgrounds = mixed
+    p = tiny_train_params(params, folder, tmp_path / "unused")
+    source = SourceParams(kind="mixing", events=str(events), backgrounds=str(backgrounds), epoch_size=50)
+    data = replace(p.train.data, sources=(source,), clusters=str(folder / "clusters"), batch_size=4)
+    figures = run(replace(p, train=replace(p.train, device="cpu", data=data)), steps=1, batches=1)
+    assert figures["loader"]["kind"] == "mixing" and "decode_clips_per_s" not in figures["loader"]
+    assert figures["loader"]["rows"] == 4 and figures["loader"]["loader_clips_per_s"] > 0

@@ -15,7 +15,7 @@ FLAGS = {  # benchmark -> its flags and their defaults
     "shards": {"repeat": 3},
     "import": {"clips": 10000},
     "mixing": {"rows": 200, "scaper_python": None},
-    "train": {"rows": 200, "steps": 5, "preset": "default", "peak_tflops": None, "batch": None, "profile": False},
+    "train": {"rows": None, "batches": 2, "steps": 5, "preset": "default", "peak_tflops": None, "batch": None, "profile": False},
     "evaluate": {"clips": 10000},
     "detection": {"epochs": 15, "out": "models/bench_detection", "score_only": False},
     "llm-cache": {"repeat": 3},

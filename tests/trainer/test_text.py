@@ -48,3 +48,18 @@ def test_the_frozen_towers_cache_keeps_the_strings_used_last_and_no_more(one_tor
     assert list(encoder.cache) == ["speech", "a dog barks", "rain"]
     torch.testing.assert_close(again, first[[1, 0]])
     assert all(e.untyped_storage().nbytes() == e.numel() * e.element_size() for e in encoder.cache.values())
+
+
+def test_padded_texts_give_the_unpadded_features_in_whole_blocks_of_rows_and_tokens(one_torch_thread):
+    torch.manual_seed(0)
+    plain = TextEncoder("random:bert-base", max_tokens=30, frozen=False).eval()
+    padded = TextEncoder("random:bert-base", max_tokens=30, frozen=False, pad_rows=8).eval()
+    padded.load_state_dict(plain.state_dict())
+    shapes = []
+    padded.model.register_forward_pre_hook(lambda m, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    texts = ["a dog barks", "rain on a tin roof while a car passes by slowly", "speech", "x", "a door slams twice"]
+    with torch.no_grad():
+        want, got = plain(texts), padded(texts)
+    assert shapes == [(8, 30)] and got.shape == want.shape == (5, plain.width)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert TextEncoder(OFFLINE_MODEL, frozen=True, pad_rows=8).pad_rows == 0  # a frozen tower encodes through its cache
