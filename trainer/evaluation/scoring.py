@@ -21,6 +21,7 @@ import torch
 from pipeline.audio import AudioError, decode_mono
 from pipeline.schema import Skip
 from trainer.evaluation import metrics as M
+from trainer.evaluation.metrics import release_freed_heap
 from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector, Vocabulary
 from trainer.evaluation.ranking import auroc, retrieval
 
@@ -70,22 +71,6 @@ class Packed:
         out[...] = a
         out.flags.writeable = False
         return out
-
-
-def release_freed_heap() -> None:
-    """Give the C heap's free pages back to the system between the phases of a long evaluation
-    (glibc's ``malloc_trim(0)``, as dask's workers do; nothing where the C library has none).
-
-    glibc keeps what a phase frees in the process for its next small allocations, but the next
-    phase's arrays are large enough to get mappings of their own and never reuse it: after the
-    metrics of 1,600 mixtures, 0.4 GB of freed score tables and statistics stayed resident
-    under the probes' frames.
-    """
-    import ctypes
-
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: libc's, where it has one
-    if trim is not None:
-        trim(0)
 
 
 @dataclass
