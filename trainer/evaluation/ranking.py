@@ -11,20 +11,30 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from scipy.stats import rankdata
 
 ROWS_PER_BLOCK = 1024  # similarity rows (or columns) ranked at a time
 
 
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the ROC curve of ``scores (n,)`` against bool ``labels (n,)``, by the rank
-    statistic (ties get average ranks); NaN without both classes."""
+    """Area under the ROC curve of ``scores (n,)`` against bool ``labels (n,)``: the Mann-Whitney
+    statistic over positives and negatives (a tie counts a half); NaN without both classes or with
+    a NaN score.
+
+    Each positive's negatives below and tied come from binary searches in the sorted negatives,
+    so the temporaries are the sorted negatives and two counts per positive, not the ranks of
+    every score: at the 6.4 million frames of the FSD50K-size test split's own phrases, about
+    80 MB instead of 300. The count is an exact integer, so the value equals the rank statistic
+    with average ranks (``scipy.stats.rankdata``) to the last bit."""
+    labels = np.asarray(labels, dtype=bool)
     pos = int(labels.sum())
     neg = len(labels) - pos
-    if pos == 0 or neg == 0:
+    if pos == 0 or neg == 0 or np.isnan(scores).any():
         return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+    negatives = np.sort(scores[~labels])
+    positives = scores[labels]
+    below = np.searchsorted(negatives, positives, side="left").sum(dtype=np.int64)
+    up_to = np.searchsorted(negatives, positives, side="right").sum(dtype=np.int64)
+    return float((int(below) + int(up_to)) / 2 / (pos * neg))
 
 
 def recall_at(similarity: np.ndarray, relevant: list[set[int]], ks=(1, 5, 10), rows_per_block: int = ROWS_PER_BLOCK) -> dict[int, float]:

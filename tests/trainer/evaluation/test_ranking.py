@@ -67,6 +67,20 @@ def test_auroc_equals_pairwise_count_with_ties():
     assert math.isnan(R.auroc(np.array([0.1, 0.2]), np.array([True, True])))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_auroc_equals_the_average_rank_statistic_to_the_last_bit(dtype):
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(1)
+    for n, levels in ((1_000, 7), (200_000, 1000), (200_000, None)):  # few distinct scores, many, all distinct
+        scores = (rng.integers(0, levels, n) / levels if levels else rng.random(n)).astype(dtype)
+        labels = rng.random(n) < 0.3
+        pos, neg = int(labels.sum()), int((~labels).sum())
+        by_ranks = float((rankdata(scores)[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+        assert R.auroc(scores, labels) == by_ranks
+    assert math.isnan(R.auroc(np.array([0.1, np.nan, 0.3], dtype), np.array([True, False, False])))
+
+
 def test_recall_at_1_on_crafted_matrix():
     def recall_at_1(similarity):  # each row's match is its own column, as the held-out scores count
         return R.recall_at(similarity, [{i} for i in range(len(similarity))], ks=(1,))[1]
