@@ -47,6 +47,14 @@ class ShardSplit:
     phrases: dict[str, list[dict]]  # clip -> [{phrase, label, mid, segments: [{start_s, end_s}], source_clip_ids}]
     kept: tuple[frozenset[int], ...] = ()  # per file: the positions of the rows in ``ids`` (the others were skipped)
     skips: tuple[Skip, ...] = ()  # the rows and files left out, each with its reason
+    source_clips: frozenset[str] | None = None  # read with ``first``: the event clips every usable row uses
+
+    def used_clips(self) -> set[str]:
+        """The event clips the split's mixtures were built from (every usable row's, also those
+        past ``first`` when the split was read so)."""
+        if self.source_clips is not None:
+            return set(self.source_clips)
+        return {c for ps in self.phrases.values() for p in ps for c in p.get("source_clip_ids") or []}
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -111,8 +119,12 @@ def row_problem(row: dict) -> str | None:
     return "; ".join(problems) or None
 
 
-def read_split(path: str, split: str) -> ShardSplit:
-    """A split's metadata (ids, durations, captions, phrases) from its Parquet files.
+def read_split(path: str, split: str, first: int | None = None) -> ShardSplit:
+    """A split's metadata (ids, durations, captions, phrases) from its Parquet files; with
+    ``first``, only of its first ``first`` usable rows (and the files holding them), every row
+    still checked and its event clips kept (:meth:`ShardSplit.used_clips`): the probes train on
+    1,600 mixtures, and the metadata of a whole FSD50K-size train split is half a GB of Python
+    objects.
 
     Shards are untrusted: a file lacking a column or with one of another type
     (:func:`~pipeline.shards.rows.column_problem`) is left out, and so is a row with a null or
@@ -122,6 +134,7 @@ def read_split(path: str, split: str) -> ShardSplit:
     files = list_parquet(path, split)
     kept_files, kept, skips = [], [], []
     ids, durations, captions, phrases = [], {}, {}, {}
+    used: set[str] = set()
 
     def skip(file: str, item: str, detail: str, todo: str) -> None:
         skips.append(Skip(item, file, "malformed-row", detail))
@@ -146,12 +159,17 @@ def read_split(path: str, split: str) -> ShardSplit:
                 skip(file, str(row["id"]), f"row {k} of {file} (id {row['id']}): {problem}",
                      "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)")
                 continue
+            if first is not None:
+                used.update(c for p in row["phrases"] for c in p.get("source_clip_ids") or [])
+                if len(ids) >= first:
+                    continue
             i = row["id"]
             positions.add(k)
             ids.append(i)
             durations[i], captions[i], phrases[i] = float(row["duration_s"]), row["caption"], row["phrases"]
-        kept_files.append(file)
-        kept.append(frozenset(positions))
+        if positions or first is None:
+            kept_files.append(file)
+            kept.append(frozenset(positions))
     if skips:
         print(f"evaluate: {len(skips)} rows or files of the {split} split under {path} skipped; every metric leaves them out",
               file=sys.stderr)
@@ -159,7 +177,8 @@ def read_split(path: str, split: str) -> ShardSplit:
         raise ValueError(f"evaluate: no usable rows in the {split} split under {path}; check it with `sedsynth validate`")
     if len(set(ids)) != len(ids):
         raise ValueError(f"evaluate: the {split} split under {path} repeats clip ids; rebuild it with `sedsynth shards`")
-    return ShardSplit(tuple(kept_files), tuple(ids), durations, captions, phrases, tuple(kept), tuple(skips))
+    return ShardSplit(tuple(kept_files), tuple(ids), durations, captions, phrases, tuple(kept), tuple(skips),
+                      frozenset(used) if first is not None else None)
 
 
 @dataclass(frozen=True)
@@ -176,7 +195,7 @@ def event_clips(clip_dir: str | Path, split: ShardSplit) -> EventClips:
     manifest = clip_dir / "manifest.parquet"
     if not manifest.exists():
         raise FileNotFoundError(f"evaluate: no clip manifest at {manifest}; run `sedsynth clip` or set evaluate.event_clips: null")
-    used = {c for ps in split.phrases.values() for p in ps for c in p.get("source_clip_ids") or []}
+    used = split.used_clips()
     table = pq.read_table(manifest, columns=["clip_id", "audio_path", "label"]).to_pylist()
     rows = sorted((r for r in table if r["clip_id"] in used), key=lambda r: r["clip_id"])
     return EventClips({r["clip_id"]: str(clip_dir / r["audio_path"]) for r in rows}, {r["clip_id"]: r["label"] for r in rows})

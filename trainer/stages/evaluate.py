@@ -237,7 +237,7 @@ def probes(models: dict[str, Detector], e, split: ShardSplit, clips, seed: int, 
     ``{"skipped": why}`` when the probe split cannot be read."""
     try:
         with timer("read_probe_split"):
-            train_split = read_split(e.shards, e.probe_split)
+            train_split = read_split(e.shards, e.probe_split, first=e.probe_clips)
             train_clips = event_clips(e.event_clips, train_split) if clips is not None else None
     except (SourceError, FileNotFoundError) as x:
         print(f"evaluate: skipping the probes: {x}")

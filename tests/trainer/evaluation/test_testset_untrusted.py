@@ -93,3 +93,14 @@ def test_nothing_usable_is_one_line(copy: Path) -> None:
     with pytest.raises(ValueError, match="no usable rows in the test split") as caught:
         read_split(str(copy), "test")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("first", [1, 7, 10_000])
+def test_the_first_rows_of_a_split_are_the_prefix_of_the_whole_with_every_rows_event_clips(shard_folder, first: int) -> None:
+    whole = read_split(str(shard_folder[1]), "train")
+    head = read_split(str(shard_folder[1]), "train", first=first)
+    n = min(first, len(whole.ids))
+    assert head.ids == whole.ids[:n]
+    assert all(head.phrases[i] == whole.phrases[i] and head.captions[i] == whole.captions[i] for i in head.ids)
+    assert [a for a, _ in head.audio()] == list(head.ids)  # the files and positions kept are those rows'
+    assert head.used_clips() == whole.used_clips() and whole.used_clips()
