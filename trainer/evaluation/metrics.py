@@ -500,14 +500,22 @@ def mean_psd_roc(class_rocs: dict, max_efpr: float, grid: int = 201) -> tuple[np
 def alignment(probs_per_pair: list[np.ndarray], labels_per_pair: list[np.ndarray]) -> float:
     """FLAM's alignment: mean Spearman correlation between an event's frame scores and its 0/1
     frame labels, over the (clip, event) pairs whose labels are not constant."""
-    values = []
-    for p, y in zip(probs_per_pair, labels_per_pair):
-        if y.all() or not y.any():
-            continue
-        rp, ry = rankdata(p), rankdata(y)
-        sp = rp.std()
-        values.append(0.0 if sp == 0 else float(np.corrcoef(rp, ry)[0, 1]))
-    return float(np.mean(values)) if values else float("nan")
+    return mean_defined([spearman(p, y) for p, y in zip(probs_per_pair, labels_per_pair)])
+
+
+def spearman(probs: np.ndarray, labels: np.ndarray) -> float | None:
+    """One (clip, event) pair's Spearman correlation between frame scores and 0/1 frame labels (0
+    for constant scores); ``None`` where the labels are constant (the pair does not count)."""
+    if labels.all() or not labels.any():
+        return None
+    rp, ry = rankdata(probs), rankdata(labels)
+    return 0.0 if rp.std() == 0 else float(np.corrcoef(rp, ry)[0, 1])
+
+
+def mean_defined(values: list[float | None]) -> float:
+    """The mean of the values that are not ``None`` (NaN without any): :func:`alignment` over pairs."""
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else float("nan")
 
 
 def labels_on_grid(segments_s, timestamps_s: np.ndarray) -> np.ndarray:

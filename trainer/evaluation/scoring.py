@@ -187,13 +187,21 @@ def grounding(scored: Scored, column: int, phrases: Callable[[str], list[tuple[s
     """Alignment (FLAM's Spearman) and frame AUROC of each clip's own phrases (FLAM: only the
     events present in the clip)."""
     with timer("alignment"):
-        ps, ys = [], []
+        # every (clip, phrase) pair's frames in two flat arrays, filled in place: 4.6 million frames
+        # at the FSD50K-size test split, where a list of per-pair arrays and its concatenation
+        # held them twice over, with an object per pair
+        n = sum(p[column].shape[0] * p[column].shape[1] for p in scored.probs)
+        scores, labels = np.empty(n, np.float32), np.empty(n, bool)
+        values, at = [], 0
         for i, t, p in zip(scored.ids, scored.timestamps_s, scored.probs):
             for q, (_, segments) in enumerate(phrases(i)):
-                ps.append(p[column][:, q])
-                ys.append(M.labels_on_grid(segments, t))
-        aligned = M.alignment(ps, ys)
-        frame_auc = auroc(np.concatenate(ps), np.concatenate(ys)) if ps else float("nan")
+                end = at + p[column].shape[0]
+                scores[at:end], labels[at:end] = p[column][:, q], M.labels_on_grid(segments, t)
+                values.append(M.spearman(scores[at:end], labels[at:end]))
+                at = end
+        scores, labels = scores[:at], labels[:at]
+        aligned = M.mean_defined(values)
+        frame_auc = auroc(scores, labels) if at else float("nan")
     return {"alignment": aligned, "frame_auroc": frame_auc}
 
 

@@ -67,9 +67,11 @@ def test_auroc_equals_pairwise_count_with_ties():
     assert math.isnan(R.auroc(np.array([0.1, 0.2]), np.array([True, True])))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_auroc_equals_the_average_rank_statistic_to_the_last_bit(dtype):
+@pytest.mark.parametrize("dtype, per_search", [(np.float32, 1 << 20), (np.float64, 1 << 20), (np.float32, 1000)])
+def test_auroc_equals_the_average_rank_statistic_to_the_last_bit(dtype, per_search, monkeypatch):
     from scipy.stats import rankdata
+
+    monkeypatch.setattr(R, "POSITIVES_PER_SEARCH", per_search)  # the positives searched in parts or at once
 
     rng = np.random.default_rng(1)
     for n, levels in ((1_000, 7), (200_000, 1000), (200_000, None)):  # few distinct scores, many, all distinct
