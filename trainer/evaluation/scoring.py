@@ -142,8 +142,14 @@ def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: C
 
 @torch.no_grad()
 def text_matrix(det: Detector, texts: list[str], batch: int = 256) -> np.ndarray:
-    """Unit text embeddings ``(len(texts), d)``, ``batch`` texts per forward pass."""
-    rows = [det.vocabulary(texts[i:i + batch]).embeddings.cpu().numpy() for i in range(0, len(texts), batch)]
+    """Unit text embeddings ``(len(texts), d)``, ``batch`` texts per forward pass, the C heap's free
+    pages given back after each (:func:`release_freed_heap`): without it, the text tower's freed
+    buffers stayed resident, 275 MB over 2,849 captions and about 1 GB over the 12,821 of the
+    FSD50K-size test split."""
+    rows = []
+    for i in range(0, len(texts), batch):
+        rows.append(det.vocabulary(texts[i:i + batch]).embeddings.cpu().numpy())
+        release_freed_heap()
     return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
 
 
