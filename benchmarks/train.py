@@ -9,7 +9,7 @@ backward and optimizer step of the configured model on prepared batches (the loa
 in steps/s and clips/s; on CUDA also peak memory and model FLOPs utilisation (FLOPs counted by
 ``torch.utils.flop_counter`` for one eager step, over the step time, over the GPU's peak), and
 with ``profile`` where the step's GPU time goes by kind of kernel. With ``train.compile`` the
-step is timed after :func:`trainer.model.compile_model` and two compiled warm-up steps. The last
+step is timed after :func:`trainer.model.compile_model` and a compiled warm-up step per batch and one more. The last
 line says how many loader workers per GPU keep the step fed.
 
 ``--preset gpu`` is FineLAP's GPU setting for throughput: eat-base, a BERT/RoBERTa-base-size
@@ -55,10 +55,11 @@ def bench_loader(params, encoder, rows: int) -> dict:
     stream = make_stream(params, encoder, params.train.data.sources[:1], shuffle=True)
     stream.set_epoch(0)
     source = stream.sources[0]
-    pieces = []
+    pieces, left = [], rows
     for piece in sorted({p for d in stream.plan(1) for p in d.pieces[0]}, key=lambda p: (p.file, p.row_group, p.start)):
-        pieces.append(replace(piece, stop=min(piece.stop, piece.start + rows - sum(q.stop - q.start for q in pieces))))
-        if sum(q.stop - q.start for q in pieces) >= rows:
+        pieces.append(replace(piece, stop=min(piece.stop, piece.start + left)))
+        left -= pieces[-1].stop - piece.start
+        if left <= 0:
             break
     raw = [r for piece in pieces for r in source.read(piece)]
     mixing_s = 0.0

@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     scaper_python(mixing)
     train = benchmark("train", "loader clips/s per worker and training steps/s")
     train.add_argument("--rows", type=int, default=None,
-                       help="rows the loader makes (default: the batch, so every clip of the timed batch is its own row)")
+                       help="rows the loader makes (default: batches x batch, so every clip of the timed batches is its own row)")
     train.add_argument("--batches", type=int, default=2,
                        help="batches of different rows the step takes in turn, as the loop's differ (default 2)")
     train.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")

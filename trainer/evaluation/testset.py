@@ -38,6 +38,11 @@ META_COLUMNS = ["id", "duration_s", "caption", "phrases"]
 AUDIO_BATCH_ROWS = 32  # rows :meth:`ShardSplit.audio` converts to Python at a time
 
 
+def source_clips_of(phrases: list[dict]) -> set[str]:
+    """The event clips a mixture's phrases were made from."""
+    return {c for p in phrases for c in p.get("source_clip_ids") or []}
+
+
 @dataclass(frozen=True)
 class ShardSplit:
     files: tuple[str, ...]
@@ -54,7 +59,8 @@ class ShardSplit:
         past ``first`` when the split was read so)."""
         if self.source_clips is not None:
             return set(self.source_clips)
-        return {c for ps in self.phrases.values() for p in ps for c in p.get("source_clip_ids") or []}
+        return {c for ps in self.phrases.values() for c in source_clips_of(ps)}
+
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -160,7 +166,7 @@ def read_split(path: str, split: str, first: int | None = None) -> ShardSplit:
                      "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)")
                 continue
             if first is not None:
-                used.update(c for p in row["phrases"] for c in p.get("source_clip_ids") or [])
+                used |= source_clips_of(row["phrases"])
                 if len(ids) >= first:
                     continue
             i = row["id"]
