@@ -42,7 +42,8 @@ from pipeline.audio import AudioError, decode_mono
 from trainer.data.labels import frame_labels
 from trainer.evaluation.detector import Detector
 from trainer.evaluation.probes import clip_probe, frame_probe
-from trainer.evaluation.scoring import Packed
+from trainer.evaluation.metrics import release_freed_heap
+from trainer.evaluation.scoring import RELEASE_EVERY_CLIPS, Packed
 from trainer.evaluation.testset import EventClips, ShardSplit
 
 FEATURES = "audio encoder's final-layer frames, mean over frequency (encoder width), before FineLAP's adapter and projections"
@@ -87,7 +88,10 @@ def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> lis
     columns, each zero-padded to the model's window, ``det.batch_size`` windows per forward pass.
     The detectors share one grid (rate, columns, window, batch size): each wave is read once and
     every encoder gets the same batches (and, when their front ends are alike, one log-mel of
-    each), so a model's frames are those it would give alone."""
+    each), so a model's frames are those it would give alone. As in scoring, the C heap's and
+    Arrow's free pages go back to the system every ``RELEASE_EVERY_CLIPS`` clips
+    (:func:`~trainer.evaluation.metrics.release_freed_heap`): the shards' audio pages are freed
+    there but would stay resident under the frames kept."""
     det = dets[0]
     grid = (det.sample_rate_hz, det.columns, det.column_samples, det.window_samples, det.batch_size)
     if any((d.sample_rate_hz, d.columns, d.column_samples, d.window_samples, d.batch_size) != grid for d in dets):
@@ -121,8 +125,11 @@ def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> lis
             queue.append((k, first, min(cols, frames - first), np.pad(piece, (0, window - len(piece)))))
             if len(queue) == det.batch_size:
                 flush()
+        if (k + 1) % RELEASE_EVERY_CLIPS == 0:
+            release_freed_heap()
     if queue:
         flush()
+    release_freed_heap()  # the last pages of audio read
     return out
 
 

@@ -108,6 +108,17 @@ def test_frames_follow_the_detector_grid_across_windows():
         assert np.allclose(f[:, -1], np.abs(padded).mean(axis=1), atol=1e-6)
 
 
+def test_frames_give_the_freed_heap_back_every_so_many_clips(monkeypatch):
+    import trainer.evaluation.encoder_probes as EP
+
+    released = []
+    monkeypatch.setattr(EP, "RELEASE_EVERY_CLIPS", 2)
+    monkeypatch.setattr(EP, "release_freed_heap", lambda: released.append(True))
+    waves = [np.random.default_rng(k).normal(size=3 * COLUMN).astype(np.float32) for k in range(5)]
+    (frames,) = encoder_frames([stub_detector()], waves)
+    assert len(frames) == 5 and len(released) == 3  # after the 2nd and the 4th clip, and once the last is read
+
+
 def test_frame_probe_scores_events_the_features_encode_and_not_noise():
     rng = np.random.default_rng(1)
     train, test = MemorySplit(rng, 16, prefix="a"), MemorySplit(rng, 12, prefix="b")
