@@ -385,6 +385,29 @@ def test_psds_in_parts_is_sed_scores_eval_s_to_the_last_bit(settings, part):
         assert all(np.array_equal(a, b) for a, b in zip(ours[3][c], theirs[3][c]))
 
 
+def test_running_sums_merge_parts_exactly_in_the_narrowest_integer_type():
+    """The running sum of change-point deltas equals one sort of every part's points at once, kept
+    in int8 while the counts fit and widened, still exact, once a sum does not."""
+    rng = np.random.default_rng(3)
+    keys = ["fps", "tps"]
+    parts = []
+    for _ in range(6):  # repeated points within and across parts
+        cps = rng.choice(np.linspace(0, 1, 40), size=rng.integers(1, 30))
+        parts.append([(cps, {k: rng.integers(-3, 4, len(cps)) for k in keys})])
+    parts.append([(np.array([0.5, 0.5]), {"fps": np.array([100, 100]), "tps": np.array([0, 1])})])  # a sum past int8
+    summed = None
+    for clips in parts:
+        summed = M._add_deltas(summed, clips, None)
+        assert np.all(np.diff(summed[0]) > 0)
+    cps = np.concatenate([c for p in parts for c, _ in p])
+    points = np.unique(cps)
+    expected = np.stack([np.bincount(np.searchsorted(points, cps), np.concatenate([d[k] for p in parts for _, d in p]),
+                                     minlength=len(points)).astype(np.int64) for k in keys], axis=1)
+    assert np.array_equal(summed[0], points) and np.array_equal(summed[1], expected)
+    assert summed[1].dtype == np.int16 and summed[1][points == 0.5, 0] > 127
+    assert M._add_deltas(None, parts[0], None)[1].dtype == np.int8
+
+
 def test_psds_in_parts_keeps_far_fewer_thresholds_than_there_are_change_points():
     """The memory bound: at 60 clips most change points are past max_efpr and are not kept."""
     from sed_scores_eval.intersection_based import intermediate_statistics as intersection
