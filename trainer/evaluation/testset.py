@@ -61,7 +61,6 @@ class ShardSplit:
             return set(self.source_clips)
         return {c for ps in self.phrases.values() for c in source_clips_of(ps)}
 
-
     @property
     def classes(self) -> tuple[str, ...]:
         return tuple(sorted({p["label"] for ps in self.phrases.values() for p in ps}))
