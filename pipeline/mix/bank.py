@@ -5,6 +5,8 @@ Input: the event and background manifests and their folders. Output: a folder ho
 other) and ``index.json`` (id -> offset and length). Each worker maps the files read-only, so
 sources are decoded once per run instead of once per mixture, the operating system shares the
 pages between workers, and a worker's memory does not grow with the number of mixtures.
+:meth:`SourceBank.release` drops the pages a worker has touched from its mapping (they stay in
+the page cache), so its resident size stays at one partition's sources, not the whole bank's.
 
 :class:`FileSources` reads the same samples straight from the FLAC files; it re-renders a
 mixture from its recipe without a bank.
@@ -13,6 +15,7 @@ mixture from its recipe without a bank.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 
@@ -65,10 +68,20 @@ def build_bank(bank_dir: Path, sample_rate_hz: int, events: list[tuple[str, Path
 
 class _Table:
     def __init__(self, pcm: Path, entry: dict):
-        # a plain ndarray over the mapped pages: a memmap's slices are memmaps too, and numpy's
-        # subclass hooks cost every operation on them (15 us on 10 s of samples)
-        self.samples = np.memmap(pcm, dtype=np.int16, mode="r").view(np.ndarray) if os.path.getsize(pcm) else np.zeros(0, np.int16)
+        # a plain ndarray over the mapped pages, not np.memmap: a memmap's slices are memmaps
+        # too, and numpy's subclass hooks cost every operation on them (15 us on 10 s of samples)
+        self._map: mmap.mmap | None = None
+        if os.path.getsize(pcm):
+            with open(pcm, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self.samples = np.frombuffer(self._map, dtype=np.int16)
+        else:
+            self.samples = np.zeros(0, np.int16)
         self.rows = {cid: (o, n) for cid, o, n in zip(entry["ids"], entry["offsets"], entry["lengths"])}
+
+    def release(self) -> None:
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def get(self, item_id: str) -> np.ndarray:
         offset, length = self.rows[item_id]
@@ -92,6 +105,13 @@ class SourceBank:
 
     def background(self, segment_id: str) -> np.ndarray:
         return self._backgrounds.get(segment_id)
+
+    def release(self) -> None:
+        """Unmap the pages read so far from this process (read again from the page cache when next
+        touched). Every array handed out stays valid and keeps its samples; a worker calls this
+        after each partition, so its resident size does not grow to the whole bank's."""
+        self._events.release()
+        self._backgrounds.release()
 
 
 class FileSources:

@@ -134,6 +134,7 @@ def render_partition(part: Partition) -> dict:
                                   events=ctx.events[part.split], backgrounds=ctx.backgrounds[part.split])
     write_partition_tables(parts, part.key, rows)
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})
+    ctx.sources.release()  # the sources this partition read leave the worker's resident pages
     return {"dropped_occurrences": dropped}
 
 

@@ -202,6 +202,50 @@ def test_workers_keep_envelopes_as_one_buffer_and_bounded_caches_write_the_same_
     assert tree_digest(tmp_path / "unbounded") == tree_digest(tmp_path / "bounded")
 
 
+def _mapped_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads the mapping's resident pages from /proc")
+def test_a_worker_gives_back_the_bank_pages_after_each_partition(sources, tmp_path: Path, monkeypatch) -> None:
+    """A released bank keeps no resident page of its mapping and hands out the same samples;
+    the stage releases once per partition, and that changes no byte of the run."""
+    from pipeline.mix import partitions
+    from pipeline.mix.bank import SourceBank, build_bank
+    from pipeline.mix.sources import read_sources
+
+    events_dir, backgrounds_dir = sources
+    events, backgrounds = read_sources(events_dir, backgrounds_dir, envelopes=False)
+    build_bank(tmp_path / "bank", 16000, [(e.clip_id, events_dir / e.audio_path) for e in events],
+               [(b.segment_id, backgrounds_dir / b.audio_path) for b in backgrounds])
+    bank = SourceBank(tmp_path / "bank")
+    pcm = (tmp_path / "bank" / "events.pcm").resolve()
+    before = [bank.event(e.clip_id).copy() for e in events]  # touches every page
+    assert _mapped_kib(pcm) >= pcm.stat().st_size // 1024 - 4
+    bank.release()
+    assert _mapped_kib(pcm) == 0
+    assert all(np.array_equal(bank.event(e.clip_id), q) for e, q in zip(events, before))
+
+    run(small(), events_dir, backgrounds_dir, tmp_path / "released")
+    released = []
+    monkeypatch.setattr(SourceBank, "release", lambda self: released.append(1))
+    partitions.load_context.cache_clear()
+    p = small()
+    run(p, events_dir, backgrounds_dir, tmp_path / "kept")  # every page stays mapped
+    counts = p.mix.mixtures
+    parts = sum(-(-n // p.mix.partition_size) for n in (counts.train, counts.valid, counts.test))
+    assert len(released) == parts
+    assert tree_digest(tmp_path / "kept") == tree_digest(tmp_path / "released")
+
+
 def test_the_spec_is_resolved_once_per_run_and_travels_to_workers(sources, tmp_path: Path, monkeypatch) -> None:
     """The params check resolves the spec; the stage takes it from the cache; each partition carries it
     (pickled, as a worker receives it) into the worker's context, which resolves nothing."""
