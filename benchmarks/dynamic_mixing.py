@@ -9,8 +9,9 @@ makes. Output (a dict, printed by :func:`print_figures`), all in this process, o
   includes reading their row groups (a whole row group is read for its first row), warm reads
   them again with the last row group cached (``rows`` within one row group: a long run's rate);
 - ``mixing, cold``: ``rows`` rows of a ``kind: mixing`` source (epoch 0: drawn, rendered,
-  relabeled, captioned), made into the same items, each source clip decoded when first used;
-- ``mixing, warm``: the next epoch's ``rows`` rows, every source of the split already decoded (a long run's rate);
+  relabeled, captioned), made into the same items, its bank built first in a fresh folder (every
+  source of the split decoded: the first rows on a machine that has no bank for them yet);
+- ``mixing, warm``: the next epoch's ``rows`` rows from that bank (a long run's rate);
 - ``mixing + reverb`` / ``mixing + pitch/stretch``: the same, warm, with every event in a
   simulated room (``mix.spec.reverb.probability: 1``) and with every event pitch-shifted and
   stretched by Rubber Band (``pitch_shift_semitones``, ``time_stretch_factor``; a quarter of
@@ -49,20 +50,10 @@ def _items_per_s(make_rows, builder, epoch: int) -> tuple[float, int]:
     return len(rows) / max(time.perf_counter() - t0, 1e-9), len(rows)
 
 
-def _decode_all(source) -> None:
-    """Decode every event clip and background of the source's split: the state of a long run's worker."""
-    sources = source.context().sources
-    for e in source.event_pools[source.split]:
-        sources.event(e.clip_id)
-    for b in source.background_pools[source.split]:
-        sources.background(b.segment_id)
-
-
 def bench_dynamic_mixing(params, rows: int = 200, scaper_python: str | None = None) -> dict:
     """Items/s of one worker for a mixing source and for the same number of stored shard rows, and Scaper's
     mixtures/s for as many mixtures from the same folders; returns the figures (:func:`print_figures`)."""
     from trainer.config import SourceParams
-    from trainer.data.mixing import MixingSource
     from trainer.data.negatives import ClusterTables, NegativeSampler, default_clusters_folder
     from trainer.data.sources import ParquetSource, Piece
     from trainer.data.stream import ItemBuilder, ItemParams
@@ -90,38 +81,48 @@ def bench_dynamic_mixing(params, rows: int = 200, scaper_python: str | None = No
     shard_warm, _ = _items_per_s(shard_rows, builder, 1)
     stored_bytes = sum(len(r["audio"]["bytes"]) for r in shard_rows())
 
+    with tempfile.TemporaryDirectory(prefix="sedsynth-bench-banks-") as banks:
+        figures, folders = _mixing_figures(params, rows, builder, clusters, banks)
+    figures.update({"rows": rows, "encoder": params.train.model.encoder, "sample_rate_hz": encoder.sample_rate_hz,
+                    "shard_rows": n_shard, "shards_cold_items_per_s": shard_cold, "shards_warm_items_per_s": shard_warm,
+                    "shard_audio_bytes": stored_bytes, "ratio_warm_mixing_to_shards": figures["mixing_warm_items_per_s"] / shard_warm})
+    python = find_scaper_python(scaper_python)
+    if python:
+        with tempfile.TemporaryDirectory(prefix="sedsynth-bench-mixing-") as tmp:
+            peer = run_scaper(python, *folders, params, rows, Path(tmp))
+        figures.update(scaper=peer, ratio_warm_mixing_to_scaper=figures["mixing_warm_items_per_s"] / peer["mixtures_per_s"],
+                       ratio_cold_mixing_to_scaper=figures["mixing_cold_items_per_s"] / peer["mixtures_per_s"])
+    return figures
+
+
+def _mixing_figures(params, rows: int, builder, clusters: str, banks: str) -> tuple[dict, tuple[Path, Path]]:
+    """The mixing source's passes (cold, warm, augmented), its banks in the folder ``banks``;
+    and the events and backgrounds folders it drew from."""
+    from trainer.config import SourceParams
+    from trainer.data.mixing import MixingSource
+    from trainer.data.sources import Piece
+
     t0 = time.perf_counter()
-    mixing = MixingSource(0, SourceParams(kind="mixing", split="train", epoch_size=rows), params, clusters)
+    mixing = MixingSource(0, SourceParams(kind="mixing", split="train", epoch_size=rows), params, clusters, banks)
     open_s = time.perf_counter() - t0
 
     def mixed_rows() -> list[dict]:
         return mixing.read(Piece(0, mixing.name, 0, 0, rows))
 
     mixing_cold, n_mixed = _items_per_s(mixed_rows, builder, 0)
-    _decode_all(mixing)
     mixing.set_epoch(1)
     mixing_warm, _ = _items_per_s(mixed_rows, builder, 1)
     augmented = {}
     for name, knobs in AUGMENTED.items():
         n = rows if name == "reverb" else max(1, rows // 4)
         mix = dataclasses.replace(params.mix, spec={**params.mix.spec, **knobs})
-        source = MixingSource(0, SourceParams(kind="mixing", split="train", epoch_size=n), dataclasses.replace(params, mix=mix), clusters)
+        source = MixingSource(0, SourceParams(kind="mixing", split="train", epoch_size=n), dataclasses.replace(params, mix=mix), clusters, banks)
         _items_per_s(lambda: source.read(Piece(0, source.name, 0, 0, n)), builder, 0)  # rooms simulated
-        _decode_all(source)
         source.set_epoch(1)
         augmented[name], _ = _items_per_s(lambda: source.read(Piece(0, source.name, 0, 0, n)), builder, 1)
-    figures = {"rows": rows, "encoder": params.train.model.encoder, "sample_rate_hz": encoder.sample_rate_hz,
-               "shard_rows": n_shard, "mixed_rows": n_mixed, "shards_cold_items_per_s": shard_cold,
-               "shards_warm_items_per_s": shard_warm, "mixing_cold_items_per_s": mixing_cold, "mixing_warm_items_per_s": mixing_warm,
-               "mixing_open_s": open_s, "shard_audio_bytes": stored_bytes, "mixing_bytes": 0,
-               "ratio_warm_mixing_to_shards": mixing_warm / shard_warm, "augmented_warm_items_per_s": augmented}
-    python = find_scaper_python(scaper_python)
-    if python:
-        with tempfile.TemporaryDirectory(prefix="sedsynth-bench-mixing-") as tmp:
-            peer = run_scaper(python, mixing.events_dir, mixing.backgrounds_dir, params, rows, Path(tmp))
-        figures.update(scaper=peer, ratio_warm_mixing_to_scaper=mixing_warm / peer["mixtures_per_s"],
-                       ratio_cold_mixing_to_scaper=mixing_cold / peer["mixtures_per_s"])
-    return figures
+    return ({"mixed_rows": n_mixed, "mixing_cold_items_per_s": mixing_cold, "mixing_warm_items_per_s": mixing_warm,
+             "mixing_open_s": open_s, "mixing_bytes": 0, "augmented_warm_items_per_s": augmented},
+            (mixing.events_dir, mixing.backgrounds_dir))
 
 
 def print_figures(f: dict) -> None:
@@ -130,9 +131,9 @@ def print_figures(f: dict) -> None:
     print(f"  shards, cold (row groups read)         {f['shards_cold_items_per_s']:8.1f} items/s   <- peer")
     print(f"  shards, warm (row group cached)        {f['shards_warm_items_per_s']:8.1f} items/s   <- peer; "
           f"{f['shard_audio_bytes'] / 2**20:.1f} MiB of FLAC stored")
-    print(f"  mixing, cold (sources decoded as used) {f['mixing_cold_items_per_s']:8.1f} items/s   "
+    print(f"  mixing, cold (bank built first)        {f['mixing_cold_items_per_s']:8.1f} items/s   "
           f"(opening the source: {f['mixing_open_s']:.2f} s)")
-    print(f"  mixing, warm (next epoch, all decoded) {f['mixing_warm_items_per_s']:8.1f} items/s   0 bytes stored")
+    print(f"  mixing, warm (next epoch, from bank)   {f['mixing_warm_items_per_s']:8.1f} items/s   0 bytes stored")
     for name, v in f["augmented_warm_items_per_s"].items():
         print(f"  mixing + {name:<30}{v:8.1f} items/s   (warm)")
     print(f"  mixing warm / shards warm              {f['ratio_warm_mixing_to_shards']:8.2f}")

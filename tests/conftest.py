@@ -172,3 +172,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def mixing_banks_in_the_session_folder(tmp_path_factory):
+    """Mixing sources keep their decoded sources in this session's temp folder, not the machine's cache."""
+    from trainer.data import mixing
+
+    folder = tmp_path_factory.mktemp("mixing-banks")
+    kept = mixing.banks_folder
+    mixing.banks_folder = lambda: folder
+    yield
+    mixing.banks_folder = kept

@@ -17,13 +17,18 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
 
 from pipeline.audio import AudioError, downmix, open_audio, quantize_int16, read_audio, read_int16, resample
 from pipeline.outputs import write_atomic
+
+if TYPE_CHECKING:
+    from pipeline.schema import BackgroundSegment, EventClip
 
 INDEX = "index.json"
 COMPLETE = "complete"
@@ -64,6 +69,23 @@ def build_bank(bank_dir: Path, sample_rate_hz: int, events: list[tuple[str, Path
         index[kind] = {"ids": [i for i, _ in items], "offsets": offsets, "lengths": lengths}
     write_atomic(bank_dir / INDEX, json.dumps(index).encode("utf-8"))
     write_atomic(bank_dir / COMPLETE, b"")
+
+
+def bank_sources(event_pools: dict[str, list[EventClip]], bg_pools: dict[str, list[BackgroundSegment]],
+                 events_dir: Path, backgrounds_dir: Path) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
+    """Every source the pools use, once, in id order: the ``(id, path)`` lists a bank is built from."""
+    ev = {e.clip_id: e for pool in event_pools.values() for e in pool}
+    bg = {b.segment_id: b for pool in bg_pools.values() for b in pool}
+    return ([(i, events_dir / ev[i].audio_path) for i in sorted(ev)],
+            [(i, backgrounds_dir / bg[i].audio_path) for i in sorted(bg)])
+
+
+def ensure_bank(bank_dir: Path, sample_rate_hz: int, events: list[tuple[str, Path]], backgrounds: list[tuple[str, Path]]) -> None:
+    """:func:`build_bank`, unless ``bank_dir`` already holds a complete bank (a partial one is built again)."""
+    if (bank_dir / COMPLETE).exists():
+        return
+    shutil.rmtree(bank_dir, ignore_errors=True)
+    build_bank(bank_dir, sample_rate_hz, events, backgrounds)
 
 
 class _Table:

@@ -30,7 +30,7 @@ from pipeline.audio import encode_flac
 from pipeline.config.mix_spec import MixSpec
 from pipeline.config.params import MixParams, Params, RelabelParams
 from pipeline.mix import exports
-from pipeline.mix.bank import COMPLETE, SourceBank, build_bank
+from pipeline.mix.bank import SourceBank, bank_sources, ensure_bank
 from pipeline.mix.instantiate import MixContext, instantiate
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, RECORDS, SEGMENTS, TIMELINES, audio_path, mixture_id
 from pipeline.mix.sources import read_envelopes, read_parquet, read_sources
@@ -206,15 +206,8 @@ def make_plan(params: Params, spec: MixSpec, events_dir: Path, backgrounds_dir: 
 def fill_bank(stage: Path, sample_rate_hz: int, event_pools: dict[str, list[EventClip]], bg_pools: dict[str, list[BackgroundSegment]],
               events_dir: Path, backgrounds_dir: Path) -> None:
     """Decode every source the pools use into the staging folder's bank, unless a resumed run's bank is complete."""
-    bank = stage / BANK
-    if (bank / COMPLETE).exists():
-        return
-    shutil.rmtree(bank, ignore_errors=True)
-    ev = {e.clip_id: e for pool in event_pools.values() for e in pool}
-    bg = {b.segment_id: b for pool in bg_pools.values() for b in pool}
-    build_bank(bank, sample_rate_hz,
-               [(i, events_dir / ev[i].audio_path) for i in sorted(ev)],
-               [(i, backgrounds_dir / bg[i].audio_path) for i in sorted(bg)])
+    ensure_bank(stage / BANK, sample_rate_hz, *bank_sources(event_pools, bg_pools, events_dir, backgrounds_dir))
+
 
 
 def plan_partitions(p: MixParams, run: MixRun) -> list[Partition]:

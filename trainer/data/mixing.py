@@ -33,8 +33,14 @@ takes the cluster whose MID is the label's; with neither, it keeps cluster id -1
 positive with its frame labels, but no cluster is excluded for it, so a negative may be one of
 its relatives (the labels concerned are printed once when the source opens).
 
-Sources are read from the clip and ambience stages' FLAC files as the mix stage's bank holds
-them (:class:`~pipeline.mix.bank.FileSources`), each decoded once per worker and kept.
+Sources: the split's pool is decoded once per machine into a source bank, as the mix stage's
+(:mod:`pipeline.mix.bank`), under ``$TMPDIR/sedsynth-mixing-banks/<key>``: the key hashes what
+fixes its samples (the two manifests, their folders, the rate, the pool's ids), so later runs
+and the other ranks and workers on the machine map the same one. The first process to need it
+builds it, under a file lock; every loader worker maps it read-only (the operating system
+shares the pages) and gives its pages back every :data:`RELEASE_EVERY` mixtures, so no worker's
+memory grows with the corpus. The banks are a cache: nothing removes them; delete the folder
+to reclaim the space.
 """
 
 from __future__ import annotations
@@ -43,16 +49,18 @@ import dataclasses
 import hashlib
 import json
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+from filelock import FileLock
 
 from pipeline.audio import int16_to_float
 from pipeline.config.distributions import SpecError
 from pipeline.config.mix_spec import resolve_spec
-from pipeline.mix.bank import FileSources
+from pipeline.mix.bank import SourceBank, bank_sources, ensure_bank
 from pipeline.mix.instantiate import Mixture, MixContext, instantiate, relabel_mixture
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, audio_path, mixture_id
 from pipeline.mix.render import render
@@ -69,6 +77,14 @@ from trainer.config import SourceParams
 from trainer.data.negatives import ClusterTables, NegativeError
 from trainer.data.sources import Piece, SourceError
 
+
+BANKS = "sedsynth-mixing-banks"
+RELEASE_EVERY = 100  # mixtures a worker makes between giving its bank pages back (the mix stage's partition size)
+
+
+def banks_folder() -> Path:
+    """Where mixing sources keep their banks: ``sedsynth-mixing-banks`` in the temp folder (``TMPDIR``)."""
+    return Path(tempfile.gettempdir()) / BANKS
 
 
 def source_folders(params: SourceParams, run_params) -> tuple[Path, Path]:
@@ -116,11 +132,12 @@ class MixingSource:
     """Rows mixed on the fly (see the module docstring); one row group of ``rows`` rows.
 
     ``index``: its place in ``train.data.sources``; ``params``: its entry; ``run_params``: the
-    run's params; ``clusters``: the cluster tables' folder (cluster ids of the phrases).
+    run's params; ``clusters``: the cluster tables' folder (cluster ids of the phrases); ``banks``:
+    where its source bank is kept (default: :func:`banks_folder`).
     :meth:`set_epoch` picks the epoch the rows are drawn for (the stream calls it).
     """
 
-    def __init__(self, index: int, params: SourceParams, run_params, clusters: str | None = None):
+    def __init__(self, index: int, params: SourceParams, run_params, clusters: str | None = None, banks: str | None = None):
         if run_params is None:
             raise SourceError("train: a mixing source needs the run's params (make_stream passes them)")
         self.index, self.params, self.seed, self.epoch = index, params, run_params.seed, 0
@@ -166,8 +183,11 @@ class MixingSource:
         self.by_label = {label: list(phrases_for(label, mid, defaults)) for label, mid in labels}
         self.cluster_of, self.cluster_of_mid = cluster_lookup(clusters)
         self._report_unclustered(labels, clusters)
-        self.name = f"mixing:{self.split}:{self._fingerprint()}"
+        manifests = file_sha256(self.events_dir / MANIFEST), file_sha256(self.backgrounds_dir / MANIFEST)
+        self.name = f"mixing:{self.split}:{self._fingerprint(manifests)}"
+        self.bank_key, self.banks = self._bank_key(manifests), banks
         self._context: MixContext | None = None
+        self._made = 0  # mixtures this process made since its bank last gave its pages back
 
     def _read_replay(self, folder: Path) -> tuple[list[MixtureRecipe], dict[str, list[EventOccurrence]]]:
         missing = [n for n in (MIXTURES, OCCURRENCES) if not (folder / n).exists()]
@@ -192,10 +212,10 @@ class MixingSource:
             print(f"train: mixing source: {len(lost)} labels of the {self.split} pool have no cluster in {clusters} (e.g. {lost[0]}); "
                   "their phrases get cluster id -1, so their negatives are not checked against relatives", file=sys.stderr)
 
-    def _fingerprint(self) -> str:
+    def _fingerprint(self, manifests: tuple[str, str]) -> str:
         """What the rows are made from: inputs, spec, seed, relabeling, pools (a resume never continues on other rows)."""
         h = hashlib.sha256()
-        h.update(json.dumps({"events": file_sha256(self.events_dir / MANIFEST), "backgrounds": file_sha256(self.backgrounds_dir / MANIFEST),
+        h.update(json.dumps({"events": manifests[0], "backgrounds": manifests[1],
                              "spec": self.spec.to_dict(), "seed": self.seed, "relabel": dataclasses.asdict(self.relabel),
                              "templates": self.templates, "replay": [r.mixture_id for r in self.recipes] if self.params.replay else None,
                              "events_pool": [e.clip_id for e in self.event_pools[self.split]],
@@ -203,16 +223,34 @@ class MixingSource:
                             sort_keys=True, default=str).encode())
         return h.hexdigest()[:16]
 
+    def _bank_key(self, manifests: tuple[str, str]) -> str:
+        """What fixes the bank's samples: the manifests, their folders, the rate and the pool's ids."""
+        return hashlib.sha256(json.dumps({
+            "manifests": manifests, "folders": [str(self.events_dir), str(self.backgrounds_dir)], "sample_rate_hz": self.spec.sample_rate_hz,
+            "events": sorted({e.clip_id for e in self.event_pools[self.split]}),
+            "backgrounds": sorted({b.segment_id for b in self.background_pools[self.split]})}).encode()).hexdigest()[:24]
+
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_context": None}  # each worker decodes its own sources
+        return {**self.__dict__, "_context": None, "_made": 0}  # each worker maps the bank itself
+
+    def bank(self) -> SourceBank:
+        """The split's sources, decoded once per machine (see the module docstring); built here if no process has yet."""
+        folder = Path(self.banks or banks_folder()) / self.bank_key
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{folder}.lock"):
+                ensure_bank(folder, self.spec.sample_rate_hz,
+                            *bank_sources({self.split: self.event_pools[self.split]}, {self.split: self.background_pools[self.split]},
+                                          self.events_dir, self.backgrounds_dir))
+        except OSError as e:
+            raise SourceError(f"train: mixing source: cannot keep its decoded sources in {folder}: {e.strerror or e}; "
+                              "free space there or point TMPDIR at a disk with room") from None
+        return SourceBank(folder)
 
     def context(self) -> MixContext:
-        """The mix stage's context over this source's pools, built once per process."""
+        """The mix stage's context over this source's pools and bank, built once per process."""
         if self._context is None:
-            sources = FileSources(self.events_dir, self.backgrounds_dir, self.spec.sample_rate_hz,
-                                  {i: e.audio_path for i, e in self.event_by_id.items()},
-                                  {i: b.audio_path for i, b in self.background_by_id.items()})
-            self._context = MixContext(self.spec, self.seed, self.relabel, sources, self.event_pools, self.background_pools)
+            self._context = MixContext(self.spec, self.seed, self.relabel, self.bank(), self.event_pools, self.background_pools)
         return self._context
 
     def set_epoch(self, epoch: int) -> None:
@@ -224,6 +262,10 @@ class MixingSource:
     def mixture(self, row: int) -> Mixture:
         """Row ``row`` of the current epoch as the mix stage makes it: recipe, occurrences, label segments, int16 audio."""
         ctx = self.context()
+        self._made += 1
+        if self._made >= RELEASE_EVERY:
+            ctx.sources.release()
+            self._made = 0
         if self.params.replay:
             recipe = self.recipes[row]
             occurrences = sorted(self.occurrences[recipe.mixture_id], key=lambda o: o.occurrence_index)

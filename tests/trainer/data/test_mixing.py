@@ -189,3 +189,44 @@ def test_a_library_folder_is_refused_not_analysed(mixed, tmp_path):
     with pytest.raises(SourceError, match="sound library"):
         MixingSource(0, replace(mixing_params(mixed), events=str(tmp_path / "library")), params)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["library"]
+
+
+def test_the_sources_are_decoded_once_per_machine_and_given_back(mixed, shard_folder, tmp_path, monkeypatch):
+    """Two sources over the same pool map one bank, built once, holding the FLAC files' samples;
+    another split's pool gets its own; a process gives the bank's pages back every RELEASE_EVERY
+    mixtures; a folder the bank cannot be written to is one line that says what to do."""
+    from pipeline.mix import bank as bank_module
+    from pipeline.mix.bank import SourceBank, load_source
+    from trainer.data import mixing
+
+    params, folder = shard_folder
+    _, _, events_dir, backgrounds_dir = mixed
+    monkeypatch.setattr(mixing, "banks_folder", lambda: tmp_path / "banks")
+    builds = []
+    build = bank_module.build_bank
+    monkeypatch.setattr(bank_module, "build_bank", lambda *a: builds.append(a[0]) or build(*a))
+
+    def source(split: str = "train") -> MixingSource:
+        return MixingSource(0, mixing_params(mixed, split=split, epoch_size=8), params, str(folder / "clusters"))
+
+    a, b = source(), source()
+    assert a.bank_key == b.bank_key and source("valid").bank_key != a.bank_key
+    a.bank()
+    shared = b.bank()
+    assert builds == [tmp_path / "banks" / a.bank_key]
+    for e in a.event_pools["train"]:
+        assert np.array_equal(shared.event(e.clip_id), load_source(events_dir / e.audio_path, SR))
+    for g in a.background_pools["train"]:
+        assert np.array_equal(shared.background(g.segment_id), load_source(backgrounds_dir / g.audio_path, SR))
+
+    released = []
+    monkeypatch.setattr(mixing, "RELEASE_EVERY", 3)
+    monkeypatch.setattr(SourceBank, "release", lambda self: released.append(1))
+    assert len(rows_of(a, 0, 7)) == 7
+    assert len(released) == 2
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(mixing, "banks_folder", lambda: tmp_path / "a-file" / "banks")
+    with pytest.raises(SourceError, match=r"cannot keep its decoded sources in .*: .*; free space there or point TMPDIR") as e:
+        source().bank()
+    assert "\n" not in str(e.value)
