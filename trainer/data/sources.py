@@ -22,6 +22,7 @@ file (:func:`list_parquet`), a file with a column of the wrong type is left out 
 from __future__ import annotations
 
 import csv
+import os
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -134,16 +135,61 @@ def _refuse_special(fs, path: str, what: str) -> None:
         raise SourceError(f"{what} {problem}; replace it with the Parquet file `sedsynth shards` wrote, or remove it")
 
 
+READ_BATCH_ROWS = 16  # rows per Arrow batch when streaming a row group
+READ_BUFFER_BYTES = 2**20  # the reader's buffer: a row group's column chunks are read a page at a time, not whole
+
+
+class _Cursor:
+    """One pass through one row group of one file, in batches; it only goes forward."""
+
+    def __init__(self, fs, file: str, row_group: int, columns):
+        import pyarrow.parquet as pq
+
+        self.key, self.at, self.pid = (file, row_group), 0, os.getpid()
+        self._file = fs.open(file, "rb")
+        try:
+            pf = pq.ParquetFile(self._file, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
+            self._batches = pf.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[row_group], columns=columns(pf.schema_arrow.names))
+        except BaseException:
+            self._file.close()
+            raise
+        self._held = None  # the last batch read, for a piece that starts inside it
+
+    def can_reach(self, key: tuple[str, int], start: int) -> bool:
+        held = self._held.num_rows if self._held is not None else 0
+        return key == self.key and start >= self.at - held and os.getpid() == self.pid  # a forked worker opens its own
+
+    def take(self, start: int, stop: int):
+        """The record batches (sliced) that hold rows ``[start, stop)``, one at a time; rows before
+        ``start`` are read and dropped."""
+        while True:
+            if self._held is None:
+                self._held = next(self._batches, None)
+                if self._held is None:
+                    return  # the row group ended (a piece past its end reads nothing)
+                self.at += self._held.num_rows
+            first = self.at - self._held.num_rows  # the held batch's first row
+            lo, hi = max(start - first, 0), min(stop - first, self._held.num_rows)
+            if hi > lo:
+                yield self._held.slice(lo, hi - lo)
+            if self.at >= stop:
+                return
+            self._held = None
+
+    def close(self) -> None:
+        self._batches, self._held = None, None
+        self._file.close()
+
+
 class ParquetSource:
-    """Rows of Parquet files, read one row group at a time (the last one stays cached until another
-    is read or :meth:`release` drops it)."""
+    """Rows of Parquet files, read a piece at a time by streaming its row group (:meth:`read`)."""
 
     def __init__(self, index: int, params: SourceParams):
         self.index, self.params = index, params
         self.fs, root = _fs(params.path)
         self.root = root.rstrip("/")  # the folder (or the one file) the files are listed under
         self.files = list_parquet(params.path, params.split)
-        self._cached: tuple[tuple[str, int], "pa.Table"] | None = None  # the last row group read, as Arrow
+        self._cursor: _Cursor | None = None  # the open pass through the row group read last
         self._row_groups: list[tuple[str, int, int]] | None = None
         self._first_row: dict[tuple[str, int], int] = {}  # (file, row group) -> its first row's position in the file
         self.skips: list[Skip] = []
@@ -208,31 +254,30 @@ class ParquetSource:
     def read(self, piece: Piece) -> list[dict]:
         """The rows of ``piece``, each with ``_from``: ``(file, row position in it)`` for reports.
 
+        The row group is streamed in batches of ``READ_BATCH_ROWS`` from its start to the piece's
+        last row, and only the piece's rows are kept, so a reader holds one piece and about one
+        data page, not the row group (190 MB of audio in a default shard's); a piece that goes on
+        where the last one stopped continues the same pass (:class:`_Cursor`).
+
         ``audio`` is the cell's ``{"bytes"}`` only (``None`` for a null cell): a shard's audio
         comes from its bytes, never from the path a cell may name (a FIFO there would hang
         the reader, a test file be trained on). Rows are not checked here: the stream skips
         and reports a bad one (:meth:`~trainer.data.stream.ItemBuilder.check`).
         """
-        import pyarrow.parquet as pq
-
         key = (piece.file, piece.row_group)
-        if self._cached is None or self._cached[0] != key:
-            self._cached = None  # the last row group goes first: one in memory at a time (190 MB of audio in a default shard's)
-            try:
-                with self.fs.open(piece.file, "rb") as f:
-                    pf = pq.ParquetFile(f)
-                    table = pf.read_row_group(piece.row_group, columns=self.columns(pf.schema_arrow.names))
-            except (OSError, ValueError, pa_errors()) as e:  # its footer read at the start: the file changed or its data is corrupt
-                raise SourceError(f"train: cannot read row group {piece.row_group} of {piece.file} ({_first_line(e)}); re-create it "
-                                  "(sedsynth shards, or download it again) or remove it and its index.json entry, then rerun "
-                                  "(training resumes from latest.pt)") from None
-            self._cached = (key, table)  # Arrow's buffers: only a piece's rows become Python objects
-        table = self._cached[1]
-        start = min(piece.start, table.num_rows)
-        rows = table.slice(start, max(0, piece.stop - start)).to_pylist()
+        try:
+            if self._cursor is None or not self._cursor.can_reach(key, piece.start):
+                self.release()
+                self._cursor = _Cursor(self.fs, piece.file, piece.row_group, self.columns)
+            rows = [r for batch in self._cursor.take(piece.start, piece.stop) for r in batch.to_pylist()]  # Arrow's buffers: a batch at a time
+        except (OSError, ValueError, pa_errors()) as e:  # its footer read at the start: the file changed or its data is corrupt
+            self.release()
+            raise SourceError(f"train: cannot read row group {piece.row_group} of {piece.file} ({_first_line(e)}); re-create it "
+                              "(sedsynth shards, or download it again) or remove it and its index.json entry, then rerun "
+                              "(training resumes from latest.pt)") from None
         first = self._first_row[key]  # the row group's first row in the file
         several = self.params.caption_columns != ("caption",)  # a caption corpus's columns: one is drawn per row and epoch
-        for i, r in enumerate(rows, start):
+        for i, r in enumerate(rows, piece.start):
             r.setdefault("id", f"{piece.file}#{piece.row_group}:{i}")
             cell = r["audio"] if "audio" in r else r.pop(self.params.audio_column, None)
             r["audio"] = {"bytes": cell.get("bytes")} if isinstance(cell, dict) else None
@@ -242,8 +287,10 @@ class ParquetSource:
         return rows
 
     def release(self) -> None:
-        """Drop the cached row group (a stream's reader calls it once its pieces are read)."""
-        self._cached = None
+        """Close the open row group pass (a stream's reader calls it once its pieces are read)."""
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
 
     def texts(self) -> list[str]:
         """Every caption (of ``caption`` and the caption columns) and phrase of the readable files,

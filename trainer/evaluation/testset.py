@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from pipeline.schema import Skip
 from pipeline.shards.rows import column_problem, phrase_problems
-from trainer.data.sources import _fs, list_parquet
+from trainer.data.sources import READ_BUFFER_BYTES, _fs, list_parquet
 
 META_COLUMNS = ["id", "duration_s", "caption", "phrases"]
 
@@ -80,11 +80,12 @@ class ShardSplit:
     def audio(self) -> Iterator[tuple[str, bytes]]:
         """``(id, encoded bytes)`` in :attr:`ids` order, :data:`AUDIO_BATCH_ROWS` rows in memory at a
         time (a row group of the hub's size holds 100-300 MB of audio). Column chunks are not
-        pre-buffered: Arrow would otherwise hold a second copy of the row group's audio."""
+        pre-buffered but read a page at a time through a buffer: Arrow would otherwise hold the
+        row group's audio as read beside the batch decoded from it."""
         for path, kept in zip(self.files, self.kept or [None] * len(self.files)):
             fs, root = _fs(path)
             with fs.open(root, "rb") as f:
-                pf = pq.ParquetFile(f, pre_buffer=False)
+                pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
                 k = 0
                 for batch in pf.iter_batches(batch_size=AUDIO_BATCH_ROWS, columns=["id", "audio"]):
                     for i, a in zip(batch.column("id").to_pylist(), batch.column("audio").to_pylist()):

@@ -402,24 +402,93 @@ def test_ranks_and_workers_split_an_epoch_without_overlap(shards, builder, rows,
         assert layouts[0] != layouts[1], "every epoch should deal the rows afresh"
 
 
-def test_a_shard_source_holds_one_row_group_at_a_time_and_none_once_its_rows_are_read(shards, builder, monkeypatch):
-    """A row group's audio is the largest thing a reader holds (190 MB in a default shard's): the last
-    one goes before the next is read, and the last of all once the stream ends, since a held-out
-    stream's source lives on in the training process."""
-    stream = TrainStream([SourceParams(path=str(shards), split="train")], builder, seed=3, shuffle_buffer=4, piece_rows=1)
-    source = stream.sources[0]
-    assert len(source.row_groups()) >= 2
-    holding: list[bool] = []  # at each row group read: was another one still cached?
-    read_row_group = pq.ParquetFile.read_row_group
+def one_row_group(shards: Path, out: Path, rows: int, audio_bytes: int | None = None) -> ParquetSource:
+    """The fixture's train rows, repeated to ``rows``, written by the shard writer as one row group
+    (each audio cell ``audio_bytes`` random bytes where given); a source reading it."""
+    import pyarrow as pa
 
-    def spy(self, *args, **kwargs):
-        holding.append(source._cached is not None)
-        return read_row_group(self, *args, **kwargs)
+    from pipeline.shards.layout import shard_schema
+    from pipeline.shards.writer import write_shards
 
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", spy)
+    fixture = pa.concat_tables([pq.read_table(f) for f in sorted((shards / "data").glob("train-*.parquet"))])
+    table = pa.concat_tables([fixture] * -(-rows // fixture.num_rows)).slice(0, rows)
+    if audio_bytes:
+        blobs = np.random.default_rng(0).integers(0, 256, (rows, audio_bytes), dtype=np.uint8)
+        audio = pa.StructArray.from_arrays([pa.array(list(map(bytes, blobs)), pa.binary()), pa.nulls(rows, pa.string())],
+                                           fields=list(table.schema.field("audio").type))
+        table = table.set_column(table.schema.get_field_index("audio"), "audio", audio)
+    out.mkdir(exist_ok=True)
+    sizes = [len(c["bytes"].as_py()) for c in table.column("audio")]
+    write_shards(out, SR, {"train": list(range(rows))}, sizes.__getitem__, row_of=None, shard_size_mb=1000, row_group_size_mb=1000,
+                 compression="zstd", table_of=lambda items: table.slice(items[0], len(items)).cast(shard_schema(SR)))
+    source = ParquetSource(0, SourceParams(path=str(out), split="train"))
+    assert [n for _, _, n in source.row_groups()] == [rows]
+    return source
+
+
+def test_a_piece_is_the_rows_of_its_row_group_in_any_reading_order(shards, builder, tmp_path, monkeypatch):
+    """Pieces read in order (a held-out stream: each goes on where the last stopped), skipping
+    ahead, backwards and shuffled give the rows ``read_row_group`` gives, across the reader's
+    batches; the last pass is closed once a stream ends, since a held-out stream's source lives
+    on in the training process."""
+    import trainer.data.sources as sources
+
+    monkeypatch.setattr(sources, "READ_BATCH_ROWS", 3)  # pieces of 2 rows start and end inside batches
+    source = one_row_group(shards, tmp_path / "one", 23)
+    file = source.row_groups()[0][0]
+    whole = pq.ParquetFile(file).read_row_group(0).to_pylist()
+    pieces = [Piece(0, file, 0, start, min(23, start + 2)) for start in range(0, 23, 2)]
+    shuffled = [pieces[i] for i in np.random.default_rng(0).permutation(len(pieces))]
+    for order in (pieces, pieces[::3] + pieces[1::3], pieces[::-1], shuffled, [Piece(0, file, 0, 23, 25)]):
+        for piece in order:
+            got, want = source.read(piece), whole[piece.start:piece.stop]
+            assert [r["_from"] for r in got] == [(file, i) for i in range(piece.start, min(23, piece.stop))]
+            assert [r["audio"]["bytes"] for r in got] == [r["audio"]["bytes"] for r in want]
+            assert [(r["id"], r["caption"], r["phrases"]) for r in got] == [(r["id"], r["caption"], r["phrases"]) for r in want]
+    source.release()
+    stream = TrainStream([SourceParams(path=str(shards), split="train")], builder, seed=3, shuffle_buffer=4, piece_rows=2)
     assert run(stream, epoch=0)
-    assert len(holding) >= 2 and not any(holding)
-    assert source._cached is None
+    assert stream.sources[0]._cursor is None
+
+
+def test_a_shard_reader_holds_about_a_page_of_audio_not_its_row_group(shards, tmp_path):
+    """A row group's audio is written in pages of about ``PAGE_BYTES`` and read a piece at a time,
+    so what Arrow allocates to read one piece follows the page and the piece, not the row group
+    (190 MB in a default shard's, which a reader once held whole, and twice while reading it)."""
+    import pyarrow as pa
+
+    from pipeline.shards.writer import PAGE_BYTES
+    from trainer.data.sources import READ_BATCH_ROWS
+
+    rows, size = 240, 150_000  # one row group of 36 MB, rows of a 10 s FLAC's size
+    source = one_row_group(shards, tmp_path, rows, audio_bytes=size)
+    file = source.row_groups()[0][0]
+
+    pools = []  # a pool must outlive every buffer it gave out
+
+    def peak_bytes(read) -> int:
+        """The most Arrow held at once while ``read()`` ran (all of it freed by its end)."""
+        pools.append(pa.proxy_memory_pool(pa.default_memory_pool()))
+        before = pa.default_memory_pool()
+        pa.set_memory_pool(pools[-1])
+        try:
+            read()
+        finally:
+            pa.set_memory_pool(before)
+        assert pools[-1].bytes_allocated() == 0
+        return pools[-1].max_memory()
+
+    got = []
+
+    def read_a_piece():
+        got.extend(source.read(Piece(0, file, 0, 200, 204)))
+        source.release()
+
+    streamed = peak_bytes(read_a_piece)
+    assert [r["audio"]["bytes"] for r in got] == [bytes(b) for b in np.random.default_rng(0).integers(0, 256, (rows, size), dtype=np.uint8)[200:204]]
+    whole = peak_bytes(lambda: pq.ParquetFile(file).read_row_group(0))
+    assert whole > rows * size
+    assert streamed < 4 * PAGE_BYTES + 2 * READ_BATCH_ROWS * size < rows * size / 4, (streamed, whole)  # a page or two, the read buffer, a batch and its slice
 
 
 # --------------------------------------------------------------------------- 4. items
