@@ -48,6 +48,7 @@ from trainer.data.sources import (
     plan_epoch,
     stable_hash,
 )
+from trainer.memory import HeapReleaser
 
 
 @dataclass(frozen=True)
@@ -273,11 +274,14 @@ class TrainStream(IterableDataset):
         """``quota`` rows from ``pieces``, going round them again as often as needed.
 
         A repeated row carries ``_pass`` (1, 2, ...), which gives it its own crop and negatives.
+        Between pieces, what reading and decoding freed goes back to the system every 30 s or so
+        (:class:`~trainer.memory.HeapReleaser`: a loader worker's heap and Arrow pool grow otherwise).
         """
-        left, repeat = quota, 0
+        left, repeat, heap = quota, 0, HeapReleaser()
         try:
             while left > 0 and pieces:
                 for piece in pieces:
+                    heap.poll()
                     for row in source.read(piece):
                         if left == 0:
                             return

@@ -42,7 +42,7 @@ from pipeline.audio import AudioError, decode_mono
 from trainer.data.labels import frame_labels
 from trainer.evaluation.detector import Detector
 from trainer.evaluation.probes import clip_probe, frame_probe
-from trainer.evaluation.metrics import release_freed_heap
+from trainer.memory import release_freed_heap
 from trainer.evaluation.scoring import RELEASE_EVERY_CLIPS, Packed
 from trainer.evaluation.testset import EventClips, ShardSplit
 
@@ -90,7 +90,7 @@ def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> lis
     every encoder gets the same batches (and, when their front ends are alike, one log-mel of
     each), so a model's frames are those it would give alone. As in scoring, the C heap's and
     Arrow's free pages go back to the system every ``RELEASE_EVERY_CLIPS`` clips
-    (:func:`~trainer.evaluation.metrics.release_freed_heap`): the shards' audio pages are freed
+    (:func:`~trainer.memory.release_freed_heap`): the shards' audio pages are freed
     there but would stay resident under the frames kept."""
     det = dets[0]
     grid = (det.sample_rate_hz, det.columns, det.column_samples, det.window_samples, det.batch_size)

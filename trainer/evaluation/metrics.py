@@ -36,6 +36,7 @@ from scipy.ndimage import median_filter
 from scipy.stats import rankdata
 
 from trainer.data.labels import frame_labels
+from trainer.memory import release_freed_heap
 
 # sed_scores_eval imports dcase_util, which imports the deprecated pkg_resources
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
@@ -203,28 +204,6 @@ def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: T
     per_class.insert(0, "events", pd.Series(event_counts(ground_truth)).reindex(per_class.index).fillna(0).astype(int))
     out["per_class"] = per_class.reset_index()
     return out
-
-
-def release_freed_heap() -> None:
-    """Give the C heap's free pages back to the system between the phases of a long evaluation
-    (glibc's ``malloc_trim(0)``, as dask's workers do; nothing where the C library has none).
-
-    glibc keeps what a phase frees in the process for its next small allocations, but the next
-    phase's arrays are large enough to get mappings of their own and never reuse it: after the
-    metrics of 1,600 mixtures, 0.4 GB of freed score tables and statistics stayed resident
-    under the probes' frames.
-
-    Arrow's memory pool (mimalloc or jemalloc) keeps what it frees too: reading the 12,821 rows of
-    the FSD50K-size test split's audio left 211 MB in it, which ``release_unused`` gives back.
-    """
-    import ctypes
-
-    import pyarrow
-
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: libc's, where it has one
-    if trim is not None:
-        trim(0)
-    pyarrow.default_memory_pool().release_unused()
 
 
 @contextmanager

@@ -21,7 +21,7 @@ import torch
 from pipeline.audio import AudioError, decode_mono
 from pipeline.schema import Skip
 from trainer.evaluation import metrics as M
-from trainer.evaluation.metrics import release_freed_heap
+from trainer.memory import release_freed_heap
 from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector, Vocabulary
 from trainer.evaluation.ranking import auroc, retrieval
 

@@ -69,13 +69,13 @@ from trainer.evaluation.scoring import (
     detection,
     frame_classification_metrics,
     grounding,
-    release_freed_heap,
     retrieval_metrics,
     score_all,
     subset,
     zero_shot_classes,
 )
 from trainer.evaluation.testset import ShardSplit, event_clips, read_split
+from trainer.memory import release_freed_heap
 
 HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "segment_f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
             "t2a_r1", "t2a_r5", "t2a_r10", "zero_shot_accuracy", "zero_shot_frame_accuracy")

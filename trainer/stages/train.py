@@ -47,7 +47,7 @@ from trainer.config import TrainParams, current_train_section
 from trainer.data.sources import location_free
 from trainer.data.stream import Batch, TrainStream, caption_texts, collate, make_stream
 from trainer.evaluation.calibration import calibrate_checkpoint
-from trainer.evaluation.scoring import release_freed_heap
+from trainer.memory import HeapReleaser, release_freed_heap
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, step_progress, write_skips
 from trainer.model import build_model, compile_model
@@ -288,7 +288,8 @@ def train_epoch(setup: Setup, objective, logs: Logs, step: int, epoch: int, micr
     row every ``log_every_steps`` (:func:`log_step`) and saves ``latest.pt`` (recording ``best``) every
     ``checkpoint_every_steps``, after that step's row. ``logs`` gains the clips seen and the skipped
     rows. Returns ``(step, micro_batches_done, data_ended)``: optimizer steps taken in the run,
-    micro-batches done in this epoch, and whether the data ran out.
+    micro-batches done in this epoch, and whether the data ran out. After a step, the C heap's
+    freed pages go back to the system every 30 s or so (:class:`~trainer.memory.HeapReleaser`).
 
     With SAM (``train.optim.sam_rho > 0``) the step's micro-batches are held, each with its dropout
     seed, for SAM's second pass (:func:`optimizer_step`). The loss terms logged are the first pass's
@@ -298,6 +299,7 @@ def train_epoch(setup: Setup, objective, logs: Logs, step: int, epoch: int, micr
     setup.stream.set_epoch(epoch, micro_batches_done, t.data.batch_size)  # a resume skips the micro-batches done
     batches = iter(setup.loader)
     held: list[tuple[Batch, int]] = []  # with SAM: this step's micro-batches and their dropout seeds
+    heap = HeapReleaser()  # what the steps free stays in glibc's heap and grows it over an epoch (trainer.memory)
     while step < setup.total_steps:
         batch = next(batches, None)
         if not distributed.all_have(batch is not None, world):
@@ -315,6 +317,7 @@ def train_epoch(setup: Setup, objective, logs: Logs, step: int, epoch: int, micr
         optimizer_step(setup, objective, held)
         step, held = step + 1, []
         log_step(setup, logs, step, epoch, terms)
+        heap.poll()
         if world.main and t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
             save_latest(setup, logs, step, (epoch, micro_batches_done), best)
     return step, micro_batches_done, False

@@ -861,3 +861,19 @@ def test_the_data_fingerprint_names_files_within_their_folder_not_where_the_chec
     table = pq.read_table(one)
     pq.write_table(table.slice(0, table.num_rows - 1), one)  # other data: another fingerprint
     assert fingerprint(here) != fingerprint(there)
+
+
+def test_a_stream_gives_the_freed_heap_back_between_pieces(shards, builder, monkeypatch):
+    """Each piece after the first polls the releaser (a loader worker's heap and Arrow pool would
+    grow over an epoch otherwise); with a period of 0 every poll releases."""
+    import trainer.data.sources as sources
+    import trainer.memory as memory
+
+    released, reads = [], []
+    monkeypatch.setattr(memory, "RELEASE_EVERY_S", 0.0)
+    monkeypatch.setattr(memory, "release_freed_heap", lambda: released.append(len(reads)))
+    read = sources.ParquetSource.read
+    monkeypatch.setattr(sources.ParquetSource, "read", lambda self, piece: reads.append(piece) or read(self, piece))
+    stream = TrainStream([SourceParams(path=str(shards), split="train")], builder, seed=3, shuffle_buffer=4, piece_rows=2)
+    assert run(stream, epoch=0)
+    assert len(reads) > 2 and released == list(range(1, len(reads)))

@@ -476,24 +476,3 @@ def test_collected_frees_the_reference_cycles_a_call_leaves_and_unfreezes():
         assert ref() is None and gc.get_freeze_count() == 0
     finally:
         gc.enable()
-
-
-def test_release_freed_heap_gives_back_what_arrow_s_pool_keeps():
-    import psutil
-    import pyarrow as pa
-
-    pool = pa.default_memory_pool()
-    if pool.backend_name == "system":
-        pytest.skip("Arrow allocates from the C heap here: malloc_trim is the release")
-    process = psutil.Process()
-    M.release_freed_heap()
-    before = process.memory_info().rss
-    buffers = [pa.allocate_buffer(64 << 20) for _ in range(3)]
-    for b in buffers:
-        np.frombuffer(b, np.uint8)[:] = 1  # resident
-    del buffers, b
-    kept = process.memory_info().rss  # freed, but the pool keeps its pages for its next allocations
-    if kept - before < 100 << 20:
-        pytest.skip(f"Arrow's {pool.backend_name} pool gave its pages back by itself")
-    M.release_freed_heap()
-    assert kept - process.memory_info().rss > 100 << 20

@@ -263,3 +263,20 @@ def test_between_logs_a_step_reads_no_tensor():
     readable = {"loss": torch.tensor(1.5), "frame": torch.tensor(0.5)}
     log_step(setup, logs, 10, 0, readable)
     assert [r["step"] for r in rows] == [10] and rows[0]["loss"] == 1.5 and logs.progress.shown[-1]["loss"] == "1.500"
+
+
+def test_the_steps_give_the_freed_heap_back(shard_folder, tmp_path, monkeypatch):
+    """The loop polls the releaser after every optimizer step; with a period of 0 each step after
+    the first releases (the first poll starts the clock)."""
+    import inspect
+
+    import trainer.memory as memory
+
+    released = []
+    monkeypatch.setattr(memory, "RELEASE_EVERY_S", 0.0)
+    monkeypatch.setattr(memory, "release_freed_heap", lambda: released.append(inspect.stack()[2].function))
+    params, folder = shard_folder
+    base = tiny_train_params(params, folder, tmp_path / "run")
+    p = replace(base, train=replace(base.train, optim=replace(base.train.optim, max_steps=3)))
+    assert run(p)["steps"] == 3
+    assert released.count("train_epoch") == 2
