@@ -21,9 +21,9 @@ import torch
 from pipeline.audio import AudioError, decode_mono
 from pipeline.schema import Skip
 from trainer.evaluation import metrics as M
-from trainer.memory import release_freed_heap
 from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector, Vocabulary
 from trainer.evaluation.ranking import auroc, retrieval
+from trainer.memory import release_freed_heap
 
 
 PACK_CHUNK_BYTES = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB): each chunk is a mapping of its own

@@ -47,9 +47,9 @@ from trainer.config import TrainParams, current_train_section
 from trainer.data.sources import location_free
 from trainer.data.stream import Batch, TrainStream, caption_texts, collate, make_stream
 from trainer.evaluation.calibration import calibrate_checkpoint
-from trainer.memory import HeapReleaser, release_freed_heap
 from trainer.heldout import score
 from trainer.logs import CsvLog, plot_curves, step_progress, write_skips
+from trainer.memory import HeapReleaser, release_freed_heap
 from trainer.model import build_model, compile_model
 from trainer.objective import Objective
 from trainer.optim import lr_lambda, optimizer_for, passes_per_step
