@@ -40,7 +40,8 @@ from pipeline.loudness import integrated_lufs, power_db
 from pipeline.loudness import a_weighted_envelope
 from pipeline.mix.augment import brownian_noise, brownian_segment, is_brownian, draw_room, stretch, stretched_length, tail_samples, usable_rooms, varispeed_semitones
 from pipeline.mix.relabel import Envelope, occurrence_envelopes, relabel
-from pipeline.mix.render import Sources, apply_fades, apply_gain, heard_background, is_augmented, mix_components, occurrence_signal, stored_samples
+from pipeline.mix.render import (Sources, add_occurrence, apply_fades, apply_gain, decoded_samples, heard_background, is_augmented,
+                                 occurrence_signal, stored_samples, sum_buffer)
 from pipeline.schema import (
     SPLITS,
     BackgroundSegment,
@@ -132,7 +133,7 @@ class Mixture:
     recipe: MixtureRecipe
     occurrences: list[EventOccurrence]
     segments: list[LabelSegment]
-    audio: np.ndarray  # int16
+    audio: np.ndarray  # int16 (float32 as decoded, from instantiate(decoded=True))
     dropped_occurrences: int
 
 
@@ -240,10 +241,11 @@ def _spans(spec: MixSpec, rng: np.random.Generator, start: int, length: int, sr:
     return "whole", [(start, length)]
 
 
-def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_path: str) -> Mixture:
-    """Mixture ``index`` of ``split``: drawn, rendered, then relabeled (see the module docstring)."""
+def instantiate(ctx: MixContext, split: str, index: int, mixture_id: str, audio_path: str, decoded: bool = False) -> Mixture:
+    """Mixture ``index`` of ``split``: drawn, rendered, then relabeled (see the module docstring).
+    ``decoded``: its audio as the float32 samples the stored int16 decode to, instead of the int16."""
     drawn = draw_mixture(ctx, split, index, mixture_id, audio_path)
-    recipe, occurrences, audio, heard = _render(ctx, drawn)
+    recipe, occurrences, audio, heard = _render(ctx, drawn, decoded)
     segments = relabel_mixture(ctx, recipe, occurrences, drawn.background, drawn.clips, heard)
     return Mixture(recipe, occurrences, segments, audio, drawn.dropped_occurrences)
 
@@ -463,22 +465,31 @@ def render_mixture(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[Ev
     return recipe, occurrences, audio
 
 
-def _render(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[EventOccurrence], np.ndarray, tuple[np.ndarray, list[np.ndarray]]]:
-    """:func:`render_mixture`, and the background and occurrences as heard (for relabeling)."""
-    spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
-    mix, background, parts = mix_components(drawn.recipe, drawn.occurrences, ctx.sources)
-    bg_mixed_level = None if mode == "local" else _mixed_background_level(drawn.recipe, background, mode, sr)
-    occurrences = [  # the constructor, not dataclasses.replace: the same record at a third of the cost
-        EventOccurrence(**{**vars(o), "realised_snr_db": _realised_snr(x, o, background, bg_mixed_level, mode, sr)})
-        for o, x in zip(drawn.occurrences, parts)
-    ]
+def _render(ctx: MixContext, drawn: Draw, decoded: bool = False) -> tuple[MixtureRecipe, list[EventOccurrence], np.ndarray,
+                                                                        tuple[np.ndarray | None, list[np.ndarray | None]]]:
+    """:func:`render_mixture` (``decoded``: float32 samples as the stored int16 decode to), and the
+    background and augmented occurrences as heard, for relabeling (None where nothing reads them).
+
+    Each occurrence's level is measured as it is added, while its samples are still in the cache.
+    """
+    spec, sr, mode, r = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode, drawn.recipe
+    keep = mode == "local" or r.background_gain_db != 0.0 or bool(r.background_rir_id) or is_brownian(r.background_id)
+    background = heard_background(r, ctx.sources)
+    mix = sum_buffer(background, keep)
+    bg_mixed_level = None if mode == "local" else _mixed_background_level(r, background, mode, sr)
+    occurrences, parts = [], []
+    for o in drawn.occurrences:  # in occurrence_index order
+        x = add_occurrence(mix, o, ctx.sources)
+        # the constructor, not dataclasses.replace: the same record at a third of the cost
+        occurrences.append(EventOccurrence(**{**vars(o), "realised_snr_db": _realised_snr(x, o, background, bg_mixed_level, mode, sr)}))
+        parts.append(x if is_augmented(o) else None)
     ends = np.array([mix.max(), mix.min()], dtype=np.float32) if mix.size else None
     mixture_gain = _normalisation_db(mix, spec, sr, ends)
-    audio = stored_samples(mix, mixture_gain)  # mix is spent here: scaled in its own buffer
+    audio = (decoded_samples if decoded else stored_samples)(mix, mixture_gain, ends)  # mix is spent here: scaled in its own buffer
     peak = _stored_peak(ends, mixture_gain)
-    recipe = MixtureRecipe(**{**vars(drawn.recipe), "mixture_gain_db": mixture_gain,  # the constructor: 2 us less than replace
+    recipe = MixtureRecipe(**{**vars(r), "mixture_gain_db": mixture_gain,  # the constructor: 2 us less than replace
                               "peak_dbfs": float(20.0 * math.log10(max(peak, 1.0) / FULL_SCALE_INT16))})
-    return recipe, occurrences, audio, (background, parts)
+    return recipe, occurrences, audio, (background if keep else None, parts)
 
 
 def _mixed_background_level(recipe: MixtureRecipe, background: np.ndarray, mode: str, sr: int) -> float:
@@ -509,7 +520,7 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
     segments. No audio is read but that of spans cut from inside a clip and of augmented
     occurrences and backgrounds, which are judged on their samples as heard (rendered
     again, as :func:`pipeline.mix.render.occurrence_signal` renders them, unless ``heard`` gives
-    the background and the occurrences, in order, as rendering made them).
+    the background and the occurrences, in order, as rendering made them; None where it kept none).
     """
     if not occurrences:
         return []
@@ -533,7 +544,7 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
             envelopes.append(next(as_recorded))
             judged.append(o)
     if recipe.background_rir_id or is_brownian(recipe.background_id) or background is None:
-        x = heard[0] if heard is not None else heard_background(recipe, ctx.sources)
+        x = heard[0] if heard is not None and heard[0] is not None else heard_background(recipe, ctx.sources)
         background_placement = (0.0, 0.0, _heard_envelope(x, sr, envelopes[0]))
     else:
         background_placement = (recipe.background_offset_s, recipe.background_gain_db, ctx.envelope(background))

@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from pipeline.audio import FULL_SCALE_INT16, int16_to_float, quantize_int16
+from pipeline.audio import FULL_SCALE_INT16, int16_to_float, int16_values, quantize_int16
 from pipeline.mix.augment import brownian_noise, is_brownian, load_room, reverberate, stretch
 from pipeline.schema import EventOccurrence, MixtureRecipe
 
@@ -141,18 +141,29 @@ def apply_fades(x: np.ndarray, fade_in: int, fade_out: int) -> np.ndarray:
     return x
 
 
-def mix_components(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """(sum before the mixture gain, background part, occurrence parts), all float32."""
-    sr = sources.sample_rate_hz
+def mix_components(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources,
+                   keep_background: bool = True) -> tuple[np.ndarray, np.ndarray | None, list[np.ndarray]]:
+    """(sum before the mixture gain, background part, occurrence parts), all float32; the background
+    part is None unless ``keep_background`` (the sum is then made in its buffer, without a copy)."""
     background = heard_background(recipe, sources)
-    mix = background.copy()
-    parts = []
-    for occ in sorted(occurrences, key=lambda o: o.occurrence_index):
-        x = occurrence_signal(sources, occ)
-        start = samples(occ.onset_s, sr)
-        mix[start : start + x.shape[0]] += x
-        parts.append(x)
-    return mix, background, parts
+    mix = sum_buffer(background, keep_background)
+    parts = [add_occurrence(mix, occ, sources) for occ in sorted(occurrences, key=lambda o: o.occurrence_index)]
+    return mix, background if keep_background else None, parts
+
+
+def sum_buffer(background: np.ndarray, keep_background: bool) -> np.ndarray:
+    """Where the occurrences are added: the background part itself, or a copy of it where it is
+    kept (``keep_background``) or read-only (a kept signal in a room)."""
+    return background.copy() if keep_background or not background.flags.writeable else background
+
+
+def add_occurrence(mix: np.ndarray, occ: EventOccurrence, sources: Sources) -> np.ndarray:
+    """Add one occurrence as heard into the sum ``mix`` (in place) at its onset; returns its part
+    (:func:`occurrence_signal`). Occurrences are added in ``occurrence_index`` order."""
+    x = occurrence_signal(sources, occ)
+    start = samples(occ.onset_s, sources.sample_rate_hz)
+    mix[start : start + x.shape[0]] += x
+    return x
 
 
 def apply_gain(mix: np.ndarray, gain_db: float, overwrite: bool = False) -> np.ndarray:
@@ -162,14 +173,25 @@ def apply_gain(mix: np.ndarray, gain_db: float, overwrite: bool = False) -> np.n
     return np.multiply(mix, np.float32(db_to_gain(gain_db)), out=mix if overwrite else None)
 
 
-def stored_samples(mix: np.ndarray, gain_db: float) -> np.ndarray:
-    """The sum before the mixture gain -> the stored int16 samples, in ``mix``'s own buffer (which it overwrites)."""
-    return quantize_int16(apply_gain(mix, gain_db, overwrite=True), overwrite=True)
+def stored_samples(mix: np.ndarray, gain_db: float, ends: np.ndarray | None = None) -> np.ndarray:
+    """The sum before the mixture gain -> the stored int16 samples, in ``mix``'s own buffer (which it
+    overwrites); ``ends``: the sum's max and min when known (no saturating pass where nothing saturates).
+    The same int16 as :func:`apply_gain` then :func:`~pipeline.audio.quantize_int16`, in one pass fewer."""
+    return quantize_int16(mix, overwrite=True, gain=db_to_gain(gain_db), ends=ends)
+
+
+def decoded_samples(mix: np.ndarray, gain_db: float, ends: np.ndarray | None = None) -> np.ndarray:
+    """The sum before the mixture gain -> the float32 samples its stored int16 decode to
+    (``int16_to_float(stored_samples(...))``, bit for bit), made in ``mix``'s own buffer without an int16 copy."""
+    y = int16_values(mix, overwrite=True, gain=db_to_gain(gain_db), ends=ends)
+    y += np.float32(0.0)  # rounding leaves -0.0 where the int16 is 0, which decodes to +0.0
+    y *= np.float32(1.0 / FULL_SCALE_INT16)
+    return y
 
 
 def render(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources) -> np.ndarray:
     """A recipe -> the stored int16 samples of its mixture."""
     if sources.sample_rate_hz != recipe.sample_rate_hz:
         raise ValueError(f"sources are at {sources.sample_rate_hz} Hz but the recipe at {recipe.sample_rate_hz} Hz")
-    mix, _, _ = mix_components(recipe, occurrences, sources)
+    mix, _, _ = mix_components(recipe, occurrences, sources, keep_background=False)
     return stored_samples(mix, recipe.mixture_gain_db)

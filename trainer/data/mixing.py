@@ -260,7 +260,8 @@ class MixingSource:
         return [(self.name, 0, self.rows)]
 
     def mixture(self, row: int) -> Mixture:
-        """Row ``row`` of the current epoch as the mix stage makes it: recipe, occurrences, label segments, int16 audio."""
+        """Row ``row`` of the current epoch as the mix stage makes it: recipe, occurrences, label segments, and its
+        audio: the int16 samples (replay) or the float32 they decode to (drawing, which makes no int16 copy)."""
         ctx = self.context()
         self._made += 1
         if self._made >= RELEASE_EVERY:
@@ -273,7 +274,7 @@ class MixingSource:
             segments = relabel_mixture(ctx, recipe, occurrences, self.background_by_id.get(recipe.background_id), clips)
             return Mixture(recipe, occurrences, segments, render(recipe, occurrences, ctx.sources), 0)
         n = self.epoch * self.rows + row
-        return instantiate(ctx, self.split, n, mixture_id(self.split, n), audio_path(self.split, n))
+        return instantiate(ctx, self.split, n, mixture_id(self.split, n), audio_path(self.split, n), decoded=True)
 
     def row_of(self, mixture: Mixture) -> dict:
         """A mixture -> the row a shard source yields for it (caption and phrases as the captions stage draws them)."""
@@ -284,7 +285,8 @@ class MixingSource:
         words = list(dict.fromkeys(ph.phrase for ph in phrases))
         return {
             "id": recipe.mixture_id,
-            "audio": {"array": int16_to_float(mixture.audio), "sample_rate_hz": recipe.sample_rate_hz},
+            "audio": {"array": mixture.audio if mixture.audio.dtype == np.float32 else int16_to_float(mixture.audio),
+                      "sample_rate_hz": recipe.sample_rate_hz},
             "caption": fill(template, words) if words else self.empty_caption,
             "phrases": [_as_read(shard_phrase(ph, self.cluster_id(ph.phrase, ph.label, ph.mid))) for ph in phrases],
         }

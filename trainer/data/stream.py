@@ -134,7 +134,7 @@ class ItemBuilder:
         if len(x) > n:
             start = int(rng.integers(0, len(x) - n + 1)) if self.p.random_crop else 0
             return x[start:start + n], start / self.p.sample_rate_hz
-        return np.pad(x, (0, n - len(x))), 0.0
+        return (x if len(x) == n else np.pad(x, (0, n - len(x)))), 0.0
 
     def __call__(self, row: dict, source: int, epoch: int, frame_level: bool = True) -> Item:
         """``frame_level`` False: the row's phrases are not used (a clip-level item, as a caption corpus gives)."""
