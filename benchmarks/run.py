@@ -145,7 +145,7 @@ def _import(args: argparse.Namespace, params: Params) -> None:
 def _mixing(args: argparse.Namespace, params: Params) -> None:
     from benchmarks.dynamic_mixing import bench_dynamic_mixing, print_figures
 
-    print_figures(bench_dynamic_mixing(params, args.rows, args.scaper_python))
+    print_figures(bench_dynamic_mixing(params, args.rows, args.scaper_python, args.repeat))
 
 
 def _train(args: argparse.Namespace, params: Params) -> None:

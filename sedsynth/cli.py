@@ -362,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     mixing = benchmark("mixing", "items/s of mixing while training against reading stored shards, and against Scaper")
     mixing.add_argument("--rows", type=int, default=200, help="rows the loader makes, and soundscapes Scaper makes (default 200)")
     scaper_python(mixing)
+    repeat(mixing, "rounds of a warm mixing pass then a Scaper pass, interleaved; the best of each is reported")
     train = benchmark("train", "loader clips/s per worker and training steps/s")
     train.add_argument("--rows", type=int, default=None,
                        help="rows the loader makes (default: batches x batch, so every clip of the timed batches is its own row)")
