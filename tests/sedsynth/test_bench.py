@@ -14,7 +14,7 @@ FLAGS = {  # benchmark -> its flags and their defaults
     "mix": {"mixtures": 2000, "workers": "1,2", "scaper_python": None, "scaper_mixtures": 200, "repeat": 3, "profile": False},
     "shards": {"repeat": 3},
     "import": {"clips": 10000},
-    "mixing": {"rows": 200, "scaper_python": None},
+    "mixing": {"rows": 200, "scaper_python": None, "repeat": 3},
     "train": {"rows": None, "batches": 2, "steps": 5, "preset": "default", "peak_tflops": None, "batch": None, "profile": False},
     "evaluate": {"clips": 10000},
     "detection": {"epochs": 15, "out": "models/bench_detection", "score_only": False},
@@ -35,7 +35,8 @@ def test_every_benchmark_is_a_subcommand_with_only_its_own_flags():
 @pytest.mark.parametrize("argv, expected", [
     ("bench mix --mixtures 3000 --workers 1 --scaper-mixtures 300 --repeat 2 --profile",
      {"mixtures": 3000, "workers": "1", "scaper_mixtures": 300, "repeat": 2, "profile": True}),
-    ("bench mixing --rows 50 --scaper-python /opt/scaper/bin/python", {"rows": 50, "scaper_python": "/opt/scaper/bin/python"}),
+    ("bench mixing --rows 50 --scaper-python /opt/scaper/bin/python --repeat 2",
+     {"rows": 50, "scaper_python": "/opt/scaper/bin/python", "repeat": 2}),
     ("bench detection --epochs 11 --out models/bench_detection", {"epochs": 11, "out": "models/bench_detection"}),
     ("bench train --rows 8 --steps 1 --preset gpu --peak-tflops 989", {"rows": 8, "steps": 1, "preset": "gpu", "peak_tflops": 989.0}),
     ("bench train --preset gpu --batch 256 --profile", {"preset": "gpu", "batch": 256, "profile": True}),
