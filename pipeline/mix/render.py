@@ -141,16 +141,6 @@ def apply_fades(x: np.ndarray, fade_in: int, fade_out: int) -> np.ndarray:
     return x
 
 
-def mix_components(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], sources: Sources,
-                   keep_background: bool = True) -> tuple[np.ndarray, np.ndarray | None, list[np.ndarray]]:
-    """(sum before the mixture gain, background part, occurrence parts), all float32; the background
-    part is None unless ``keep_background`` (the sum is then made in its buffer, without a copy)."""
-    background = heard_background(recipe, sources)
-    mix = sum_buffer(background, keep_background)
-    parts = [add_occurrence(mix, occ, sources) for occ in sorted(occurrences, key=lambda o: o.occurrence_index)]
-    return mix, background if keep_background else None, parts
-
-
 def sum_buffer(background: np.ndarray, keep_background: bool) -> np.ndarray:
     """Where the occurrences are added: the background part itself, or a copy of it where it is
     kept (``keep_background``) or read-only (a kept signal in a room)."""
@@ -193,5 +183,7 @@ def render(recipe: MixtureRecipe, occurrences: Sequence[EventOccurrence], source
     """A recipe -> the stored int16 samples of its mixture."""
     if sources.sample_rate_hz != recipe.sample_rate_hz:
         raise ValueError(f"sources are at {sources.sample_rate_hz} Hz but the recipe at {recipe.sample_rate_hz} Hz")
-    mix, _, _ = mix_components(recipe, occurrences, sources, keep_background=False)
+    mix = sum_buffer(heard_background(recipe, sources), keep_background=False)
+    for occ in sorted(occurrences, key=lambda o: o.occurrence_index):
+        add_occurrence(mix, occ, sources)
     return stored_samples(mix, recipe.mixture_gain_db)

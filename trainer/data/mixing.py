@@ -261,7 +261,7 @@ class MixingSource:
 
     def mixture(self, row: int) -> Mixture:
         """Row ``row`` of the current epoch as the mix stage makes it: recipe, occurrences, label segments, and its
-        audio: the int16 samples (replay) or the float32 they decode to (drawing, which makes no int16 copy)."""
+        audio as the float32 samples the stored int16 decode to."""
         ctx = self.context()
         self._made += 1
         if self._made >= RELEASE_EVERY:
@@ -272,7 +272,7 @@ class MixingSource:
             occurrences = sorted(self.occurrences[recipe.mixture_id], key=lambda o: o.occurrence_index)
             clips = {o.clip_id: self.event_by_id[o.clip_id] for o in occurrences}
             segments = relabel_mixture(ctx, recipe, occurrences, self.background_by_id.get(recipe.background_id), clips)
-            return Mixture(recipe, occurrences, segments, render(recipe, occurrences, ctx.sources), 0)
+            return Mixture(recipe, occurrences, segments, int16_to_float(render(recipe, occurrences, ctx.sources)), 0)
         n = self.epoch * self.rows + row
         return instantiate(ctx, self.split, n, mixture_id(self.split, n), audio_path(self.split, n), decoded=True)
 
@@ -285,8 +285,7 @@ class MixingSource:
         words = list(dict.fromkeys(ph.phrase for ph in phrases))
         return {
             "id": recipe.mixture_id,
-            "audio": {"array": mixture.audio if mixture.audio.dtype == np.float32 else int16_to_float(mixture.audio),
-                      "sample_rate_hz": recipe.sample_rate_hz},
+            "audio": {"array": mixture.audio, "sample_rate_hz": recipe.sample_rate_hz},
             "caption": fill(template, words) if words else self.empty_caption,
             "phrases": [_as_read(shard_phrase(ph, self.cluster_id(ph.phrase, ph.label, ph.mid))) for ph in phrases],
         }
