@@ -39,6 +39,9 @@ def test_the_report_states_the_floor_and_the_stage_share_of_it(capsys) -> None:
     assert "stage / floor (1 worker): 0.75 of the floor's rate (target >= 0.7)" in out
     assert "arithmetic 0.20 ms + FLAC 2.30 ms per mixture; stage 3.33 ms" in out
     assert "ratio per core: 12.0x Scaper (target >= 12x)" in out
+    two = dict(one, mixtures_per_s=600.0)  # only 2 workers timed: the share is per core, and says so
+    print_figures({"mixtures": 1000, "preset": "finelap", "runs": {2: two}, "floor": floor})
+    assert "stage / floor (2 workers, per core): 0.75 of the floor's rate" in capsys.readouterr().out
 
 
 def test_the_floor_encodes_the_stage_s_own_bytes(mixed) -> None:
@@ -58,6 +61,7 @@ def test_passes_are_kept_while_the_disk_holds_them_else_only_the_newest(tmp_path
     assert keep_or_remove(kept, tmp_path) is False  # removing files right before a pass slows its file creation
     assert all(p.exists() for p in kept)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(2**31, 2**31 - 2**30, 2**30))  # no room for two more
+    assert keep_or_remove(kept[:1], tmp_path) is False  # a single pass: nothing to remove
     assert keep_or_remove(kept, tmp_path) is True
     assert kept == [tmp_path / "mix-1-1"] and not (tmp_path / "mix-1-0").exists() and not (tmp_path / "mix-2-0").exists()
     one = {"seconds": 1.0, "mixtures_per_s": 10.0, "mixtures_per_s_per_core": 10.0, "peak_rss_mib": 1.0}
