@@ -129,16 +129,19 @@ def occurrence_activity(
     t += occ.onset_s
     times = t.tolist()  # t rises: bisect finds the frames inside another occurrence's [onset, offset)
     own_db = envelope.db[first : last + 1] + (occ.gain_db + mixture_gain_db)
-    other = np.zeros(own_db.shape[0])
-    if background is not None:
+    if background is not None:  # the background's power is where the others' sum starts (not added to zeros: the same values)
         offset_s, gain_db, bg_env = background
-        other += bg_env.at(t + offset_s) * 10.0 ** ((gain_db + mixture_gain_db) / 10.0)
+        other = bg_env.at(t + offset_s)
+        other *= 10.0 ** ((gain_db + mixture_gain_db) / 10.0)
+    else:
+        other = np.zeros(own_db.shape[0])
     for o, env in rest:  # the frames inside [onset, offset) of another occurrence are one slice
         i, j = bisect_left(times, o.onset_s), bisect_left(times, o.offset_s)
         if j > i:
             other[i:j] += env.at(t[i:j] - o.onset_s + o.source_in_s) * 10.0 ** ((o.gain_db + mixture_gain_db) / 10.0)
     other_db = 10.0 * np.log10(np.maximum(other, 1e-30))
-    loud = (own_db >= p.absolute_floor_db) & (own_db >= own_db.max() + p.relative_floor_db)
+    floor_db = own_db.max() + p.relative_floor_db  # loud: at or above both floors, one comparison against the higher (NaN: none)
+    loud = own_db >= (p.absolute_floor_db if floor_db < p.absolute_floor_db else floor_db)
     active = loud & (own_db - other_db >= p.masked_below_snr_db)
     runs = smoothed_runs(
         active,
