@@ -473,7 +473,8 @@ def _render(ctx: MixContext, drawn: Draw, decoded: bool = False) -> tuple[Mixtur
     Each occurrence's level is measured as it is added, while its samples are still in the cache.
     """
     spec, sr, mode, r = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode, drawn.recipe
-    keep = mode == "local" or r.background_gain_db != 0.0 or bool(r.background_rir_id) or is_brownian(r.background_id)
+    # read again once the occurrences are in the sum: by local levels, and by relabeling (a room, generated noise)
+    keep = mode == "local" or bool(r.background_rir_id) or is_brownian(r.background_id)
     background = heard_background(r, ctx.sources)
     mix = sum_buffer(background, keep)
     bg_mixed_level = None if mode == "local" else _mixed_background_level(r, background, mode, sr)
