@@ -20,6 +20,13 @@ the mixing arithmetic alone, sources already decoded) and encoded to FLAC with t
 encoder call (:func:`~pipeline.mix.partitions.encode_mixture`: soundfile/libsndfile, 16-bit, the
 same compression level), in memory, one core; the encoded bytes are first checked against the
 stage's stored files. Stage over floor is the share of the floor's rate that the stage reaches.
+
+Storing, measured beside the floor and not part of it: the first pass's stored files (at most
+:data:`STORED_TIMED`), read into memory untimed, then each created and written to a fresh file
+(no fsync), one core. It is what the file system charges for keeping the bytes: page-cache
+pages for every file, which on a virtual machine can cost several times what they do on bare
+metal, and differently from one hour to the next. The report splits the stage's time per
+mixture into the floor, storing and the rest (drawing, relabeling, tables: ``--profile`` splits it).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ TARGET_100K_MIN_2_WORKERS = 6  # minutes for 100k mixtures on 2 workers
 TARGET_STAGE_TO_FLOOR = 0.7  # 1 worker's rate over the floor's (render + FLAC encode)
 TARGET_SCAPER_RATIO = 12  # 1 worker's rate per core over Scaper's
 FLOOR_CHECKED = 50  # mixtures whose floor bytes are compared with the stage's files
+STORED_TIMED = 2000  # stored files written again per storing pass (its files are kept to the end, see keep_or_remove)
 NO_SCAPER = "Scaper peer: not run (no Scaper environment; see docs/benchmarks.md, 'Mixing')"
 
 
@@ -192,6 +200,22 @@ def floor_pass(inputs: FloorInputs) -> tuple[float, float]:
     return arithmetic, encode
 
 
+def storing_pass(stored: Path, out: Path, limit: int = STORED_TIMED) -> tuple[float, int]:
+    """Seconds spent creating and writing the FLAC files under ``stored`` (the first ``limit``, in name
+    order) again as new files under ``out`` (which must not exist), and how many: each is read into
+    memory untimed, then opened, written and closed as the stage writes its files."""
+    files = sorted(stored.glob("audio/*/*.flac"))[:limit]
+    out.mkdir(parents=True)
+    seconds = 0.0
+    for i, path in enumerate(files):
+        data = path.read_bytes()
+        t0 = time.perf_counter()
+        with open(out / f"{i:06d}.flac", "wb") as f:
+            f.write(data)
+        seconds += time.perf_counter() - t0
+    return seconds, len(files)
+
+
 # The parts ``--profile`` times: (module, function, part, parent part), each timed around its calls
 # during one more 1-worker pass (in process); a part's own share is its time less its children's.
 PARTS = (
@@ -287,7 +311,8 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
     exposes both counts to the same drift. The dirty pages of a pass are flushed (``os.sync``)
     before the next is timed, so no pass pays for writing the previous one's files. The floor
     (see the module docstring) is timed after each round of passes, from the first 1-worker
-    pass's recipes, and its fastest pass kept too. ``profile``: one more 1-worker pass with each
+    pass's recipes, and its fastest pass kept too; after it, that pass's files are stored again
+    (:func:`storing_pass`) and the cheapest round kept. ``profile``: one more 1-worker pass with each
     part of the stage timed (:func:`profile_pass`), after the timed ones."""
     from pipeline.stages.mix import run
 
@@ -302,6 +327,8 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
         passes: dict[int, list[tuple[float, float]]] = {w: [] for w in workers}  # worker count -> [(seconds, peak MiB)]
         floor: FloorInputs | None = None
         floor_passes: list[tuple[float, float]] = []  # (arithmetic s, encode s)
+        first: Path | None = None  # the first 1-worker pass's output: the files the storing passes write again
+        storing: list[float] = []  # seconds per stored file, each round
         kept: list[Path] = []  # passes' outputs, removed at the end (see keep_or_remove)
         removed = False
         for round_ in range(max(1, repeat)):
@@ -315,11 +342,15 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
                     wall = time.perf_counter() - t0
                 passes[w].append((wall, mem.peak_bytes / 2**20))
                 if floor is None and w == min(workers):
-                    floor = floor_inputs(out, events_dir, backgrounds_dir)
+                    floor, first = floor_inputs(out, events_dir, backgrounds_dir), out
                 kept.append(out)
                 removed = keep_or_remove(kept, tmp) or removed
             if floor is not None:
                 floor_passes.append(floor_pass(floor))
+            if first is not None and first.exists():
+                os.sync()
+                seconds, files = storing_pass(first, tmp / f"stored-{round_}")
+                storing.append(seconds / max(files, 1))
         figures["removed_between_passes"] = removed
         if profile:  # in process, so each part's wrapper sees its calls: one worker whatever --workers times
             os.sync()
@@ -329,6 +360,8 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
             figures["floor"] = {"seconds": arithmetic + encode, "mixtures_per_s": mixtures / (arithmetic + encode),
                                 "arithmetic_ms": arithmetic / mixtures * 1e3, "encode_ms": encode / mixtures * 1e3,
                                 "pass_seconds": [sum(f) for f in floor_passes]}
+        if storing:
+            figures["storing_ms"] = min(storing) * 1e3
         for w, timed in passes.items():
             wall = min(s for s, _ in timed)
             figures["runs"][w] = {"seconds": wall, "mixtures_per_s": mixtures / wall, "mixtures_per_s_per_core": mixtures / wall / w,
@@ -363,6 +396,11 @@ def print_figures(f: dict) -> None:
         ratio = one["mixtures_per_s_per_core"] / fl["mixtures_per_s"]
         per = "1 worker" if one_workers == 1 else f"{one_workers} workers, per core"
         print(f"  stage / floor ({per}): {ratio:.2f} of the floor's rate (target >= {TARGET_STAGE_TO_FLOOR})")
+        if "storing_ms" in f:
+            stage_ms, floor_ms = 1e3 / one["mixtures_per_s_per_core"], fl["arithmetic_ms"] + fl["encode_ms"]
+            print(f"  storing the stage's files again (create + write, no fsync, 1 core): {f['storing_ms']:.2f} ms per mixture; "
+                  f"the stage's {stage_ms:.2f} ms = floor {floor_ms:.2f} + storing {f['storing_ms']:.2f} + "
+                  f"the rest {stage_ms - floor_ms - f['storing_ms']:.2f} (drawing, relabeling, tables; --profile splits it)")
     if "profile" in f:
         floor = f.get("floor", {})
         beside = {"rendering (sum, realised SNR, normalisation, int16)": "arithmetic_ms", "FLAC encode": "encode_ms"}

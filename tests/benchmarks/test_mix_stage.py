@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from collections import namedtuple
 
-from benchmarks.mix_stage import floor_inputs, floor_pass, keep_or_remove, print_figures
+from benchmarks.mix_stage import floor_inputs, floor_pass, keep_or_remove, print_figures, storing_pass
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -39,6 +39,9 @@ def test_the_report_states_the_floor_and_the_stage_share_of_it(capsys) -> None:
     assert "stage / floor (1 worker): 0.75 of the floor's rate (target >= 0.7)" in out
     assert "arithmetic 0.20 ms + FLAC 2.30 ms per mixture; stage 3.33 ms" in out
     assert "ratio per core: 12.0x Scaper (target >= 12x)" in out
+    assert "storing" not in out  # not measured: no line
+    print_figures({"mixtures": 1000, "preset": "finelap", "runs": {1: one}, "floor": floor, "storing_ms": 0.5})
+    assert "the stage's 3.33 ms = floor 2.50 + storing 0.50 + the rest 0.33 (drawing" in capsys.readouterr().out
     two = dict(one, mixtures_per_s=600.0)  # only 2 workers timed: the share is per core, and says so
     print_figures({"mixtures": 1000, "preset": "finelap", "runs": {2: two}, "floor": floor})
     assert "stage / floor (2 workers, per core): 0.75 of the floor's rate" in capsys.readouterr().out
@@ -50,6 +53,15 @@ def test_the_floor_encodes_the_stage_s_own_bytes(mixed) -> None:
     assert len(inputs.mixtures) == len(list(mix_dir.glob("audio/*/*.flac")))
     arithmetic, encode = floor_pass(inputs)
     assert arithmetic > 0 and encode > 0
+
+
+def test_storing_writes_the_stage_s_files_again_byte_for_byte(mixed, tmp_path) -> None:
+    _, mix_dir, _, _ = mixed
+    stored = sorted(mix_dir.glob("audio/*/*.flac"))
+    seconds, files = storing_pass(mix_dir, tmp_path / "stored", limit=3)
+    assert files == 3 and seconds > 0
+    assert [p.read_bytes() for p in sorted((tmp_path / "stored").iterdir())] == [p.read_bytes() for p in stored[:3]]
+    assert storing_pass(mix_dir, tmp_path / "all")[1] == len(stored)
 
 
 def test_passes_are_kept_while_the_disk_holds_them_else_only_the_newest(tmp_path, monkeypatch, capsys) -> None:
