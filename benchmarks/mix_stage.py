@@ -24,9 +24,9 @@ stage's stored files. Stage over floor is the share of the floor's rate that the
 Storing, measured beside the floor and not part of it: the first pass's stored files (at most
 :data:`STORED_TIMED`), read into memory untimed, then each created and written to a fresh file
 (no fsync), one core. It is what the file system charges for keeping the bytes (an inode and
-new page-cache pages for every file), which on the project's virtual machine moved from 0.17 to
-0.66 ms a mixture between runs. The report splits the stage's time per mixture into the floor,
-storing and the rest (drawing, relabeling, tables: ``--profile`` splits it).
+new page-cache pages for every file), which can move between runs of one machine
+(docs/benchmarks.md, 'Storing the files, beside the floor'). The report splits the stage's time
+per mixture into the floor, storing and the rest (drawing, relabeling, tables: ``--profile`` splits it).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ TARGET_100K_MIN_2_WORKERS = 6  # minutes for 100k mixtures on 2 workers
 TARGET_STAGE_TO_FLOOR = 0.7  # 1 worker's rate over the floor's (render + FLAC encode)
 TARGET_SCAPER_RATIO = 12  # 1 worker's rate per core over Scaper's
 FLOOR_CHECKED = 50  # mixtures whose floor bytes are compared with the stage's files
-STORED_TIMED = 2000  # stored files written again per storing pass (its files are kept to the end, see keep_or_remove)
+STORED_TIMED = 2000  # stored files written again per storing pass (left until the bench ends: removing files slows the next creates, see keep_or_remove)
 NO_SCAPER = "Scaper peer: not run (no Scaper environment; see docs/benchmarks.md, 'Mixing')"
 
 
