@@ -17,12 +17,11 @@ say why one must not be opened, for every reader of an index (validation, traini
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path, PurePosixPath
 
 import pyarrow as pa
 
+from pipeline.files import special_file_problem  # noqa: F401  (the shard readers' name for it)
 from pipeline.schema import ShardRow, arrow_schema
 
 INDEX = "index.json"
@@ -66,15 +65,3 @@ def entry_problem(path: object) -> str | None:
     if PurePosixPath(path).is_absolute() or ".." in parts or "\\" in path:
         return "leaves the folder (an absolute path, '..' or a backslash)"
     return None
-
-
-def special_file_problem(path: str | Path) -> str | None:
-    """Why a local ``path`` that exists must not be opened (a FIFO blocks a reader, a device never
-    ends); ``None`` for a regular file, or for a missing one (its reader reports that itself)."""
-    try:
-        mode = os.stat(path).st_mode  # follows symlinks: a link to /dev/zero is a device
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"cannot be examined ({e.strerror or e})"
-    return None if stat.S_ISREG(mode) else "is not a regular file (a folder, FIFO or device)"
