@@ -20,12 +20,26 @@ single-label candidate file:
 
 Files are read once before timing so every pass sees a warm page cache; the passes run
 ``--repeat`` times, interleaved, and the best time of each is reported.
+
+``--save PATH`` (every benchmark) also writes the run as a result file, the format of
+``benchmarks/results/`` (:func:`save_result`): the figures the benchmark returned, the lines it
+printed, the command that reproduces it, the machine and the commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import platform
+import re
 import resource
+import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -109,7 +123,7 @@ def bench_clip(params: Params, corpus: Path | None, n_clips: int, repeat: int) -
     return figures
 
 
-def _clip(args: argparse.Namespace, params: Params) -> None:
+def _clip(args: argparse.Namespace, params: Params) -> dict:
     f = bench_clip(params, Path(args.corpus) if args.corpus else None, args.clips, args.repeat)
     print(f"bench clip: {f['files']} single-label files, {f['source_hours'] * 60:.1f} min of source audio, one core")
     print("  seconds of source audio per second:")
@@ -121,61 +135,80 @@ def _clip(args: argparse.Namespace, params: Params) -> None:
     print(f"  output floor / decode          {f['ratio_floor_to_decode']:6.2f}")
     print(f"  clipping / (decode + resample) {f['ratio_clip_to_decode_resample']:6.2f}")
     print(f"  peak RSS                       {f['peak_rss_mib']:6.0f} MiB")
+    return f
 
 
-def _mix(args: argparse.Namespace, params: Params) -> None:
+def _mix(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.mix_stage import bench_mix, print_figures
 
     workers = [int(w) for w in args.workers.split(",")]
-    print_figures(bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures, args.repeat, args.profile))
+    figures = bench_mix(params, args.mixtures, workers, args.scaper_python, args.scaper_mixtures, args.repeat, args.profile)
+    print_figures(figures)
+    return figures
 
 
-def _shards(args: argparse.Namespace, params: Params) -> None:
+def _shards(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.shards import bench_shards, print_figures
 
-    print_figures(bench_shards(params, args.repeat))
+    figures = bench_shards(params, args.repeat)
+    print_figures(figures)
+    return figures
 
 
-def _import(args: argparse.Namespace, params: Params) -> None:
+def _import(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.imports import bench_import, print_figures
 
-    print_figures(bench_import(params, args.clips))
+    figures = bench_import(params, args.clips)
+    print_figures(figures)
+    return figures
 
 
-def _mixing(args: argparse.Namespace, params: Params) -> None:
+def _mixing(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.dynamic_mixing import bench_dynamic_mixing, print_figures
 
-    print_figures(bench_dynamic_mixing(params, args.rows, args.scaper_python, args.repeat))
+    figures = bench_dynamic_mixing(params, args.rows, args.scaper_python, args.repeat)
+    print_figures(figures)
+    return figures
 
 
-def _train(args: argparse.Namespace, params: Params) -> None:
+def _train(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.train import print_figures, run
 
-    print_figures(run(params, args.rows, args.steps, args.preset, args.peak_tflops, args.profile, args.batch, args.batches))
+    figures = run(params, args.rows, args.steps, args.preset, args.peak_tflops, args.profile, args.batch, args.batches)
+    print_figures(figures)
+    return figures
 
 
-def _evaluate(args: argparse.Namespace, params: Params) -> None:
+def _evaluate(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.evaluate import print_figures, run
 
-    print_figures(run(args.clips))
+    figures = run(args.clips)
+    print_figures(figures)
+    return figures
 
 
-def _detection(args: argparse.Namespace, params: Params) -> None:
+def _detection(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.detection import print_figures, run
 
-    print_figures(run(params, Path(args.out), args.epochs, score_only=args.score_only))
+    figures = run(params, Path(args.out), args.epochs, score_only=args.score_only)
+    print_figures(figures)
+    return figures
 
 
-def _llm_cache(args: argparse.Namespace, params: Params) -> None:
+def _llm_cache(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.llm_cache import bench_llm_cache, print_figures
 
-    print_figures(bench_llm_cache(rewrites=args.repeat))
+    figures = bench_llm_cache(rewrites=args.repeat)
+    print_figures(figures)
+    return figures
 
 
-def _scale(args: argparse.Namespace, params: Params) -> None:
+def _scale(args: argparse.Namespace, params: Params) -> dict | list:
     from benchmarks.scale import bench_scale, print_figures
 
-    print_figures(bench_scale(args, params))
+    figures = bench_scale(args, params)
+    print_figures(figures)
+    return figures
 
 
 # ``sedsynth bench NAME`` -> the function that runs it with its flags and prints its figures
@@ -183,8 +216,103 @@ BENCHMARKS = {"clip": _clip, "mix": _mix, "shards": _shards, "import": _import, 
               "evaluate": _evaluate, "detection": _detection, "llm-cache": _llm_cache, "scale": _scale}
 
 
+# parsed arguments every ``sedsynth`` command has, or that say which command ran: not a benchmark's flags
+_SHARED = ("command", "what", "fn", "params", "overrides", "set", "save")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``sedsynth bench`` command that reproduces ``args``: every flag of the benchmark with its value."""
+    parts = ["sedsynth", "bench", args.what]
+    if getattr(args, "params", "params.yaml") != "params.yaml":
+        parts += ["--params", args.params]
+    for flag in ("overrides", "set"):
+        for value in getattr(args, flag, None) or []:
+            parts += [f"--{flag}", value]
+    for key, value in vars(args).items():
+        if key in _SHARED or value is None or value is False:
+            continue
+        parts += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return shlex.join(parts)
+
+
+def machine() -> str:
+    """The CPU (model name, cores) and, where torch is loaded and sees one, the GPU."""
+    model = platform.machine()
+    try:
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        model = found.group(1).strip() if found else model
+    except OSError:
+        pass
+    text = f"{model}, {os.cpu_count()} CPU cores"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        text += f", {torch.cuda.get_device_name(0)}"
+    return text
+
+
+def commit() -> str | None:
+    """The checkout's commit, ``+modified`` when its tracked files differ from it; None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+modified" if dirty.stdout.strip() else "")
+
+
+def jsonable(value):
+    """``value`` as JSON holds it: mappings with string keys, lists, finite numbers (else None), strings."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalars and arrays
+        return jsonable(value.tolist())
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return str(value)
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the terminal and keeps a copy."""
+
+    def __init__(self, out) -> None:
+        self.out, self.kept = out, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.kept.write(text)
+        return self.out.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def save_result(path: Path, args: argparse.Namespace, figures, printed: str) -> None:
+    """Write one run as a result file (the format of ``benchmarks/results/``): the benchmark, the
+    command, the commit, the machine, its figures as the benchmark returned them and the lines it printed."""
+    result = {"benchmark": args.what, "command": command_line(args), "commit": commit(), "machine": machine(),
+              "figures": jsonable(figures), "printed": printed.splitlines()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def main(args: argparse.Namespace, params: Params) -> int:
     """Run the benchmark ``args.what`` names (a ``sedsynth bench`` subcommand, its flags in ``args``) with
-    ``params`` and print its figures; returns the exit status."""
-    BENCHMARKS[args.what](args, params)
+    ``params`` and print its figures; with ``--save PATH`` also write them as a result file
+    (:func:`save_result`). Returns the exit status."""
+    save = getattr(args, "save", None)
+    if save is None:
+        BENCHMARKS[args.what](args, params)
+        return 0
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        figures = BENCHMARKS[args.what](args, params)
+    save_result(Path(save), args, figures, tee.kept.getvalue())
+    print(f"bench {args.what}: figures saved to {save}", file=sys.stderr)
     return 0

@@ -174,6 +174,25 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+# The slow tier, by node-id prefix: ``pytest -m "not slow"`` runs the rest (docs/contributing.md). Tests
+# marked ``compile`` (torch.compile on the CPU) are slow too. tests/test_docs.py checks every prefix names a test.
+SLOW = (
+    "tests/test_dvc_pipeline.py::test_dvc_repro_runs_every_stage_to_valid_shards",  # a whole dvc repro
+    "tests/test_reproducible_lock.py::test_fresh_copy_reproduces_committed_lock_for_data_stages",  # the data stages again
+    "tests/trainer/stages/test_train_ddp.py::test_two_ranks_",  # torchrun, two ranks
+    "tests/trainer/test_features.py::test_fbank_compiles_as_one_graph",  # torch.compile's tracer
+    "tests/pipeline/stages/test_mix.py::test_scaper_",  # the Scaper 1.6.5 peer, in its own environment
+    "tests/pipeline/stages/test_mix_library.py::test_scaper_",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the slow tier ``slow``: the node ids :data:`SLOW` names, and every ``compile`` test."""
+    for item in items:
+        if item.nodeid.startswith(SLOW) or item.get_closest_marker("compile") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def mixing_banks_in_the_session_folder(tmp_path_factory):
     """Mixing sources keep their decoded sources in this session's temp folder, not the machine's cache."""

@@ -15,9 +15,17 @@ What counts as documented:
   code span of the rest (``| `hop_s` | ...``). A leaf name in prose does not count: ``out_dir``
   is a key of a dozen sections, and a table row only counts under the section that heads it.
   A parameter table's row that names no key of ``params.yaml`` is stale and fails too.
-- The README: at most 300 lines, one "What you should see" section, links only to files under
-  ``docs/`` that exist (and, for a page, to a heading it has), and the docs repeat its test
-  command, which is CI's (``tests/test_dvc_pipeline.py`` checks the README against ``.ci/run``).
+- The README: at most 150 lines, one "What you should see" section with one table and one
+  picture, links only to files under ``docs/`` that exist (and, for a page, to a heading it has),
+  and the docs repeat its test command, which is CI's (``tests/test_dvc_pipeline.py`` checks the
+  README against ``.ci/run``).
+- One source for every figure: the README's table of the default run's figures is what
+  ``docs/hooks/figures.py`` renders from ``benchmarks/results/`` (``python docs/hooks/figures.py``
+  writes it again); every result file has its command, commit, machine and figures, and every
+  placeholder and marker on a page resolves. ``sedsynth bench ... --save`` writes a file of that
+  format.
+- Rendering: no ``\\|`` inside a code span in a table (Python-Markdown shows the backslash); no
+  page names a scratch file or folder outside the repository.
 - ``mkdocs build --strict`` succeeds: no broken link or anchor, no page outside the navigation,
   no docstring the API reference cannot render. Skipped where MkDocs is not installed.
 """
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -39,13 +48,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-MAX_README_LINES = 300
+MAX_README_LINES = 150
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.MULTILINE)
-README_SECTION = re.compile(r"^<!-- README: (.+?) -->$", re.MULTILINE)
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def pages() -> dict[str, str]:
@@ -110,13 +119,16 @@ def slug(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    """The heading anchors of a page, the README sections it shows included."""
-    text = page.read_text(encoding="utf-8")
-    for title in README_SECTION.findall(text):
-        readme = README.read_text(encoding="utf-8")
-        section = re.search(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", readme, re.MULTILINE | re.DOTALL)
-        text += "\n" + (section.group(0) if section else "")
-    return {slug(h) for h in HEADING.findall(FENCE.sub("", text))}
+    """The heading anchors of a page."""
+    return {slug(h) for h in HEADING.findall(FENCE.sub("", page.read_text(encoding="utf-8")))}
+
+
+def figures_hook():
+    """``docs/hooks/figures.py``, the one renderer of the figures (MkDocs loads it by path, as this does)."""
+    spec = importlib.util.spec_from_file_location("docs_figures_hook", DOCS / "hooks" / "figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_command_is_documented() -> None:
@@ -157,6 +169,89 @@ def test_readme_is_short_and_links_into_the_docs() -> None:
         elif anchor and path.endswith(".md") and anchor not in anchors(ROOT / path):
             bad.append(f"{target} (no such heading)")
     assert not bad, f"README.md links: {'; '.join(bad)}"
+    section = re.search(r"^## What you should see\n.*?(?=^## |\Z)", readme, re.MULTILINE | re.DOTALL).group(0)
+    assert len(re.findall(r"^\|[\s:|-]+\|$", section, re.MULTILINE)) == 1, "one table in 'What you should see'"
+    assert len(re.findall(r"!\[[^\]]*\]\(", section)) == 1, "one picture in 'What you should see'"
+
+
+def test_readme_figures_are_the_results_files() -> None:
+    """The README's table of the default run is what the hook renders from benchmarks/results/default.json;
+    after changing a result file, ``python docs/hooks/figures.py`` writes it again."""
+    hook = figures_hook()
+    readme = README.read_text(encoding="utf-8")
+    assert "<!-- figures:default -->" in readme and "<!-- /figures:default -->" in readme
+    assert hook.render_readme(readme) == readme, "README.md's figures differ from benchmarks/results/: run python docs/hooks/figures.py"
+    psds1 = hook.text(hook.load("default"), "trained.psds1")
+    assert f"| {psds1} |" in readme
+
+
+def test_every_result_file_names_its_run_and_every_page_placeholder_resolves() -> None:
+    hook = figures_hook()
+    files = sorted(RESULTS.glob("*.json"))
+    assert {"default", "detection"} <= {p.stem for p in files}
+    for path in files:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        missing = {"benchmark", "command", "commit", "machine", "figures"} - set(result)
+        assert not missing, f"{path.name}: no {', '.join(sorted(missing))}"
+        assert re.fullmatch(r"[0-9a-f]{40}(\+modified)?", result["commit"]), f"{path.name}: commit {result['commit']!r}"
+        for template in (result.get("headline") or {}).values():
+            if isinstance(template, str):
+                hook.fill(result, template)  # a figure a template names that the file lacks raises KeyError
+    for name, text in pages().items():
+        rendered = hook.render_page(re.sub(r"\\\{\{.*?\}\}", "", text))  # a placeholder written out, escaped, stays
+        assert not re.search(r"^<!-- figures:", rendered, re.MULTILINE), f"docs/{name}: a figures marker the hook does not know"
+        assert not re.search(r"\{\{\s*(figure|source)\(\s*\"", rendered), f"docs/{name}: a placeholder left unrendered"
+    headlines = hook.headline_table()
+    assert headlines.count("\n") - 1 == sum("headline" in json.loads(p.read_text()) for p in files)
+
+
+def test_bench_save_writes_a_result_file(tmp_path: Path, monkeypatch) -> None:
+    """``sedsynth bench NAME --save PATH``: the figures the benchmark returns, the lines it printed, the
+    command that reproduces it, the machine and the commit, in the format the docs render."""
+    from benchmarks import run as bench
+    from sedsynth.cli import main
+
+    def stand_in(args, params):
+        print("bench llm-cache: 1.5 ms against 300 ms")
+        return {"append_ms": 1.5, "rewrite_ms": 300, "ratio": 200.0, "sizes": (5000, 100000)}
+
+    monkeypatch.setitem(bench.BENCHMARKS, "llm-cache", stand_in)
+    saved = tmp_path / "results" / "llm-cache.json"
+    assert main(["bench", "llm-cache", "--repeat", "1", "--params", str(ROOT / "params.yaml"), "--save", str(saved)]) == 0
+    result = json.loads(saved.read_text(encoding="utf-8"))
+    assert result["benchmark"] == "llm-cache" and result["command"] == "sedsynth bench llm-cache --params " + str(ROOT / "params.yaml") + " --repeat 1"
+    assert result["figures"] == {"append_ms": 1.5, "rewrite_ms": 300, "ratio": 200.0, "sizes": [5000, 100000]}
+    assert result["printed"] == ["bench llm-cache: 1.5 ms against 300 ms"]
+    assert result["machine"] and (result["commit"] is None or re.fullmatch(r"[0-9a-f]{40}(\+modified)?", result["commit"]))
+    hook = figures_hook()
+    assert hook.text(result, "sizes") == "5,000-100,000" and hook.fill(result, "{ratio}x") == "200.0x"
+
+
+def test_no_escaped_pipe_inside_code_in_a_table() -> None:
+    """Python-Markdown's tables show the backslash of ``\\|`` inside a code span; name the choices apart."""
+    bad = [f"docs/{name}:{i}" for name, text in pages().items() for i, line in enumerate(FENCE.sub("", text).splitlines(), 1)
+           if line.startswith("|") and any("\\|" in m.group(2) for m in CODE_SPAN.finditer(line))]
+    assert not bad, f"a code span with \\| in a table: {', '.join(bad)}"
+
+
+def test_no_page_names_scratch_files_or_run_history() -> None:
+    """The docs say what is: no files outside the repository, no scripts that are not in it, no history of runs."""
+    banned = re.compile(r"/tmp/|bench-out/\w+\.py|load average|mallinfo|earlier versions|the run before", re.IGNORECASE)
+    texts = {f"docs/{name}": text for name, text in pages().items() if name not in ("reliability.md", "view.md")}
+    texts["README.md"] = README.read_text(encoding="utf-8")
+    bad = [f"{name}: {m.group(0)!r}" for name, text in texts.items() for m in banned.finditer(text)]
+    assert not bad, "; ".join(bad)
+
+
+def test_the_slow_tier_names_existing_tests() -> None:
+    """Every node-id prefix of tests/conftest.py's SLOW names a test that exists (renamed tests fall out of the tier)."""
+    from tests.conftest import SLOW
+
+    for prefix in SLOW:
+        path, _, name = prefix.partition("::")
+        source = (ROOT / path).read_text(encoding="utf-8")
+        assert re.search(rf"^def {re.escape(name)}", source, re.MULTILINE), f"no test {prefix}*"
+    assert re.search(r'^\s*"slow: ', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.MULTILINE), "pyproject.toml registers the slow marker"
 
 
 def test_docs_repeat_the_ci_test_command() -> None:
@@ -165,10 +260,11 @@ def test_docs_repeat_the_ci_test_command() -> None:
 
 
 def test_api_reference_covers_every_package() -> None:
-    """Every top-level package has its API page; a page names packages, not modules that may move."""
+    """Every top-level package has its API page, listing every module (the hook's table) before its entry points."""
     api = {p.stem: p.read_text(encoding="utf-8") for p in (DOCS / "api").glob("*.md")}
     for package in ("pipeline", "trainer", "sedsynth", "benchmarks"):
-        assert re.search(rf"^::: {package}$", api.get(package, ""), re.MULTILINE), f"docs/api/{package}.md renders ::: {package}"
+        assert re.search(rf"^<!-- modules: {package}\b", api.get(package, ""), re.MULTILINE), f"docs/api/{package}.md lists its modules"
+        assert re.search(rf"^::: {package}\.", api[package], re.MULTILINE), f"docs/api/{package}.md renders its entry points"
 
 
 @pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocstrings_handlers.python")),
@@ -178,5 +274,13 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    assert (tmp_path / "site" / "stages" / "mix" / "index.html").is_file()
-    assert "What you should see" in (tmp_path / "site" / "getting-started" / "index.html").read_text(encoding="utf-8")
+    site = tmp_path / "site"
+    assert (site / "stages" / "mix" / "index.html").is_file()
+    hook = figures_hook()
+    started = (site / "getting-started" / "index.html").read_text(encoding="utf-8")
+    assert "What you should see" in started and f"<td style=\"text-align: right;\">{hook.figure('default', 'trained.psds1')}</td>" in started
+    benchmarks = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    assert hook.figure("clip", "clip_source_s_per_s") in benchmarks and "{{" not in benchmarks
+    words = sum(len(re.sub(r"<[^>]+>", " ", re.search(r"<article.*?</article>", (site / "api" / p / "index.html").read_text(encoding="utf-8"), re.DOTALL).group(0)).split())
+                for p in ("pipeline", "trainer", "sedsynth", "benchmarks"))
+    assert words < 15000, f"the API reference has {words} words: the public surface only"
