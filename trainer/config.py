@@ -2,7 +2,10 @@
 
 Input: the YAML file (the same one DVC tracks). Output: a frozen :class:`Params`, the data
 stages' :class:`pipeline.config.params.Params` plus these sections. Values are checked like
-the data stages' (unknown keys, wrong types, out-of-range values fail up front, naming the key).
+the data stages' (unknown keys, wrong types, out-of-range values fail up front, naming the key):
+every number of these sections has a range (:data:`RANGES`, or a rule of :func:`check` for a list
+or a number that may also be a word), ``device`` keys are one of :data:`DEVICES` and encoders one
+of :data:`ENCODER_NAMES`; an error is one line with the key, the value and what is accepted.
 
 The dataclass defaults are ``params.yaml``'s values (the default run, sized for a CPU); the
 paper's value stands beside each in a comment, and ``configs/train/finelap.yaml`` sets them all
@@ -12,17 +15,29 @@ for the paper's GPU run. A checkpoint stores its ``train`` section as it was wri
 
 from __future__ import annotations
 
+import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pipeline.config import params as pipeline_params
-from pipeline.config.params import build, need, read_params
+from pipeline.config.params import FRACTION, Range, build, check_range, check_ranges, need, read_params
 
 SECTIONS = ("pretrain", "train", "evaluate", "ablations")  # the top-level sections this module adds
 
 # Keys of the train section renamed since checkpoints were first written: old dotted key -> new one.
 RENAMED_TRAIN_KEYS = {"data.negatives": "data.negative_sampling"}
+
+Encoder = Literal["eat-base", "small", "tiny-vit"]  # the names of trainer.encoders.ENCODERS (a test keeps the two equal)
+ENCODER_NAMES: tuple[str, ...] = typing.get_args(Encoder)
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]{1,2})?")  # what trainer.distributed.pick_device and torch.device take
+DEVICES = "auto (cuda when present), cpu, cuda, cuda:N (the GPU of index N) or mps"
+
+
+def device_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a ``device`` setting (a phrase to follow the key), or None."""
+    return None if _DEVICE.fullmatch(value) else f"is {value!r}; use {DEVICES}"
 
 
 @dataclass(frozen=True)
@@ -32,7 +47,7 @@ class PretrainParams:
 
     audio: tuple[str, ...] = ("data/events", "data/backgrounds", "data/mixtures")  # stage folders (read by their manifests) or any folders of audio files
     heldout_mix: str | None = "data/mixtures"  # a mix stage folder: its valid and test mixtures, and the clips and backgrounds they use, are left out; null: every file
-    encoder: str = "small"  # small (CNN, SimMIM form), tiny-vit or eat-base; must be train.model.encoder; paper: ViT-B (eat-base)
+    encoder: Encoder = "small"  # small (CNN, SimMIM form), tiny-vit or eat-base; must be train.model.encoder; paper: ViT-B (eat-base)
     mask_ratio: float = 0.8  # share of 16x16 patches masked; paper: 0.8
     decoder_dim: int = 128  # ViT encoders' decoder (the CNN's is one linear layer); paper: 768 (MAE: 512)
     decoder_depth: int = 2  # paper: 12 (MAE: 8)
@@ -124,7 +139,7 @@ class CaptionDecoderParams:
 
 @dataclass(frozen=True)
 class TrainModelParams:
-    encoder: str = "small"  # eat-base (ViT-B/16, EAT), small (CNN for CPUs) or tiny-vit; paper: eat-base
+    encoder: Encoder = "small"  # eat-base (ViT-B/16, EAT), small (CNN for CPUs) or tiny-vit; paper: eat-base
     encoder_checkpoint: str | None = None  # local EAT weights (fairseq .pt or Hugging Face); null: from scratch
     adapter: Literal["transformer", "bigru", "linear", "shared"] = "transformer"  # paper: transformer
     adapter_heads: int = 8  # paper: 8
@@ -161,7 +176,7 @@ class TrainOptimParams:
     betas: tuple[float, ...] = (0.9, 0.999)
     warmup_steps: int = 50  # paper: 1000
     epochs: int = 11  # paper: 10
-    max_steps: int = 0  # >0 stops early at this many optimizer steps
+    max_steps: int = 0  # >0: the run is exactly this many optimizer steps (epochs is then ignored); 0: epochs decide
     grad_accum: int = 1
     clip_grad_norm: float = 1.0  # 0: no clipping
     sam_rho: float = 0.0  # >0: SAM (two forward/backward passes per step) with this neighbourhood radius; Cacophony: 0.075
@@ -244,76 +259,168 @@ class Params(pipeline_params.Params):
     ablations: AblationParams = field(default_factory=AblationParams)
 
 
+# Sizes and counts: generous for a GPU run at FSD50K scale (configs/train/*.yaml), tight enough that a
+# typo (a crop of a day, a million heads) is refused when params load instead of filling memory later.
+LEARNING_RATE = Range("a learning rate", 0, 1, lo_open=True)  # AdamW everywhere: a step moves each weight by about lr
+WEIGHT_DECAY = Range("a weight decay", 0, 1)
+LOSS_WEIGHT = Range("a loss weight (0 drops the term)", 0, 10_000)
+DROPOUT = Range("a dropout rate", 0, 1, hi_open=True)
+PROBABILITY = Range("a probability", 0, 1)
+CROP_S = Range("a duration in seconds", 0, 600, lo_open=True)  # the encoders see about 10 s; longer crops only cost memory
+STEPS = Range("a number of steps", 1, 10**8)
+STEPS_OR_OFF = Range("a number of steps (0: off)", 0, 10**8)
+BATCH = Range("a batch size", 1, 16_384)
+WORKERS = Range("a number of worker processes", 0, 256)
+THREADS = Range("a number of threads (0: torch's default)", 0, 1024)
+WIDTH = Range("a width", 1, 16_384)
+HIDDEN = Range("a hidden width", 1, 65_536)
+HEADS = Range("a number of attention heads", 1, 128)
+LAYERS = Range("a number of layers", 1, 64)
+MEDIAN_FILTER = Range("an odd number of frames (1: no filter)", 1, 999)
+
+# Every int and float key of the pretrain, train and evaluate sections but those in lists and those that
+# may also be a word (a test keeps this complete); check() applies them before the cross-key rules.
+RANGES: dict[str, Range] = {
+    "pretrain.mask_ratio": Range("a share of patches", 0, 1, hi_open=True),
+    "pretrain.decoder_dim": WIDTH,
+    "pretrain.decoder_depth": LAYERS,
+    "pretrain.decoder_heads": HEADS,
+    "pretrain.crop_s": CROP_S,
+    "pretrain.batch_size": BATCH,
+    "pretrain.steps": STEPS,
+    "pretrain.lr": LEARNING_RATE,
+    "pretrain.final_lr": Range("a learning rate", 0, 1),
+    "pretrain.weight_decay": WEIGHT_DECAY,
+    "pretrain.warmup_steps": Range("a number of steps", 0, 10**8),
+    "pretrain.num_workers": WORKERS,
+    "pretrain.threads": THREADS,
+    "pretrain.log_every_steps": STEPS,
+    "train.data.crop_s": CROP_S,
+    "train.data.num_phrases": Range("a number of phrases", 1, 1000),
+    "train.data.inventory_negative_share": FRACTION,
+    "train.data.tag_replacement_p": PROBABILITY,
+    "train.data.min_label_overlap": Range("a fraction", 0, 1, lo_open=True),
+    "train.data.shuffle_buffer": Range("a number of rows", 1, 100_000),  # undecoded rows held in memory per worker
+    "train.data.piece_rows": Range("a number of rows", 1, 1_000_000),
+    "train.data.num_workers": WORKERS,
+    "train.data.batch_size": BATCH,
+    "train.model.adapter_heads": HEADS,
+    "train.model.adapter_ffn": HIDDEN,
+    "train.model.dropout": DROPOUT,
+    "train.model.embed_dim": WIDTH,
+    "train.model.text_max_tokens": Range("a number of tokens", 1, 512),  # the text towers' position tables hold 512
+    "train.model.text_pad_rows": Range("a number of rows (0: no padding)", 0, 16_384),
+    "train.model.caption_decoder.parallel_ratio": FRACTION,
+    "train.model.caption_decoder.depth": LAYERS,
+    "train.model.caption_decoder.dim": WIDTH,
+    "train.model.caption_decoder.heads": HEADS,
+    "train.model.caption_decoder.ffn": HIDDEN,
+    "train.model.caption_decoder.max_tokens": Range("a number of tokens (EOS included)", 2, 1024),
+    "train.model.caption_decoder.dropout": DROPOUT,
+    "train.model.caption_decoder.vocabulary_words": Range("a number of words", 1, 1_000_000),
+    "train.model.caption_decoder.captions_per_clip": Range("a number of captions", 1, 100),
+    "train.loss.clip_weight": LOSS_WEIGHT,
+    "train.loss.frame_weight": LOSS_WEIGHT,
+    "train.loss.prior_weight": LOSS_WEIGHT,
+    "train.loss.region_weight": LOSS_WEIGHT,
+    "train.loss.phrase_clip_weight": LOSS_WEIGHT,
+    "train.loss.caption_weight": LOSS_WEIGHT,
+    "train.loss.init_scale": Range("a logit scale", 0, 1000, lo_open=True),  # stored as its logarithm
+    "train.loss.init_bias": Range("a logit bias", -1000, 1000),
+    "train.loss.frame_chunk_clips": Range("a number of clips (0: the whole batch at once)", 0, 16_384),
+    "train.optim.lr": LEARNING_RATE,
+    "train.optim.weight_decay": WEIGHT_DECAY,
+    "train.optim.warmup_steps": Range("a number of steps", 0, 10**8),
+    "train.optim.epochs": Range("a number of epochs", 1, 100_000),
+    "train.optim.max_steps": Range("a number of steps (0: train.optim.epochs decide)", 0, 10**8),
+    "train.optim.grad_accum": Range("a number of micro-batches", 1, 4096),
+    "train.optim.clip_grad_norm": Range("a gradient norm (0: no clipping)", 0, 10_000),
+    "train.optim.sam_rho": Range("a neighbourhood radius (0: no SAM; Cacophony: 0.075)", 0, 10),
+    "train.threads": THREADS,
+    "train.log_every_steps": STEPS,
+    "train.checkpoint_every_steps": STEPS_OR_OFF,
+    "evaluate.median_filter_frames": MEDIAN_FILTER,
+    "evaluate.segment_s": Range("a duration in seconds", 0, 600, lo_open=True),
+    "evaluate.max_fpr": Range("a false-positive rate", 0, 1, lo_open=True),
+    "evaluate.window_overlap": Range("a share of the window", 0, 1, hi_open=True),
+    "evaluate.batch_size": BATCH,
+    "evaluate.pictures": Range("a number of pictures", 0, 1000),
+    "evaluate.probe_clips": Range("a number of clips", 1, 10**7),
+    "evaluate.probe_heads": HEADS,
+    "evaluate.probe_steps": Range("a number of steps", 1, 10**6),
+    "evaluate.probe_lr": LEARNING_RATE,
+}
+SOURCE_RANGES: dict[str, Range] = {  # the numbers of each entry of train.data.sources (and of train.data.valid)
+    "weight": Range("a share of the batches relative to the first source", 0, 10_000, lo_open=True),
+    "epoch_size": Range("a number of rows (0: mix.mixtures.<split>)", 0, 10**9),
+}
+
+
 def check(p: Params) -> None:
-    """Cross-key rules of the trainer's sections; the first broken one raises :class:`ParamsError`."""
+    """Ranges, then cross-key rules, of the trainer's sections; the first broken one raises :class:`ParamsError`."""
+    check_ranges(p, RANGES)
+    for key, value in (("pretrain.device", p.pretrain.device), ("train.device", p.train.device), ("evaluate.device", p.evaluate.device)):
+        problem = device_problem(value)
+        need(problem is None, key, problem or "")
     t = p.train
     need(len(t.data.sources) >= 1, "train.data.sources", "needs at least one source")
-    need(all(s.weight > 0 for s in t.data.sources), "train.data.sources[].weight", "must be positive")
+    for name, s in [*((f"train.data.sources[{i}]", s) for i, s in enumerate(t.data.sources)),
+                    *([("train.data.valid", t.data.valid)] if t.data.valid else [])]:
+        for key, accepted in SOURCE_RANGES.items():
+            check_range(f"{name}.{key}", getattr(s, key), accepted)
     for s in (*t.data.sources, *([t.data.valid] if t.data.valid else [])):
         check_mixing_source(s, p)
-    need(t.data.crop_s > 0 and t.data.num_phrases >= 1, "train.data.crop_s", "must be positive and num_phrases at least 1")
-    need(0.0 <= t.data.inventory_negative_share <= 1.0, "train.data.inventory_negative_share", "must be between 0 and 1")
-    need(t.data.batch_size >= 1 and t.data.num_workers >= 0, "train.data.batch_size", "must be at least 1 (num_workers 0 or more)")
-    need(t.data.piece_rows >= 1 and t.data.shuffle_buffer >= 1, "train.data.piece_rows", "and shuffle_buffer must be at least 1")
-    need(0 <= t.data.tag_replacement_p <= 1, "train.data.tag_replacement_p", "must be a probability in [0, 1]")
-    need(0 < t.data.min_label_overlap <= 1, "train.data.min_label_overlap", "must be in (0, 1]")
-    need(t.model.embed_dim >= 1 and t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
-         "must be a positive multiple of adapter_heads")
-    need(min(t.loss.clip_weight, t.loss.frame_weight, t.loss.region_weight, t.loss.phrase_clip_weight) >= 0
-         and t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight + t.loss.caption_weight > 0,
-         "train.loss.clip_weight", "frame_weight, region_weight, phrase_clip_weight and caption_weight must be 0 or more, not all 0 "
+    need(t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
+         f"is {t.model.embed_dim}; use a multiple of train.model.adapter_heads ({t.model.adapter_heads})")
+    need(t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight + t.loss.caption_weight > 0,
+         "train.loss.clip_weight", "and train.loss.frame_weight, region_weight and caption_weight are all 0; set one above 0 "
          "(caption_weight alone trains a captioning-only encoder)")
-    need(t.loss.init_scale > 0, "train.loss.init_scale", "must be positive")
-    need(t.optim.lr > 0 and t.optim.epochs >= 1 and t.optim.grad_accum >= 1, "train.optim.lr", "must be positive (epochs, grad_accum at least 1)")
-    need(len(t.optim.betas) == 2 and all(0 <= b < 1 for b in t.optim.betas), "train.optim.betas", "must be two numbers in [0, 1)")
+    check_betas("train.optim.betas", t.optim.betas)
     check_captioning(t)
     check_pretrain(p.pretrain)
     v = p.evaluate
-    need(v.median_filter_frames >= 1 and v.median_filter_frames % 2 == 1, "evaluate.median_filter_frames", "must be an odd number of frames (1: no filter)")
-    need(len(v.f1_median_filters) >= 1 and all(isinstance(k, int) and k >= 1 and k % 2 == 1 for k in v.f1_median_filters)
-         and (v.f1_median_filter_frames == "checkpoint" or (isinstance(v.f1_median_filter_frames, int) and v.f1_median_filter_frames >= 1
-                                                             and v.f1_median_filter_frames % 2 == 1)),
-         "evaluate.f1_median_filters", "and f1_median_filter_frames must be odd numbers of frames (f1_median_filter_frames may be checkpoint)")
-    need(v.segment_s > 0 and 0 < v.max_fpr <= 1, "evaluate.segment_s", "must be positive and max_fpr in (0, 1]")
-    need(v.f1_threshold == "checkpoint" or 0 <= v.f1_threshold <= 1, "evaluate.f1_threshold",
-         "must be a probability in [0, 1] or checkpoint (the threshold stored in evaluate.checkpoint)")
-    need(0 <= v.window_overlap < 1, "evaluate.window_overlap", "must be in [0, 1)")
-    need(v.batch_size >= 1 and v.pictures >= 0, "evaluate.batch_size", "must be at least 1 (pictures 0 or more)")
+    need(v.median_filter_frames % 2 == 1, "evaluate.median_filter_frames", f"is {v.median_filter_frames}; use {MEDIAN_FILTER}")
+    need(len(v.f1_median_filters) >= 1, "evaluate.f1_median_filters", f"is []; use a list of numbers, each {MEDIAN_FILTER}")
+    for i, k in enumerate(v.f1_median_filters):
+        check_odd_filter(f"evaluate.f1_median_filters[{i}]", k)
+    if v.f1_median_filter_frames != "checkpoint":
+        check_odd_filter("evaluate.f1_median_filter_frames", v.f1_median_filter_frames, " or checkpoint (chosen with the threshold)")
+    if v.f1_threshold != "checkpoint":
+        need(0 <= v.f1_threshold <= 1, "evaluate.f1_threshold",
+             f"is {v.f1_threshold!r}; use {PROBABILITY} or checkpoint (the threshold stored in evaluate.checkpoint)")
     need(v.probe_split != v.split, "evaluate.probe_split", f"must differ from evaluate.split ({v.split}): the probes are scored on that")
     need(len(v.probe_pooling) >= 1 and set(v.probe_pooling) <= {"mean", "attention"}, "evaluate.probe_pooling", "must list mean and/or attention")
-    need(min(v.probe_clips, v.probe_heads, v.probe_steps) >= 1 and v.probe_lr > 0, "evaluate.probe_clips",
-         "probe_heads and probe_steps must be at least 1 and probe_lr positive")
     for name, b in v.benchmarks.items():
         need(isinstance(b, dict) and "kind" in b, f"evaluate.benchmarks.{name}", "must be a mapping with a kind (desed, urbansed, "
              "audioset_strong, audiogrounding, audiocaps, clotho, esc50, us8k) and its paths")
 
 
+def check_odd_filter(key: str, frames: int, alternative: str = "") -> None:
+    """A median filter's length: an odd number of frames in :data:`MEDIAN_FILTER`."""
+    need(MEDIAN_FILTER.accepts(frames) and frames % 2 == 1, key, f"is {frames!r}; use {MEDIAN_FILTER}{alternative}")
+
+
+def check_betas(key: str, betas: tuple[float, ...]) -> None:
+    """AdamW's two betas, each in [0, 1)."""
+    need(len(betas) == 2 and all(0 <= b < 1 for b in betas), key, f"is {list(betas)}; use two numbers in [0, 1), e.g. [0.9, 0.999]")
+
+
 def check_pretrain(m: PretrainParams) -> None:
-    """The rules of the ``pretrain`` section; the first broken one raises :class:`ParamsError`."""
+    """The list and cross-key rules of the ``pretrain`` section (its numbers' ranges are in :data:`RANGES`);
+    the first broken one raises :class:`ParamsError`."""
     need(len(m.audio) >= 1 and all(m.audio), "pretrain.audio", "needs at least one folder")
-    need(0 <= m.mask_ratio < 1, "pretrain.mask_ratio", "must be in [0, 1)")
-    need(min(m.decoder_dim, m.decoder_depth, m.decoder_heads) >= 1 and m.decoder_dim % m.decoder_heads == 0
-         and m.decoder_dim % 4 == 0, "pretrain.decoder_dim", "must be a positive multiple of 4 and of decoder_heads (depth at least 1)")
-    need(m.crop_s > 0 and m.batch_size >= 1 and m.steps >= 1, "pretrain.crop_s", "must be positive (batch_size and steps at least 1)")
-    need(m.lr > 0 and 0 <= m.final_lr <= m.lr and m.weight_decay >= 0, "pretrain.lr",
-         "must be positive, final_lr in [0, lr] and weight_decay 0 or more")
-    need(len(m.betas) == 2 and all(0 <= b < 1 for b in m.betas), "pretrain.betas", "must be two numbers in [0, 1)")
-    need(m.warmup_steps >= 0 and m.num_workers >= 0 and m.threads >= 0, "pretrain.warmup_steps",
-         "must be 0 or more (num_workers and threads too)")
-    need(m.log_every_steps >= 1, "pretrain.log_every_steps", "must be at least 1")
+    need(m.decoder_dim % m.decoder_heads == 0 and m.decoder_dim % 4 == 0, "pretrain.decoder_dim",
+         f"is {m.decoder_dim}; use a multiple of 4 and of pretrain.decoder_heads ({m.decoder_heads})")
+    need(m.final_lr <= m.lr, "pretrain.final_lr", f"is {m.final_lr!r}; use a learning rate in [0, pretrain.lr ({m.lr!r})]")
+    check_betas("pretrain.betas", m.betas)
 
 
 def check_captioning(t: TrainParams) -> None:
-    """The rules of the captioning loss and SAM keys of ``train``; the first broken one raises :class:`ParamsError`."""
+    """The cross-key rules of the captioning decoder of ``train`` (its numbers' ranges are in :data:`RANGES`);
+    the first broken one raises :class:`ParamsError`."""
     c = t.model.caption_decoder
-    need(t.loss.caption_weight >= 0, "train.loss.caption_weight", "must be 0 (no captioning loss) or more")
-    need(min(c.depth, c.dim, c.heads, c.ffn) >= 1 and c.dim % c.heads == 0, "train.model.caption_decoder.dim",
-         "must be a positive multiple of heads (depth and ffn at least 1)")
-    need(c.max_tokens >= 2 and c.vocabulary_words >= 1 and c.captions_per_clip >= 1, "train.model.caption_decoder.max_tokens",
-         "must be at least 2 (vocabulary_words and captions_per_clip at least 1)")
-    need(0 <= c.parallel_ratio <= 1 and 0 <= c.dropout < 1, "train.model.caption_decoder.parallel_ratio", "must be in [0, 1] (dropout in [0, 1))")
+    need(c.dim % c.heads == 0, "train.model.caption_decoder.dim", f"is {c.dim}; use a multiple of heads ({c.heads})")
     need(bool(c.vocabulary.strip()), "train.model.caption_decoder.vocabulary", "must be captions or a local tokenizer folder")
-    need(t.optim.sam_rho >= 0, "train.optim.sam_rho", "must be 0 (no SAM) or more; Cacophony: 0.075")
 
 
 def check_mixing_source(s: SourceParams, p: Params) -> None:

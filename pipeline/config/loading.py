@@ -3,6 +3,8 @@
 Input: YAML text or files and dataclass types. Output: nested mappings (merged) and frozen
 dataclasses built from them, or one :class:`ParamsError` line that names the key or the file and
 says what would be accepted. Every section of ``params.yaml`` and the mixing spec use these.
+A float setting also takes a number written with an exponent and no dot (``1e-4``), which YAML 1.2
+(DVC's reader) reads as a number and PyYAML as a string.
 
 Files are read only when they are regular files of at most :data:`MAX_PARAMS_BYTES`, and YAML
 aliases (``*name``) are refused: an alias lets a few lines stand for billions of values (or for
@@ -34,6 +36,9 @@ class ParamsError(ValueError):
 MAX_PARAMS_BYTES = 1 << 20  # params.yaml is about 25 kB; the bound stops /dev/zero or a stray large file
 SHOWN_VALUE_CHARS = 80  # a value in an error is cut here: enough to recognise it, never a file's contents
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")  # a key an error may repeat
+# A number with an exponent but no dot (1e-4, 5E+3): YAML 1.2 (DVC's reader) reads a float, YAML 1.1
+# (PyYAML) a string; a float setting takes it as the number it is.
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
 
 
 def _shown(value: object) -> str:
@@ -98,6 +103,8 @@ def _coerce(value: object, hint: object, key: str) -> object:
             raise ParamsError(f"params: '{key}' must be a mapping, got {_shown(value)}")
         _reject_non_finite(value, key)
         return value
+    if hint is float and isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value):
+        value = float(value)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value):  # YAML's .nan and .inf parse as floats; no parameter means them
             raise ParamsError(f"params: '{key}' is {_shown(value)}; use a finite number")

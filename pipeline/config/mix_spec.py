@@ -53,6 +53,12 @@ STRETCH_METHODS = ("rubberband", "varispeed")
 LEVEL_MODES = ("rms", "lufs", "local")
 PEAK_POLICIES = ("if-clipping", "always", "never")
 MIN_SAMPLE_RATE_HZ = 8000
+# Upper bounds of knobs whose cost grows with their value, far above any published recipe's: a typo
+# (placement_tries: 1000000000) is refused when params load instead of running for hours.
+MAX_DURATION_S = 3600.0  # one mixture's length
+MAX_EVENTS = 1000  # events in one mixture (URBAN-SED draws up to 9, FLAM 10)
+MAX_OCCURRENCES = 100  # repetition.count and splitting.pieces
+MAX_PLACEMENT_TRIES = 10_000  # draws of an onset before the uniform draw over the free onsets takes over
 
 _FINELAP: dict = {
     "duration_s": ["const", 10.0],
@@ -291,15 +297,16 @@ def _merge(base: dict, top: Mapping, prefix: str = "") -> dict:
 
 def _timeline(raw: dict) -> dict:
     duration = parse(raw["duration_s"], "duration_s")
-    _need(duration.bounds()[0] > 0 and math.isfinite(duration.bounds()[1]), "duration_s",
-          f"must produce positive, bounded durations ([const, 10.0] or [uniform, lo, hi]), got {duration.to_list()!r}")
+    _need(duration.bounds()[0] > 0 and duration.bounds()[1] <= MAX_DURATION_S, "duration_s",
+          f"must produce positive durations of at most {MAX_DURATION_S:g} s ([const, 10.0] or [uniform, lo, hi]), "
+          f"got {duration.to_list()!r}")
     return {"duration_s": duration}
 
 
 def _events(raw: dict) -> dict:
     """How many events, which clips, which span of each, and how an event repeats or splits."""
     events = parse(raw["events_per_mixture"], "events_per_mixture")
-    _positive_ints(events, "events_per_mixture", 0)
+    _positive_ints(events, "events_per_mixture", 0, MAX_EVENTS)
     _need(isinstance(raw["distinct_clips"], bool), "distinct_clips", "must be true or false")
     event_duration = None
     if raw["event_duration_s"] is not None:
@@ -318,7 +325,7 @@ def _events(raw: dict) -> dict:
 
 def _repetition(rep: dict) -> RepetitionSpec:
     count = parse(rep["count"], "repetition.count")
-    _positive_ints(count, "repetition.count", 1)
+    _positive_ints(count, "repetition.count", 1, MAX_OCCURRENCES)
     _need(isinstance(rep["overlap"], bool), "repetition.overlap", "must be true or false")
     max_clip = _optional_number(rep["max_clip_s"], "repetition.max_clip_s")
     return RepetitionSpec(_probability(rep["probability"], "repetition.probability"), max_clip, count, rep["overlap"])
@@ -326,7 +333,7 @@ def _repetition(rep: dict) -> RepetitionSpec:
 
 def _splitting(spl: dict) -> SplittingSpec:
     pieces = parse(spl["pieces"], "splitting.pieces")
-    _positive_ints(pieces, "splitting.pieces", 2)
+    _positive_ints(pieces, "splitting.pieces", 2, MAX_OCCURRENCES)
     min_piece = _optional_number(spl["min_piece_s"], "splitting.min_piece_s")
     _need(min_piece is not None and min_piece > 0, "splitting.min_piece_s", "must be a positive number of seconds")
     return SplittingSpec(_probability(spl["probability"], "splitting.probability"), pieces, min_piece)
@@ -337,7 +344,8 @@ def _placement(raw: dict) -> dict:
     poly = raw["max_polyphony"]
     _need(poly is None or _whole(poly, 1), "max_polyphony", f"must be a whole number >= 1, or null for no cap; got {poly!r}")
     tries = raw["placement_tries"]
-    _need(_whole(tries, 1), "placement_tries", f"must be a whole number >= 1, got {tries!r}")
+    _need(_whole(tries, 1) and tries <= MAX_PLACEMENT_TRIES, "placement_tries",
+          f"must be a whole number >= 1 and <= {MAX_PLACEMENT_TRIES}, got {tries!r}")
     return {"onset_s": parse(raw["onset_s"], "onset_s", allow_fit=True), "max_polyphony": poly, "placement_tries": tries,
             "background_offset_s": parse(raw["background_offset_s"], "background_offset_s", allow_fit=True)}
 
@@ -415,10 +423,11 @@ def _whole(value: object, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-def _positive_ints(d: Distribution, key: str, minimum: int) -> None:
+def _positive_ints(d: Distribution, key: str, minimum: int, maximum: int) -> None:
     _need(d.kind in ("const", "choose", "choose_weighted"), key,
           f"draws a count, so it must be [const, n], [choose, [...]] or [choose_weighted, [...], [...]], got {d.to_list()!r}")
-    _need(all(float(v).is_integer() and v >= minimum for v in d.values), key, f"values must be whole numbers >= {minimum}, got {d.to_list()!r}")
+    _need(all(float(v).is_integer() and minimum <= v <= maximum for v in d.values), key,
+          f"values must be whole numbers >= {minimum} and <= {maximum}, got {d.to_list()!r}")
 
 
 def _non_negative(d: Distribution, key: str) -> None:

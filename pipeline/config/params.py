@@ -400,12 +400,22 @@ def _value_at(p: object, dotted: str) -> object:
     return p
 
 
+def check_ranges(p: object, ranges: dict[str, Range]) -> None:
+    """Each dotted key of ``ranges`` (read from the params tree ``p``) in its range; the first that is not
+    raises :class:`ParamsError` naming the key, the value and the range."""
+    for key, accepted in ranges.items():
+        check_range(key, _value_at(p, key), accepted)
+
+
+def check_range(key: str, value: float, accepted: Range) -> None:
+    """``value`` of setting ``key`` in ``accepted``, else one :class:`ParamsError` line: key, value and range."""
+    if not (math.isfinite(value) and accepted.accepts(value)):
+        raise ParamsError(f"params: '{key}' is {value!r}; use {accepted}")
+
+
 def _check_ranges(p: Params) -> None:
     """Each key of :data:`RANGES` in its range; the error names the key, the value and the range."""
-    for key, accepted in RANGES.items():
-        value = _value_at(p, key)
-        if not (math.isfinite(value) and accepted.accepts(value)):
-            raise ParamsError(f"params: '{key}' is {value!r}; use {accepted}")
+    check_ranges(p, RANGES)
 
 
 def installed(module: str) -> bool:

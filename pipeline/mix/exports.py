@@ -70,6 +70,7 @@ def by_mixture(rows: Iterable[Row]) -> dict[str, list[Row]]:
 
 
 DCASE_FILES = {"events.tsv": ["filename", "onset", "offset", "event_label"], "durations.tsv": ["filename", "duration"]}
+LANE_LABEL_CHARS = 48  # timelines.png cuts a longer label to this many characters (FSD50K's longest name has 37), so the lanes keep most of the width
 
 
 def dcase_rows(recipes: list[MixtureRecipe], segments_of: dict[str, list[LabelSegment]]) -> dict[str, bytes]:
@@ -198,9 +199,10 @@ def plot_timelines(stage: Path | None, picks: list[MixtureRecipe], occurrences_o
     from pipeline.figures import save_png
 
     # Margins in inches, set once (tight_layout would draw the whole figure an extra time to measure
-    # them); the left one fits the longest lane label at 8 pt.
+    # them); the left one fits the longest lane label at 8 pt. Labels are cut (lane_label): a label
+    # folder's name may be 255 bytes, and a margin wider than the figure is an error in matplotlib.
     width_in, height_in = 10.0, 3.2 * len(picks)
-    longest = max((len(o.label) for m in picks for o in occurrences_of.get(m.mixture_id, [])), default=4)
+    longest = max((len(lane_label(o.label)) for m in picks for o in occurrences_of.get(m.mixture_id, [])), default=4)
     fig = plt.figure(figsize=(width_in, height_in))
     rows = fig.add_gridspec(len(picks), 1, left=(0.25 + 0.062 * longest) / width_in, right=1 - 0.15 / width_in,
                             top=1 - 0.3 / height_in, bottom=0.45 / height_in, hspace=0.32)
@@ -230,12 +232,18 @@ def plot_timelines(stage: Path | None, picks: list[MixtureRecipe], occurrences_o
             ax_l.broken_barh(placed, (i - 0.4, 0.8), facecolors="#c9d7ea", edgecolors="#7f9cc4")
             if audible:
                 ax_l.broken_barh(audible, (i - 0.2, 0.4), facecolors="#1f4e99", edgecolors="none")
-        ax_l.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax_l.set_yticks(range(len(labels)), [lane_label(label) for label in labels], fontsize=8)
         ax_l.set_xlim(0, m.duration_s)
         ax_l.set_ylim(-0.6, max(len(labels), 1) - 0.4)
         ax_l.invert_yaxis()
         ax_l.set_xlabel("time (s)  light: placed occurrence, dark: relabeled (audible) segment", fontsize=8)
     save_png(fig, path, dpi=90)
+
+
+def lane_label(label: str) -> str:
+    """``label`` as a lane of timelines.png names it: itself, or its first characters and an ellipsis
+    when it is longer than :data:`LANE_LABEL_CHARS` (the tables and DCASE files keep it whole)."""
+    return label if len(label) <= LANE_LABEL_CHARS else label[: LANE_LABEL_CHARS - 1] + "\u2026"
 
 
 def timeline_rows(num_rows: int, count: int) -> np.ndarray:

@@ -194,7 +194,7 @@ def test_a_parquet_caption_corpus_gives_each_row_its_captions(tmp_path):
     ({"loss": {"caption_weight": -1.0}}, "train.loss.caption_weight"),
     ({"optim": {"sam_rho": -0.1}}, "train.optim.sam_rho"),
     ({"model": {"caption_decoder": {"dim": 30, "heads": 4}}}, "train.model.caption_decoder.dim"),
-    ({"model": {"caption_decoder": {"captions_per_clip": 0}}}, "train.model.caption_decoder.max_tokens"),
+    ({"model": {"caption_decoder": {"captions_per_clip": 0}}}, "train.model.caption_decoder.captions_per_clip"),
     ({"model": {"caption_decoder": {"parallel_ratio": 1.5}}}, "train.model.caption_decoder.parallel_ratio"),
     ({"model": {"caption_decoder": {"decoding": "beam"}}}, "train.model.caption_decoder.decoding"),
 ])

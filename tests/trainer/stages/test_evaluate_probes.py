@@ -63,7 +63,7 @@ def test_probe_settings_are_checked():
         load_params(overrides={"evaluate": {"probe_split": "test"}})
     with pytest.raises(ParamsError, match="evaluate.probe_pooling"):
         load_params(overrides={"evaluate": {"probe_pooling": ["max"]}})
-    with pytest.raises(ParamsError, match="evaluate.probe_clips"):
+    with pytest.raises(ParamsError, match="evaluate.probe_steps"):
         load_params(overrides={"evaluate": {"probe_steps": 0}})
 
 

@@ -202,7 +202,7 @@ def test_a_folder_that_never_decodes_is_refused(tmp_path):
 
 @pytest.mark.parametrize("key, value, message", [
     ("mask_ratio", 1.0, "pretrain.mask_ratio"), ("decoder_dim", 130, "pretrain.decoder_dim"), ("audio", [], "pretrain.audio"),
-    ("final_lr", 1.0, "pretrain.lr"), ("betas", [0.9], "pretrain.betas"), ("steps", 0, "pretrain.crop_s")])
+    ("final_lr", 1.0, "pretrain.lr"), ("betas", [0.9], "pretrain.betas"), ("steps", 0, "pretrain.steps")])
 def test_params_are_checked(key, value, message):
     with pytest.raises(ParamsError, match=message):
         load_params(ROOT / "params.yaml", {"pretrain": {key: value}})
