@@ -9,7 +9,10 @@ of a remote cluster must see the same paths (a shared filesystem) and have this 
 installed. A scheduler that does not answer as one within :data:`CONNECT_TIMEOUT_S` (nothing
 listening, or another kind of server) raises :class:`ComputeError`, as does a worker whose numpy
 kernels differ from this process's: checked on every worker when the client connects, and
-again by every task, so a worker that joins later cannot make an item either.
+again by every task, so a worker that joins later cannot make an item either. A cluster that has
+had no worker for :data:`NO_WORKER_TIMEOUT_S` (60 s) while a map waits on it (its last worker
+died or left, or none ever joined) would wait for ever: the map's tasks are cancelled and
+:class:`NoWorkersError` says so in one line naming the scheduler's address.
 
 :class:`Workers` starts that cluster in a background thread, so the caller can do its own
 serial work (reading manifests, decoding sources) while the worker processes boot and import
@@ -19,10 +22,13 @@ their modules; ``map_ordered(..., workers=w)`` then runs on it, and several call
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import logging
 import os
 import sys
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -41,6 +47,10 @@ QUIET_WORKERS = {"distributed.worker.profile.enabled": False}
 NANNY_ENVIRON = (*SINGLE_THREADED_LIBRARIES, "PYTHONHASHSEED", "MALLOC_TRIM_THRESHOLD_")  # what a nanny may set in this process
 
 CONNECT_TIMEOUT_S = 10  # for the scheduler's handshake too, which distributed itself waits for without limit
+# How long a map waits on a cluster with no worker before giving up (dask would wait for ever): long
+# enough for a worker to be restarted or to join, short next to a stage's run.
+NO_WORKER_TIMEOUT_S = 60.0
+NO_WORKER_CHECK_S = 1.0  # how often the scheduler is asked for its workers while a map waits
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -48,6 +58,10 @@ R = TypeVar("R")
 
 class ComputeError(ValueError):
     """The configured dask cluster cannot be used; the message names it and says what to do."""
+
+
+class NoWorkersError(ComputeError):
+    """The cluster had no worker for :data:`NO_WORKER_TIMEOUT_S` while a map waited on it."""
 
 
 def _run_chunk(fn: Callable[[T], R], chunk: Sequence[T], kernels: str | None = None) -> list[R]:
@@ -247,12 +261,63 @@ class Workers:
         self.close()
 
 
+class _NoWorkerWatch:
+    """Cancels ``futures`` once the cluster behind ``client`` has had no worker for
+    :data:`NO_WORKER_TIMEOUT_S`, counted from when the watch starts; checked every
+    :data:`NO_WORKER_CHECK_S` from a daemon thread, so waiting on the futures costs nothing more.
+    ``fired`` says whether it did. A context manager: the watch stops on exit."""
+
+    def __init__(self, client, futures: list) -> None:
+        self.fired = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(client, futures), name="dask-no-worker-watch", daemon=True)
+
+    def _has_workers(self, client) -> bool:
+        try:
+            return bool(client.nthreads())
+        except Exception:  # the scheduler does not answer: no worker can be reached through it either
+            return False
+
+    def _watch(self, client, futures: list) -> None:
+        last_seen = time.monotonic()
+        while not self._stop.wait(NO_WORKER_CHECK_S):
+            now = time.monotonic()
+            if self._has_workers(client):
+                last_seen = now
+            elif now - last_seen >= NO_WORKER_TIMEOUT_S:
+                self.fired = True
+                client.cancel(futures)
+                return
+
+    def __enter__(self) -> "_NoWorkerWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        # a check under way may wait on a scheduler that went away; the daemon thread then ends by itself
+        self._thread.join(timeout=2 * NO_WORKER_CHECK_S)
+
+
+def _no_workers(compute: ComputeParams, client, pending: int, total: int) -> NoWorkersError:
+    """The one line for a map given up on because its cluster had no worker."""
+    address = getattr(getattr(client, "scheduler", None), "address", None) or compute.scheduler
+    if compute.scheduler == "local":
+        return NoWorkersError(f"compute.scheduler local: the local dask cluster ({address}) has had no worker for "
+                              f"{NO_WORKER_TIMEOUT_S:g} s, so {pending} of {total} tasks could not run (its worker processes "
+                              "died and were not restarted); run again, with fewer compute.workers if memory ran out")
+    return NoWorkersError(f"compute.scheduler {compute.scheduler}: the dask scheduler at {address} has had no worker for "
+                          f"{NO_WORKER_TIMEOUT_S:g} s (the last one died or left), so {pending} of {total} tasks could not "
+                          f"run; start workers for it (`dask worker {address}`) and run again, or set compute.scheduler: local")
+
+
 def map_ordered(fn: Callable[[T], R], items: Sequence[T], compute: ComputeParams, desc: str,
                 workers: Workers | None = None) -> list[R]:
     """``[fn(item) for item in items]``, spread over the configured dask workers.
 
     ``workers`` (optional): an already started :class:`Workers` to run on instead of a
-    cluster started and shut down for this call.
+    cluster started and shut down for this call. Raises :class:`NoWorkersError` (its tasks
+    cancelled) when the cluster has had no worker for :data:`NO_WORKER_TIMEOUT_S`.
     """
     items = list(items)
     size = compute.chunk_size
@@ -272,10 +337,16 @@ def map_ordered(fn: Callable[[T], R], items: Sequence[T], compute: ComputeParams
                 kernels = [numpy_kernels()] * len(chunks)
                 futures = client.map(_run_chunk, [fn] * len(chunks), chunks, kernels, pure=False)
                 index = {f.key: i for i, f in enumerate(futures)}
-                for future in as_completed(futures):
-                    i = index[future.key]
-                    results[i] = future.result()
-                    bar.update(len(chunks[i]))
+                watch = stack.enter_context(_NoWorkerWatch(client, futures))
+                try:
+                    for future in as_completed(futures):
+                        i = index[future.key]
+                        results[i] = future.result()
+                        bar.update(len(chunks[i]))
+                except (asyncio.CancelledError, concurrent.futures.CancelledError):
+                    if not watch.fired:  # cancelled by something else: as dask reports it
+                        raise
+                    raise _no_workers(compute, client, sum(r is None for r in results), len(chunks)) from None
     finally:
         bar.close()
     return [r for chunk in results for r in chunk]  # type: ignore[union-attr]

@@ -22,6 +22,11 @@ Templates come from :mod:`pipeline.text.templates`, phrases from
 :mod:`pipeline.text.label_phrases`, timeline captions from :mod:`pipeline.text.timeline`.
 Everything an LLM writes is cached in ``captions.llm.cache`` (:mod:`pipeline.text.llm`): the
 default run needs no network, and an LLM run repeated later reads the cache.
+
+The files a user names (a ``captions.templates`` file, and ``captions.llm.cache`` where an LLM is
+asked) must be regular files: a FIFO would block the stage for ever and a device never ends, so
+either is refused in one line (:class:`~pipeline.files.NotRegularFileError`) before the mixtures
+are read.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from pipeline.config.params import folders_besides
+from pipeline.files import NotRegularFileError, special_file_problem
 from pipeline.outputs import check_out_dir, staged_dir, write_json, write_manifest
 from pipeline.schema import (
     SPLITS,
@@ -119,12 +125,27 @@ def mixtures_in_order(recipes: pa.Table, occurrences: pa.Table, segments: pa.Tab
             yield recipe, *(r[b[i] - b[start] : b[i + 1] - b[start]] for r, b in zip(rows, bounds))
 
 
+def refuse_special_files(p) -> None:
+    """Raise :class:`NotRegularFileError` where a file the captions settings ``p`` name, and the run
+    will read, is a FIFO, device, socket or folder (a missing one is left to its reader)."""
+    named = []
+    if p.templates not in ("default", "llm"):
+        named.append(("captions.templates", p.templates))
+    if p.templates == "llm" or p.phrases == "llm" or p.timeline:
+        named.append(("captions.llm.cache", p.llm.cache))
+    for role, path in named:
+        problem = special_file_problem(path)
+        if problem:
+            raise NotRegularFileError(f"{role} {path} {problem}; point it at a file")
+
+
 def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dict:
     """Write phrases and captions for every mixture; returns the summary."""
     p = params.captions
     mix_dir = Path(mix_dir or params.mix.out_dir)
     out_dir = Path(out_dir or p.out_dir)
     check_out_dir(out_dir, "captions.out_dir", {**folders_besides(params, "captions.out_dir"), "mix.out_dir": mix_dir})
+    refuse_special_files(p)
     tables = read_mixtures(mix_dir)
     completer: Completer | None = None
 
@@ -133,29 +154,33 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
         completer = completer or Completer(p.llm)
         return completer
 
-    templates = load_templates(p.templates, get_completer, p.llm_templates)
-    labels = sorted(tuple(row.values()) for row in tables[2].group_by(["label", "mid"]).aggregate([]).to_pylist())
-    defaults = default_label_phrases()
-    by_label = {label: list(phrases_for(label, mid, defaults)) for label, mid in labels}
-    if p.phrases == "llm":
-        extra = llm_phrase_variants([label for label, _ in labels], get_completer(), p.llm_phrase_variants)
-        by_label = {label: list(dict.fromkeys([*by_label[label], *extra.get(label, [])])) for label in by_label}
+    try:
+        templates = load_templates(p.templates, get_completer, p.llm_templates)
+        labels = sorted(tuple(row.values()) for row in tables[2].group_by(["label", "mid"]).aggregate([]).to_pylist())
+        defaults = default_label_phrases()
+        by_label = {label: list(phrases_for(label, mid, defaults)) for label, mid in labels}
+        if p.phrases == "llm":
+            extra = llm_phrase_variants([label for label, _ in labels], get_completer(), p.llm_phrase_variants)
+            by_label = {label: list(dict.fromkeys([*by_label[label], *extra.get(label, [])])) for label in by_label}
 
-    phrase_rows: list[LabelPhrase] = []
-    captions: list[Caption] = []
-    for recipe, occurrences, segments in tqdm(mixtures_in_order(*tables, chunk=MIXTURES_PER_CHUNK), total=tables[0].num_rows, desc="captions", unit="mix", disable=None):
-        rng = np.random.default_rng([params.seed, CAPTION_STREAM, SPLITS.index(recipe.split), recipe.index])
-        phrases = label_phrases_of(recipe, occurrences, segments, by_label, rng)
-        phrase_rows += phrases
-        template = templates[int(rng.integers(len(templates)))]
-        words = list(dict.fromkeys(ph.phrase for ph in phrases))
-        if not words:
-            captions.append(Caption(recipe.mixture_id, p.empty_caption, "", "empty"))
-        elif p.timeline:
-            prompt = timeline_prompt(recipe.duration_s, phrases)
-            captions.append(Caption(recipe.mixture_id, get_completer().complete(prompt, validate_timeline_caption), "", "timeline"))
-        else:
-            captions.append(Caption(recipe.mixture_id, fill(template, words), template, "template"))
+        phrase_rows: list[LabelPhrase] = []
+        captions: list[Caption] = []
+        for recipe, occurrences, segments in tqdm(mixtures_in_order(*tables, chunk=MIXTURES_PER_CHUNK), total=tables[0].num_rows, desc="captions", unit="mix", disable=None):
+            rng = np.random.default_rng([params.seed, CAPTION_STREAM, SPLITS.index(recipe.split), recipe.index])
+            phrases = label_phrases_of(recipe, occurrences, segments, by_label, rng)
+            phrase_rows += phrases
+            template = templates[int(rng.integers(len(templates)))]
+            words = list(dict.fromkeys(ph.phrase for ph in phrases))
+            if not words:
+                captions.append(Caption(recipe.mixture_id, p.empty_caption, "", "empty"))
+            elif p.timeline:
+                prompt = timeline_prompt(recipe.duration_s, phrases)
+                captions.append(Caption(recipe.mixture_id, get_completer().complete(prompt, validate_timeline_caption), "", "timeline"))
+            else:
+                captions.append(Caption(recipe.mixture_id, fill(template, words), template, "template"))
+    finally:
+        if completer is not None:  # its requests' thread and connections
+            completer.close()
 
     summary = {
         "mixtures": len(captions),

@@ -7,8 +7,19 @@ in a :class:`ResponseCache` (an append-only JSON-lines file under ``configs/``, 
 and prompt), so a later run with the same prompt never touches the network and gives the
 same bytes. The API key is read from the environment at call time and is never logged,
 stored or put in an error message; an ``api_key_env`` that looks like a key rather than a
-variable name is refused without repeating it. A ``base_url`` that carries credentials
-(``https://user:password@host/v1``) is shown as ``https://user:***@host/v1`` (:func:`redacted_url`).
+variable name is refused without repeating it. A ``base_url`` that carries credentials is shown
+without them (:func:`redacted_url`): ``https://user:password@host/v1`` as
+``https://user:***@host/v1``, and every query value, where endpoints take keys
+(``?api_key=...``, ``?key=...``, ``?sig=...``), as ``***``: ``https://host/v1?api_key=***``. The
+password is sent as HTTP basic auth, and the query as each request's query, after the path
+(``https://host/v1/chat/completions?api_key=...``); the HTTP libraries' log lines about requests to
+the endpoint show the query values as ``***`` too.
+
+Deadline: ``timeout_s`` bounds each request as a whole, from connecting to the last byte of the
+answer, so a server that trickles its answer a byte at a time is cut off like one that does not
+answer (the HTTP client's own timeouts count per read). Requests run on an event loop in a
+background thread (:class:`_RequestLoop`), where an unfinished request is cancelled at its
+deadline and its connection closed.
 
 Retries: timeouts, connection errors, HTTP 429 and 5xx, and completions the validator
 rejects are retried with exponential backoff (``backoff_s * 2**attempt``, capped at
@@ -20,6 +31,7 @@ change. The openai client's own retries are switched off so that these are the o
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import email.utils
 import hashlib
@@ -28,13 +40,15 @@ import logging
 import math
 import os
 import re
+import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from pipeline.files import NotRegularFileError, read_regular
 from pipeline.outputs import write_atomic
 from pipeline.config.params import LLMParams, api_key_env_problem
 
@@ -61,17 +75,42 @@ def _userinfo(url: str) -> tuple[int, int]:
     return start, url.rfind("@", start, end)
 
 
-def redacted_url(url: str) -> str:
-    """``url`` as it may be shown: ``https://user:password@host/v1`` -> ``https://user:***@host/v1``.
+def _query_bounds(url: str) -> tuple[int, int, int]:
+    """``(query, fragment, end)``: where the ``?`` and the ``#`` of ``url`` are (-1: none), searched
+    after its ``user:password@`` part, and where the URL before both ends."""
+    start, at = _userinfo(url)
+    begin = at + 1 if at >= 0 else start
+    fragment = url.find("#", begin)
+    query = url.find("?", begin, fragment if fragment >= 0 else len(url))
+    return query, fragment, min((i for i in (query, fragment) if i >= 0), default=len(url))
 
-    A user name alone (``token@host``, often a key itself) becomes ``***``; a URL without
-    credentials is returned as it is.
+
+def _redacted_parameter(parameter: str) -> str:
+    """``name=value`` -> ``name=***``; a bare ``value`` (it may be a key itself) -> ``***``."""
+    name, equals, value = parameter.partition("=")
+    if equals:
+        return f"{name}=***" if value else parameter
+    return "***" if parameter else parameter
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as it may be shown: ``https://user:password@host/v1?api_key=k`` -> ``https://user:***@host/v1?api_key=***``.
+
+    A user name alone (``token@host``, often a key itself) becomes ``***``; every query value
+    becomes ``***`` (the names stay, to say what was set); a fragment becomes ``#***``. A URL with
+    none of these is returned as it is.
     """
     start, at = _userinfo(url)
-    if at < 0:
-        return url
-    user, has_password, _ = url[start:at].partition(":")
-    return url[:start] + (f"{user}:***" if has_password else "***") + url[at:]
+    if at >= 0:
+        user, has_password, _ = url[start:at].partition(":")
+        url = url[:start] + (f"{user}:***" if has_password else "***") + url[at:]
+    query, fragment, _ = _query_bounds(url)
+    if fragment >= 0 and fragment + 1 < len(url):
+        url = url[: fragment + 1] + "***"
+    if query >= 0:
+        stop = fragment if fragment >= 0 else len(url)
+        url = url[: query + 1] + "&".join(_redacted_parameter(p) for p in url[query + 1 : stop].split("&")) + url[stop:]
+    return url
 
 
 def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
@@ -85,6 +124,72 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
         return url, None
     user, _, password = url[start:at].partition(":")
     return url[:start] + url[at + 1:], (urllib.parse.unquote(user), urllib.parse.unquote(password))
+
+
+def split_query(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without its query and fragment, and the query's parameters, decoded (``{}``: none).
+
+    The client joins each request's path to the URL's path and sends these parameters as the
+    request's query: ``https://host/v1?api-version=1`` asks
+    ``https://host/v1/chat/completions?api-version=1`` (left in the URL, the query would end up
+    inside the path). A name given twice keeps its last value; a fragment is never sent.
+    """
+    query, fragment, end = _query_bounds(url)
+    text = url[query + 1 : fragment if fragment >= 0 else len(url)] if query >= 0 else ""
+    return url[:end], dict(urllib.parse.parse_qsl(text, keep_blank_values=True))
+
+
+def _host_and_port(url: str) -> tuple[str, str, int | None] | None:
+    """``(scheme, host, port)`` of ``url``, the scheme's default port filled in; None where it is no URL."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    if not parts.scheme or not parts.hostname:
+        return None
+    return parts.scheme.lower(), parts.hostname.lower(), port
+
+
+class _QueryRedactingFilter(logging.Filter):
+    """Shows every query value of a logged URL as ``***`` where the URL goes to an endpoint whose
+    ``base_url`` carries a query (:func:`redacted_url`).
+
+    The HTTP libraries log each request's URL (httpx at INFO); the query an endpoint takes its key
+    in goes with it. Records about other hosts are left as they are.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.endpoints: set[tuple[str, str, int | None]] = set()
+
+    def _shown(self, arg):
+        text = arg if isinstance(arg, str) else str(arg) if type(arg).__name__ == "URL" else None
+        if text is None or "?" not in text or _host_and_port(text) not in self.endpoints:
+            return arg
+        return redacted_url(text)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.endpoints and isinstance(record.args, tuple) and record.args:
+            record.args = tuple(self._shown(arg) for arg in record.args)
+        return True
+
+
+_QUERY_FILTER = _QueryRedactingFilter()
+# where the HTTP libraries log request URLs: httpx and httpx2 at INFO, older openai clients at DEBUG
+URL_LOGGERS = ("httpx", "httpx2", "openai._base_client")
+
+
+def _redact_query_in_logs(base_url: str) -> None:
+    """From now on, log records about requests to ``base_url``'s host show its query values as ``***``."""
+    endpoint = _host_and_port(base_url)
+    if endpoint is None:
+        return
+    _QUERY_FILTER.endpoints.add(endpoint)
+    for name in URL_LOGGERS:
+        logger = logging.getLogger(name)
+        if _QUERY_FILTER not in logger.filters:
+            logger.addFilter(_QUERY_FILTER)
 
 
 class LLMError(RuntimeError):
@@ -137,6 +242,10 @@ class ResponseCache:
     bad hand edit, a merge conflict marker) are skipped with a warning naming their line
     numbers. A cache in the old one-document format (``{"version": 1, "entries": {...}}``) is
     read as is and rewritten in this format, by one atomic replace, on the first put.
+
+    Only a regular file is read or appended to: a FIFO (which would block the run for ever), a
+    device or a folder at the path raises :class:`~pipeline.files.NotRegularFileError`, one line
+    naming ``captions.llm.cache``, before anything is read.
     """
 
     def __init__(self, path: Path | str):
@@ -145,8 +254,11 @@ class ResponseCache:
         self.skipped_lines: list[int] = []  # line numbers that are not entries
         self.legacy = False  # read from the old one-document format; converted on the first put
         self._lock = threading.Lock()
-        if self.path.exists():
-            self._load(self.path.read_bytes())
+        try:
+            data = read_regular(self.path, "captions.llm.cache")
+        except FileNotFoundError:
+            return
+        self._load(data)
 
     def _load(self, data: bytes) -> None:
         if not data.strip():
@@ -239,9 +351,15 @@ class ResponseCache:
     def _append(self, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        # without blocking, and checked on the descriptor: a FIFO put at the path since it was read is refused
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o644)
         try:
-            size = os.fstat(fd).st_size
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise NotRegularFileError(f"captions.llm.cache {self.path} is not a regular file (a FIFO or device); "
+                                          "point it at a file")
+            os.set_blocking(fd, True)
+            size = info.st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 start = _last_line_start(fd, size)
                 if start and _entry_problem(_json_or_none(os.pread(fd, size - start, start))) is None:
@@ -310,10 +428,56 @@ class RateLimiter:
             self._next = max(now, self._next) + self.interval_s
 
 
+class _RequestLoop:
+    """An asyncio event loop in a daemon thread, with the async client whose requests run on it.
+
+    Input: the client (``openai.AsyncOpenAI``). :meth:`run` runs one request from the calling
+    thread with a deadline for the whole of it: at the deadline the request is cancelled, which
+    closes its connection, and the caller gets ``TimeoutError``. A blocking client could only
+    bound each read, and a server trickling bytes never lets one time out.
+    """
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.loop = asyncio.new_event_loop()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="llm-requests", daemon=True)
+        self._thread.start()
+
+    def usable(self) -> bool:
+        """False in a process forked from the one that started the loop: the child has no loop thread."""
+        return self._pid == os.getpid() and self._thread.is_alive()
+
+    def run(self, request: Awaitable[T], deadline_s: float) -> T:
+        """The result of the coroutine ``request``, or ``TimeoutError`` once ``deadline_s`` has passed."""
+        future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(request, deadline_s), self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # Ctrl-C or SIGTERM in the caller: the request on the loop stops too
+            raise
+
+    def close(self) -> None:
+        """Close the client's connections and stop the loop thread."""
+        if not self.usable():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=5)
+        except Exception:  # a connection that fails to close cleanly is closed with the process
+            log.debug("closing the LLM client failed", exc_info=True)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+
 class Completer:
     """Cached, retried, rate-limited completions from one endpoint (see the module docstring).
 
-    ``sleep`` and ``clock`` (wall time, for ``Retry-After`` dates) are there for tests.
+    ``sleep`` and ``clock`` (wall time, for ``Retry-After`` dates) are there for tests. The first
+    request starts a background thread for the requests; :meth:`close` stops it (a daemon thread,
+    so a process that never calls it still exits).
     """
 
     def __init__(self, params: LLMParams, cache: ResponseCache | None = None, system: str | None = None,
@@ -327,7 +491,8 @@ class Completer:
         self.limiter = RateLimiter(params.requests_per_minute)
         self._sleep = sleep
         self._clock = clock
-        self._client = None
+        self._requests: _RequestLoop | None = None
+        self._start_lock = threading.Lock()
         self.requests = 0  # HTTP requests made (retries included)
 
     def complete(self, prompt: str, validate: Callable[[str], T]) -> T:
@@ -344,24 +509,39 @@ class Completer:
         self.cache.put(self.params.model, prompt, text)
         return value
 
-    def _client_or_fail(self):
-        if self._client is None:
-            import openai
+    def close(self) -> None:
+        """Stop the requests' background thread and close their connections (a later request starts them again)."""
+        with self._start_lock:
+            if self._requests is not None:
+                self._requests.close()
+                self._requests = None
 
-            key = "unused"
-            if self.params.api_key_env:
-                key = os.environ.get(self.params.api_key_env, "")
-                if not key:
-                    raise LLMError(
-                        f"no cached completion, and ${self.params.api_key_env} is not set: export the endpoint's key in "
-                        f"that variable (captions.llm.api_key_env names it), set api_key_env: null for an endpoint without "
-                        f"keys, or use the shipped offline defaults (captions.templates: default)"
-                    )
-            base_url, credentials = split_credentials(self.params.base_url) if self.params.base_url else (None, None)
-            http_client = openai.DefaultHttpxClient(auth=credentials, timeout=self.params.timeout_s) if credentials else None
-            self._client = openai.OpenAI(base_url=base_url, api_key=key, timeout=self.params.timeout_s, max_retries=0,
-                                         http_client=http_client)
-        return self._client
+    def _loop_or_fail(self) -> _RequestLoop:
+        with self._start_lock:
+            if self._requests is None or not self._requests.usable():
+                self._requests = _RequestLoop(self._new_client())
+            return self._requests
+
+    def _new_client(self):
+        """The async client for ``params`` (the key read from the environment now)."""
+        import openai
+
+        key = "unused"
+        if self.params.api_key_env:
+            key = os.environ.get(self.params.api_key_env, "")
+            if not key:
+                raise LLMError(
+                    f"no cached completion, and ${self.params.api_key_env} is not set: export the endpoint's key in "
+                    f"that variable (captions.llm.api_key_env names it), set api_key_env: null for an endpoint without "
+                    f"keys, or use the shipped offline defaults (captions.templates: default)"
+                )
+        base_url, credentials = split_credentials(self.params.base_url) if self.params.base_url else (None, None)
+        base_url, query = split_query(base_url) if base_url else (None, {})
+        if query:
+            _redact_query_in_logs(base_url)
+        http_client = openai.DefaultAsyncHttpxClient(auth=credentials, timeout=self.params.timeout_s) if credentials else None
+        return openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=self.params.timeout_s, max_retries=0,
+                                  http_client=http_client, default_query=query or None)
 
     def _delay(self, attempt: int, asked_s: float | None) -> tuple[float, str]:
         """Seconds to wait before retry ``attempt`` (1, 2, ...) and why, when the server said."""
@@ -375,7 +555,7 @@ class Completer:
     def _request(self, prompt: str, validate: Callable[[str], T]) -> tuple[str, T]:
         import openai
 
-        client = self._client_or_fail()
+        runner = self._loop_or_fail()
         where = redacted_url(self.params.base_url) if self.params.base_url else "the OpenAI API"
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": prompt}]
         last = ""
@@ -389,15 +569,17 @@ class Completer:
             self.limiter.wait()
             self.requests += 1
             try:
-                response = client.chat.completions.create(
+                response = runner.run(runner.client.chat.completions.create(
                     model=self.params.model, messages=messages, temperature=self.params.temperature
-                )
+                ), self.params.timeout_s)
                 text = _completion_text(response)
                 return text, validate(text)
             except MalformedCompletion as e:
                 last = f"malformed completion: {e}"
             except openai.APITimeoutError:
                 last = f"no answer within {self.params.timeout_s:g} s"
+            except TimeoutError:  # the whole request's deadline (a server trickling its answer)
+                last = f"no answer within {self.params.timeout_s:g} s (the whole request, a slow answer cut off)"
             except openai.APIConnectionError as e:
                 last = f"cannot connect to {where} ({type(e).__name__})"
             except openai.RateLimitError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pipeline.files import NotRegularFileError, read_regular
 from pipeline.ontology import DATA_DIR
 from pipeline.text.llm import MalformedCompletion, strip_fences
 from pipeline.text.phrases import join_phrases
@@ -51,12 +52,19 @@ def validate_templates(lines: list[str], minimum: int = 1) -> list[str]:
     return list(out.values())
 
 
+MAX_TEMPLATE_BYTES = 16 * 1024 * 1024  # far past any template list; a device would never end
+
+
 def read_templates(path: Path) -> list[str]:
-    """The usable templates of a file, one per line; :class:`CaptionError` when it is missing or has none."""
+    """The usable templates of a file, one per line; :class:`CaptionError` when it is missing, not a regular
+    file (a FIFO would block the reader), over :data:`MAX_TEMPLATE_BYTES` or has no usable line."""
     if not path.exists():
         raise CaptionError(f"captions: template file {path} not found; set captions.templates to default, llm or a file path")
     try:
-        return validate_templates(path.read_text(encoding="utf-8").splitlines())
+        text = read_regular(path, "captions.templates", max_bytes=MAX_TEMPLATE_BYTES).decode("utf-8", "replace")
+        return validate_templates(text.splitlines())
+    except (NotRegularFileError, ValueError) as e:
+        raise CaptionError(f"captions: {e}") from None
     except MalformedCompletion:
         raise CaptionError(f"captions: {path} has no usable template; each line needs exactly one {{}} slot") from None
 

@@ -12,15 +12,21 @@ training corpus"; rows with ``source == "dataset"``). A database built with
 ``clusters.include_inventory_phrases`` also holds inventory phrases of classes the data may never
 sound; ``inventory_share`` caps the share of a clip's negatives drawn from those (the rest come
 from the corpus's own phrases, the real competitors).
+
+A local cluster table must be a regular file: a FIFO at ``clusters/clusters.parquet`` would block
+``train`` for ever and a device never ends, so either is refused before it is opened, in one line
+naming the file (:class:`~pipeline.files.NotRegularFileError`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
+
+from pipeline.files import open_regular
 
 
 class NegativeError(ValueError):
@@ -36,7 +42,11 @@ class ClusterTables:
 
     @classmethod
     def read(cls, folder: str) -> ClusterTables:
-        """Read ``<folder>/clusters.parquet`` and ``<folder>/phrases.parquet`` (local path or fsspec URL)."""
+        """Read ``<folder>/clusters.parquet`` and ``<folder>/phrases.parquet`` (local path or fsspec URL).
+
+        A local file that is not a regular file raises :class:`~pipeline.files.NotRegularFileError`
+        before anything is read from it.
+        """
         import fsspec
         import pyarrow.parquet as pq
 
@@ -47,9 +57,19 @@ class ClusterTables:
             if not fs.exists(path):
                 raise NegativeError(f"negatives: {folder}/{name} not found; run `sedsynth clusters` and `sedsynth shards`, "
                                     "or set train.data.clusters to a folder holding clusters.parquet and phrases.parquet")
-            with fs.open(path, "rb") as f:
+            with open_cluster_table(fs, path) as f:
                 tables.append(pq.read_table(f).to_pylist())
         return cls(*tables)
+
+
+def open_cluster_table(fs, path: str) -> BinaryIO:
+    """``path`` on the fsspec filesystem ``fs``, open for binary reading. A local file is opened
+    without blocking and checked on its descriptor (:func:`~pipeline.files.open_regular`), so a FIFO
+    or device there raises :class:`~pipeline.files.NotRegularFileError` naming it instead of
+    blocking; a remote store holds only regular objects."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    return open_regular(path, "negatives: cluster table") if isinstance(fs, LocalFileSystem) else fs.open(path, "rb")
 
 
 class NegativeSampler:
