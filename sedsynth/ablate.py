@@ -4,11 +4,16 @@ Input: the parsed ``args`` (variants, ``--queue``, ``--table``, ``--seed``, ``--
 params. Output: each named variant trained and evaluated per seed (the train and evaluate
 stages, into ``<ablations.out_dir>/<variant>/seed<seed>/``), or the variants queued as DVC
 experiments, or the table written and printed; the exit status.
+
+The command runs in one process. Under torchrun (``WORLD_SIZE`` above 1) every rank would run it
+whole: evaluate into the same folder, queue each experiment once per rank. So it refuses, in one
+line, before doing anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +22,12 @@ from trainer import ablations
 
 def main(args: argparse.Namespace, params) -> int:
     """Run ``sedsynth ablate`` with its parsed ``args`` and ``params``; returns the exit status
-    (2 for a usage error, 1 when a queued experiment was refused)."""
+    (2 for a usage error, 1 when a queued experiment was refused); ValueError under torchrun."""
+    ranks = os.environ.get("WORLD_SIZE", "1")
+    if ranks.strip() not in ("", "1"):
+        raise ValueError(f"ablate trains and evaluates its variants one after another in one process, so it does not run under "
+                         f"torchrun (WORLD_SIZE={ranks}: every rank would evaluate into the same folders); run `sedsynth ablate` "
+                         "without torchrun, on one device (train.device)")
     if args.table:
         if args.seed:
             print("sedsynth ablate: error: --seed picks runs to train or queue; the table reads ablations.seeds "

@@ -6,7 +6,10 @@ the batches done in it, torch's RNG state, and the resolved ``train`` config. It
 a temporary name, flushed to disk and renamed, so a crash never leaves a half-written ``latest.pt``
 (:func:`write_torch_file`). A temporary is removed when its write fails or is interrupted; one left
 by a killed writer (kill -9, a lost node) is removed by the next run, which calls
-:func:`remove_stale_temporaries` on its checkpoint folder before it writes. Everything
+:func:`remove_stale_temporaries` on its checkpoint folder before it writes. A write that fails or is
+stopped raises what stopped it, as any other file write would: an ``OSError`` (a full disk is
+``ENOSPC``), or the ``KeyboardInterrupt`` of Ctrl-C or of SIGTERM through ``sedsynth``'s handler,
+never the ``RuntimeError`` torch's zip writer makes of an error raised while it writes. Everything
 in it is a plain container (dict, list, tuple, str, number, None) or a tensor, so it reads back
 under ``weights_only=True``. After training, :func:`store_entry` adds plain-data entries (the
 ``calibration``: the detection threshold chosen on the held-out split) to a written checkpoint,
@@ -26,8 +29,11 @@ import dataclasses
 import os
 import re
 import secrets
+import signal
+import threading
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -167,14 +173,25 @@ def write_torch_file(path: Path, state: dict) -> None:
 
     The temporary is fsynced before the rename and the folder after it, so after a power loss
     ``path`` holds either the old file or the whole new one. The temporary is removed when the
-    write fails or is interrupted (Ctrl-C, SIGTERM).
+    write fails or is interrupted (Ctrl-C, SIGTERM). A failed write raises its own ``OSError``
+    (``ENOSPC`` on a full disk) and an interrupted one its ``KeyboardInterrupt``, once
+    ``torch.save`` has returned (:func:`_signals_held`).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
     _WRITING.add(tmp.name)
     try:
         with open(tmp, "xb") as f:
-            torch.save(state, f)
+            sink = _Sink(f)
+            with _signals_held():
+                try:
+                    torch.save(state, sink)
+                except RuntimeError:
+                    # torch's zip writer reports an error of the file's write() as "[enforce fail at
+                    # inline_container.cc] unexpected pos": raise the error itself (ENOSPC, EIO...)
+                    if sink.error is not None:
+                        raise sink.error from None
+                    raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -184,6 +201,62 @@ def write_torch_file(path: Path, state: dict) -> None:
     finally:
         _WRITING.discard(tmp.name)
     _fsync_folder(path.parent)
+
+
+class _Sink:
+    """The file ``torch.save`` writes to, keeping the exception a write raised (torch replaces it
+    with a RuntimeError of its own). After one, every write raises it again without touching the
+    file (torch still writes the end of the archive). Every other attribute is the file's (``name``, ``flush``)."""
+
+    def __init__(self, f):
+        self._f, self.error = f, None
+
+    def write(self, data) -> int:
+        if self.error is not None:
+            raise self.error
+        try:
+            return self._f.write(data)
+        except BaseException as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Run the block with Ctrl-C and SIGTERM held back, then act on any that came, as their handlers do.
+
+    Python runs a signal's handler between two steps of whatever Python code runs, and
+    ``torch.save`` calls the file's ``write`` (Python) from its C++ zip writer, which turns the
+    handler's KeyboardInterrupt into a RuntimeError: a stop asked for mid-save would end in a
+    traceback and exit status 1. So while the block runs, a signal is only noted; when it ends, the
+    handler that was set runs (``sedsynth``'s raises ``Terminated``), so the caller unwinds as from
+    any other interrupted write. Handlers that are not Python functions (the default action, or
+    ignoring) are left as they are; outside the main thread nothing is changed (only it runs handlers).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[tuple[int, object]] = []
+    kept = {}
+    for signum in HELD_SIGNALS:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            kept[signum] = handler
+            signal.signal(signum, lambda number, frame: came.append((number, frame)))
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
+        if came:
+            number, frame = came[0]
+            kept[number](number, frame)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -44,6 +44,13 @@ Every clip is scored once per model (one forward pass over its windows); every m
 those scores. Collar F1 uses one threshold for both models (``evaluate.f1_threshold``: a number,
 or ``checkpoint`` for the one ``sedsynth train`` chose on the valid split and stored in the
 trained checkpoint), so trained and untrained are compared at one operating point.
+
+Before anything is read or written, ``evaluate.out_dir`` is checked as the data stages check
+theirs (:func:`~pipeline.outputs.check_out_dir`): not the filesystem root, the home folder or the
+project root, and not one of the folders of :func:`kept_folders` (what it reads, the data stages'
+folders, the pretrain stage's and the train stage's checkpoints), nor inside or around one; inside
+``train.out_dir`` (its ``evaluation/``) is where it belongs. A run holds the folder's lock
+(:func:`~pipeline.outputs.output_lock`) while it writes, so a second run into it is refused.
 """
 
 from __future__ import annotations
@@ -54,7 +61,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.outputs import staged_dir, write_json, write_skips
+from pipeline.config.params import folders_besides
+from pipeline.outputs import check_out_dir, output_lock, staged_dir, write_json, write_skips
 from pipeline.schema import Skip
 from trainer.data.sources import SourceError
 from trainer.evaluation import metrics as M
@@ -275,11 +283,38 @@ def collar_threshold(e) -> tuple[float, str, dict | None]:
 
 def run(params) -> dict:
     """Evaluate as ``params.evaluate`` says; writes ``metrics.json``, ``timing.json``, ``details/`` and
-    ``plots/`` under ``evaluate.out_dir`` and returns what ``metrics.json`` holds."""
+    ``plots/`` under ``evaluate.out_dir`` and returns what ``metrics.json`` holds. Raises
+    :class:`~pipeline.outputs.OutDirError` for a folder it must not write into and
+    :class:`~pipeline.outputs.OutputBusyError` while another run writes it, before writing anything."""
+    out = Path(params.evaluate.out_dir)
+    check_out_dir(out, "evaluate.out_dir", kept_folders(params))
+    with output_lock(out):
+        return evaluate(params, out)
+
+
+def kept_folders(params) -> dict[str, str | None]:
+    """The folders (and files) ``evaluate.out_dir`` must not be, lie inside or hold, by setting: what
+    it reads (``evaluate.shards``, ``evaluate.event_clips``, ``evaluate.checkpoint``, each benchmark's
+    files and folders), every data stage's folder, the pretrain stage's output folder and the train
+    stage's ``checkpoints`` (so not ``train.out_dir`` itself, whose ``metrics.json`` it would
+    overwrite). URLs (``hf://...``) are left out."""
+    from trainer.evaluation.readers import _PATH_HELP as BENCHMARK_PATHS
+
+    e = params.evaluate
+    kept: dict[str, str | None] = {**folders_besides(params, "evaluate.out_dir"), "pretrain.out_dir": params.pretrain.out_dir,
+                                   "train.out_dir's checkpoints": str(Path(params.train.out_dir) / "checkpoints"),
+                                   "evaluate.shards": e.shards, "evaluate.event_clips": e.event_clips, "evaluate.checkpoint": e.checkpoint}
+    for name, cfg in e.benchmarks.items():
+        if isinstance(cfg, dict):
+            kept |= {f"evaluate.benchmarks.{name}.{key}": cfg.get(key) for key in BENCHMARK_PATHS.get(cfg.get("kind"), {})}
+    return {key: folder for key, folder in kept.items() if isinstance(folder, (str, Path)) and "://" not in str(folder)}
+
+
+def evaluate(params, out: Path) -> dict:
+    """:func:`run`'s work, into ``out`` (checked and locked)."""
     from trainer.evaluation.readers import BenchmarkError, BenchmarkMissing, read_benchmark
 
     e = params.evaluate
-    out = Path(e.out_dir)
     timer = M.Timer()
     with timer("read_split"):
         split = read_split(e.shards, e.split)

@@ -21,6 +21,12 @@ Output, in ``pretrain.out_dir``: ``checkpoints/encoder.pt`` (the encoder's weigh
 ``pretrain_log.csv`` (step, loss, lr, clips/s), ``metrics.json`` (first and final loss, steps,
 clips/s, FLOPs per step, MFU on CUDA), ``curves.png`` (the loss), ``config.json`` and
 ``skipped.csv``. A rerun starts over (the file holds no optimizer state to resume from).
+
+Before anything is written, ``pretrain.out_dir`` is checked as the data stages check theirs
+(:func:`~pipeline.outputs.check_out_dir`): not the filesystem root, the home folder or the project
+root, and not one of the folders of :func:`kept_folders` (what it reads, the data stages' and the
+other trainer stages' output folders), nor inside or around one. A run holds the folder's lock
+(:func:`~pipeline.outputs.output_lock`) while it writes, so a second run into it is refused.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline.audio import AudioError, decode_mono
+from pipeline.config.params import folders_besides
 from pipeline.figures import pyplot, save_png
-from pipeline.outputs import write_json
+from pipeline.outputs import check_out_dir, output_lock, write_json
 from pipeline.schema import Skip
 from trainer import distributed
 from trainer.config import PretrainParams
@@ -66,9 +73,28 @@ class Clip:
 
 def run(params, out_dir: Path | None = None) -> dict:
     """Pretrain ``params.pretrain.encoder`` as the section says, into ``out_dir`` (default
-    ``pretrain.out_dir``); returns the summary written to ``metrics.json``."""
+    ``pretrain.out_dir``); returns the summary written to ``metrics.json``. Raises
+    :class:`~pipeline.outputs.OutDirError` for a folder it must not write into and
+    :class:`~pipeline.outputs.OutputBusyError` while another run writes it, before writing anything."""
+    out = Path(out_dir or params.pretrain.out_dir)
+    check_out_dir(out, "pretrain.out_dir", kept_folders(params))
+    with output_lock(out):
+        return pretrain(params, out)
+
+
+def kept_folders(params) -> dict[str, str | None]:
+    """The folders ``pretrain.out_dir`` must not be, lie inside or hold, by setting: the audio
+    folders it reads and the held-out mix folder, every data stage's folder, and the train and
+    evaluate stages' output folders (whose ``config.json``, ``metrics.json`` and ``curves.png`` it
+    would overwrite)."""
+    m = params.pretrain
+    return {**folders_besides(params, "pretrain.out_dir"), **{f"pretrain.audio[{i}]": a for i, a in enumerate(m.audio)},
+            "pretrain.heldout_mix": m.heldout_mix, "train.out_dir": params.train.out_dir, "evaluate.out_dir": params.evaluate.out_dir}
+
+
+def pretrain(params, out: Path) -> dict:
+    """:func:`run`'s work, into ``out`` (checked and locked)."""
     m: PretrainParams = params.pretrain
-    out = Path(out_dir or m.out_dir)
     device = distributed.pick_device(m.device)
     if m.threads:
         torch.set_num_threads(m.threads)

