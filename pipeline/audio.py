@@ -4,16 +4,24 @@ Input: any file soundfile (libsndfile) reads: WAV, FLAC, OGG/Vorbis, AIFF, MP3 (
 >= 1.1), at any rate, bit depth and channel count. Output: float32 arrays in [-1, 1) and 16-bit
 FLAC files. Every failure is an :class:`AudioError` with a skip reason, so a
 stage can report the file and go on.
+
+Encoded audio (a path, or the bytes of a shard's audio cell) is opened in one place,
+:func:`open_encoded`, which can bound its length from the header before a frame is decoded
+(``max_s``: more frames than ``max_s`` x the header's rate, or a header without a length, is
+``too-long``): a 729 KB FLAC cell can hold 4 hours of silence, about 240 MB a decoded hour at
+16 kHz. :func:`decode_mono`, :func:`read_blocks`, :func:`decode_crop` (only the frames of one
+crop) and :func:`decoded_frames` (decode through, keep nothing) all open through it.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import soundfile as sf
@@ -142,16 +150,129 @@ def _undecodable(source: str | Path | bytes, e: Exception) -> AudioError:
     return AudioError("unreadable", f"cannot decode {where} ({e}); use WAV, FLAC, OGG or another format libsndfile reads")
 
 
-def decode_mono(source: str | Path | bytes, sample_rate_hz: int) -> np.ndarray:
-    """A file path or encoded bytes -> mono float32 at ``sample_rate_hz`` (channel mean, soxr).
+ENDLESS_FRAMES = 2**62  # libsndfile's count for a stream whose header gives no length
 
-    Raises AudioError: ``unreadable`` (libsndfile cannot decode it), ``empty``, ``non-finite``.
+
+def frame_limit(max_s: float, sample_rate_hz: int) -> int:
+    """The most frames ``max_s`` seconds hold at ``sample_rate_hz`` (the count a mixture of ``max_s`` s is written with)."""
+    return round(max_s * sample_rate_hz)
+
+
+@contextmanager
+def open_encoded(source: str | Path | bytes, max_s: float | None = None) -> Iterator[sf.SoundFile]:
+    """A file path or encoded bytes, opened for reading after its header is checked.
+
+    Only the header is read here. Raises AudioError: ``unreadable`` (libsndfile cannot open it,
+    or it states no positive rate), ``too-long`` (with ``max_s``: the header states more frames
+    than ``max_s`` x its rate, or no length at all, so nothing is decoded).
     """
     try:
-        x, rate = sf.read(io.BytesIO(source) if isinstance(source, bytes) else str(source), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+        f = sf.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+    except (sf.LibsndfileError, RuntimeError, OSError, TypeError, ValueError) as e:
         raise _undecodable(source, e) from None
+    with f:
+        if f.samplerate <= 0:
+            raise AudioError("unreadable", f"invalid sample rate {f.samplerate}")
+        if max_s is not None and f.frames > frame_limit(max_s, f.samplerate):
+            stated = "no length" if f.frames >= ENDLESS_FRAMES else f"{f.frames} frames ({f.frames / f.samplerate:.1f} s)"
+            raise AudioError("too-long", f"the audio header states {stated} at {f.samplerate} Hz, more than the "
+                                         f"{max_s:g} s ({frame_limit(max_s, f.samplerate)} frames) it may hold; nothing was decoded")
+        yield f
+
+
+def _frames(f: sf.SoundFile) -> int:
+    """The frames ``f``'s header states; a header that gives no length is ``unreadable``: libsndfile
+    can neither size an array for such a stream nor tell its position in it."""
+    if f.frames >= ENDLESS_FRAMES:
+        raise AudioError("unreadable", "the audio header states no length (libsndfile cannot read such a stream); "
+                                       "write the file again with its length")
+    return f.frames
+
+
+def _read(f: sf.SoundFile, source: str | Path | bytes, frames: int = -1) -> np.ndarray:
+    """``frames`` frames (-1: to the end) from ``f``'s position as float32 (n, channels)."""
+    _frames(f)
+    try:
+        return f.read(frames, dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, OSError, TypeError, ValueError) as e:
+        raise _undecodable(source, e) from None
+
+
+def decode_mono(source: str | Path | bytes, sample_rate_hz: int, max_s: float | None = None) -> np.ndarray:
+    """A file path or encoded bytes -> mono float32 at ``sample_rate_hz`` (channel mean, soxr).
+
+    ``max_s``: refuse (``too-long``) from the header, before decoding, audio longer than that
+    (:func:`open_encoded`). Raises AudioError: ``unreadable`` (libsndfile cannot decode it),
+    ``empty``, ``non-finite``, ``too-long``.
+    """
+    with open_encoded(source, max_s) as f:
+        x, rate = _read(f, source), f.samplerate
     return mono_at(x, rate, sample_rate_hz)
+
+
+def resampled_length(frames: int, from_hz: int, to_hz: int) -> int:
+    """The samples :func:`resample` makes of ``frames`` samples (libsoxr's count: rounded half up)."""
+    return frames if from_hz == to_hz else int(frames * to_hz / from_hz + 0.5)
+
+
+CROP_MARGIN_S = 0.1  # decoded on each side of a crop that is resampled: the resampler's filter settles inside it
+
+
+def decode_crop(source: str | Path | bytes, sample_rate_hz: int, samples: int, pick: Callable[[int], int],
+                max_s: float | None = None) -> tuple[np.ndarray, int]:
+    """``samples`` samples of a file path or encoded bytes, decoding only those frames.
+
+    ``pick(total)`` gets the length :func:`decode_mono` would give (from the header) and returns
+    the crop's first sample, in ``[0, total - samples]``; it is called only when ``total >
+    samples`` (a shorter file comes back whole, from 0). Returns ``(wave, start)``: mono float32
+    at ``sample_rate_hz``, ``min(samples, total)`` long, and the start picked. At the file's own
+    rate the wave is bit for bit ``decode_mono(...)[start:start + samples]``; resampled, only
+    the crop and :data:`CROP_MARGIN_S` on each side are resampled (a difference from resampling
+    the whole file far below 16-bit quantisation). Raises AudioError like :func:`decode_mono`
+    (``unreadable`` also when the stream holds fewer frames than its header says).
+    """
+    with open_encoded(source, max_s) as f:
+        rate, frames = int(f.samplerate), _frames(f)
+        total = resampled_length(frames, rate, sample_rate_hz)
+        if total <= samples:
+            return mono_at(_read(f, source), rate, sample_rate_hz), 0
+        start = int(pick(total))
+        if not 0 <= start <= total - samples:
+            raise ValueError(f"crop start {start} outside [0, {total - samples}]")
+        if rate == sample_rate_hz:
+            first, skip, stop = start, 0, start + samples
+        else:  # begin on a frame that falls exactly on an output sample, so the crop keeps its place on the grid
+            step_in, step_out = rate // math.gcd(rate, sample_rate_hz), sample_rate_hz // math.gcd(rate, sample_rate_hz)
+            margin = math.ceil(CROP_MARGIN_S * sample_rate_hz)
+            k = max(0, start - margin) // step_out
+            first, skip = k * step_in, start - k * step_out
+            stop = min(frames, math.ceil((start + samples + margin) * rate / sample_rate_hz) + 1)
+        try:
+            f.seek(first)
+        except (sf.LibsndfileError, RuntimeError, OSError, ValueError) as e:
+            raise _undecodable(source, e) from None
+        x = _read(f, source, stop - first)
+    if len(x) < stop - first:
+        raise AudioError("unreadable", f"the stream ends at frame {first + len(x)}, its header says {frames}")
+    return mono_at(x, rate, sample_rate_hz)[skip:skip + samples], start
+
+
+def decoded_frames(source: str | Path | bytes, max_s: float | None = None, block_frames: int = 1 << 16) -> int:
+    """Decode a file path or encoded bytes through, ``block_frames`` at a time, keeping nothing:
+    the frames it holds. The check that :func:`decode_mono` will decode it (the same faults,
+    without resampling): raises AudioError ``unreadable``, ``empty``, ``non-finite``, ``too-long``."""
+    read = 0
+    with open_encoded(source, max_s) as f:
+        while True:
+            x = _read(f, source, block_frames)
+            if len(x) == 0:
+                break
+            read += len(x)
+            if not np.isfinite(downmix(x)).all():
+                raise AudioError("non-finite", "NaN or infinite samples")
+    if read == 0:
+        raise AudioError("empty", "zero samples")
+    return read
 
 
 def mono_at(samples: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
@@ -171,28 +292,22 @@ def mono_at(samples: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
 BLOCK_FRAMES = 1 << 17  # frames read at a time (about 3 s at 44.1 kHz): large enough that copying stays cheap
 
 
-def read_blocks(source: str | Path | bytes, sample_rate_hz: int, block_frames: int = BLOCK_FRAMES) -> Iterator[np.ndarray]:
+def read_blocks(source: str | Path | bytes, sample_rate_hz: int, block_frames: int = BLOCK_FRAMES,
+                max_s: float | None = None) -> Iterator[np.ndarray]:
     """A file path or encoded bytes -> mono float32 blocks at ``sample_rate_hz``, read ``block_frames`` at a time.
 
     The blocks joined are exactly :func:`decode_mono`'s samples (channel mean, then libsoxr at
     "HQ" run as a stream), but only one block is held at a time. Raises AudioError like
-    :func:`decode_mono` (``unreadable``, ``empty``, ``non-finite``), the last two possibly
-    after some blocks were yielded; ``empty`` also when the file is shorter than one sample
-    at ``sample_rate_hz``.
+    :func:`decode_mono` (``unreadable``, ``too-long`` with ``max_s``, before any block;
+    ``empty``, ``non-finite``, possibly after some blocks were yielded); ``empty`` also when
+    the file is shorter than one sample at ``sample_rate_hz``.
     """
-    try:
-        f = sf.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
-    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-        raise _undecodable(source, e) from None
-    with f:
+    with open_encoded(source, max_s) as f:
         rate = int(f.samplerate)
         stream = None if rate == sample_rate_hz else soxr.ResampleStream(rate, sample_rate_hz, 1, dtype="float32", quality="HQ")
         read = produced = 0
         while True:
-            try:
-                x = f.read(block_frames, dtype="float32", always_2d=True)
-            except (sf.LibsndfileError, RuntimeError, OSError) as e:
-                raise _undecodable(source, e) from None
+            x = _read(f, source, block_frames)
             last = len(x) == 0
             read += len(x)
             if last and read == 0:

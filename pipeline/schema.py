@@ -44,6 +44,7 @@ SkipReason = typing.Literal[
     "unknown-label",      # an imported region whose label or MID the corpus's class list does not know
     "bad-region",         # an imported region with onset >= offset, a negative time, or entirely past the clip's end
     "empty-caption",      # an imported caption or region text that is empty
+    "bad-label",          # a label holding a tab, line break or other control character (it would forge TSV rows)
     "unexpected-error",   # anything else; the detail holds the exception
 ]
 

@@ -2,19 +2,30 @@
 them: one rule for ``sedsynth validate``, the trainer and the evaluator.
 
 :func:`column_problem`: an Arrow schema and a column name -> why the readers cannot read that
-column (its type), or ``None``. :func:`phrase_problems`: a row's ``phrases`` as pyarrow's
+column (its type), or ``None``. :func:`phrase_faults`: a row's ``phrases`` as pyarrow's
 ``to_pylist`` gives them (dicts, any of which a damaged or hand-made file may have left null),
 its ``duration_s`` (``math.inf`` when the file has no such column) and the cluster ids the
-inventory knows (``None``: not checked) -> the problems found, each a message without the file
-and row prefix (none: the phrases are usable).
+inventory knows (``None``: not checked) -> the faults found, each ``(skip reason, message)``
+without the file and row prefix (none: the phrases are usable); :func:`phrase_problems` gives
+the messages alone. A label holding a tab, a line break or another control character
+(:func:`text_problem`) is a ``bad-label`` fault: labels become cells of DCASE TSV files, which
+are read line by line. :func:`audio_fault`: an audio cell's bytes and the row's ``duration_s``
+-> ``(reason, message)`` when they do not decode whole, or hold more than ``duration_s``
+(told from the header, before any frame is decoded), else ``None``. :func:`name_problem`: why
+a row id cannot name the files a reader writes for it. :func:`combined` joins a row's faults
+into the one skip it becomes.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Container
+from pathlib import Path
 
 import pyarrow as pa
+
+from pipeline.audio import AudioError, decoded_frames
 
 END_SLACK_S = 1e-6  # an end at the mixture's last sample may round past duration_s
 
@@ -31,32 +42,111 @@ def segment_ok(segment: object, duration_s: float) -> bool:
     return _finite(start) and _finite(end) and 0.0 <= start < end <= duration_s + END_SLACK_S
 
 
-def phrase_problems(phrases: object, duration_s: object, cluster_ids: Container[int] | None = None) -> list[str]:
-    """Every fault of a row's phrases: nulls, segments that are not numbers, negative, empty,
-    reversed or past ``duration_s``, and cluster ids outside ``cluster_ids``."""
+Fault = tuple[str, str]  # (skip reason, message without the file and row prefix)
+
+# what ends a TSV cell or its line for some reader: C0 and C1 controls (tab, LF, CR, NEL U+0085, ...),
+# U+2028 and U+2029 (str.splitlines breaks on each of them)
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+SHOWN_CHARS = 80  # of an untrusted text quoted in a message
+
+
+def shown(text: object) -> str:
+    """``repr(text)`` cut to :data:`SHOWN_CHARS` characters, for a one-line message (a label may be megabytes)."""
+    if isinstance(text, str) and len(text) > SHOWN_CHARS:
+        return repr(text[:SHOWN_CHARS]) + f"... ({len(text)} characters)"
+    return repr(text)
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a cell of a TSV file read line by line: the first tab, line break
+    (LF, CR, NEL, U+2028, U+2029) or other control character it holds; ``None`` when it has none."""
+    bad = CONTROL_CHARACTERS.search(text)
+    if bad is None:
+        return None
+    return f"holds U+{ord(bad.group()):04X} at character {bad.start()} (a tab or line break or another control character)"
+
+
+def label_problem(label: str) -> str | None:
+    """A ``bad-label`` message for a label that cannot be a DCASE TSV cell (:func:`text_problem`), else ``None``."""
+    problem = text_problem(label)
+    return None if problem is None else (f"the label {shown(label)} {problem}, which would forge rows of the DCASE TSV files; "
+                                         "rename it")
+
+
+def phrase_faults(phrases: object, duration_s: object, cluster_ids: Container[int] | None = None) -> list[Fault]:
+    """Every fault of a row's phrases, as ``(reason, message)``: nulls, segments that are not numbers,
+    negative, empty, reversed or past ``duration_s``, cluster ids outside ``cluster_ids``
+    (``malformed-row``), and labels that cannot be a TSV cell (``bad-label``)."""
     if not (isinstance(duration_s, (int, float)) and not isinstance(duration_s, bool) and duration_s > 0):  # NaN fails too
-        return [f"malformed row: duration_s is {duration_s!r}, not a positive number of seconds"]
+        return [("malformed-row", f"malformed row: duration_s is {duration_s!r}, not a positive number of seconds")]
     if not isinstance(phrases, list):
-        return ["malformed row: phrases is null"]
-    problems = []
+        return [("malformed-row", "malformed row: phrases is null")]
+    faults: list[Fault] = []
     for ph in phrases:
         if not isinstance(ph, dict):
-            problems.append("malformed row: a phrase is null")
+            faults.append(("malformed-row", "malformed row: a phrase is null"))
             continue
         label = ph.get("label")
         if not isinstance(label, str):
-            problems.append(f"malformed row: the label of phrase {ph.get('phrase')!r} is null")
+            faults.append(("malformed-row", f"malformed row: the label of phrase {shown(ph.get('phrase'))} is null"))
+        elif (problem := label_problem(label)) is not None:
+            faults.append(("bad-label", problem))
         if not isinstance(ph.get("phrase"), str) or not ph["phrase"].strip():
-            problems.append(f"malformed row: the phrase of {label!r} is null or empty")
+            faults.append(("malformed-row", f"malformed row: the phrase of {shown(label)} is null or empty"))
         segments = ph.get("segments")
         if not isinstance(segments, list):
-            problems.append(f"malformed row: the segments of {label!r} are null")
+            faults.append(("malformed-row", f"malformed row: the segments of {shown(label)} are null"))
         else:
-            problems += [f"segment {s} of {label!r} is outside [0, {duration_s}] s, empty, reversed or not a number"
-                         for s in segments if not segment_ok(s, duration_s)]
+            faults += [("malformed-row", f"segment {s} of {shown(label)} is outside [0, {duration_s}] s, empty, reversed or not a number")
+                       for s in segments if not segment_ok(s, duration_s)]
         if cluster_ids is not None and ph.get("cluster_id") not in cluster_ids:
-            problems.append(f"cluster id {ph.get('cluster_id')} of {label!r} is not in clusters/clusters.parquet")
-    return problems
+            faults.append(("malformed-row", f"cluster id {ph.get('cluster_id')} of {shown(label)} is not in clusters/clusters.parquet"))
+    return faults
+
+
+def phrase_problems(phrases: object, duration_s: object, cluster_ids: Container[int] | None = None) -> list[str]:
+    """The messages of :func:`phrase_faults`."""
+    return [message for _, message in phrase_faults(phrases, duration_s, cluster_ids)]
+
+
+def audio_fault(data: object, duration_s: float | None = None) -> Fault | None:
+    """Why a row's audio cannot be used, as ``(reason, message)``, else ``None``.
+
+    ``data``: the cell's bytes (a path: a file, for readers of files); ``duration_s``: the most it
+    may hold (the row's mixture), checked from the header before any frame is decoded
+    (``too-long``). The audio is then decoded through a block at a time, nothing kept
+    (:func:`~pipeline.audio.decoded_frames`): ``unreadable`` (garbage, a truncated FLAC),
+    ``empty``, ``non-finite``. A cell without bytes is ``malformed-row``.
+    """
+    if not isinstance(data, (bytes, str, Path)):
+        return ("malformed-row", "the audio cell has no bytes")
+    try:
+        decoded_frames(data, duration_s)
+    except AudioError as e:
+        return (e.reason, e.detail)
+    return None
+
+
+NAME_MAX_BYTES = 240  # of an id in UTF-8: with ".tsv" or ".png" it stays inside a file name's 255 bytes
+
+
+def name_problem(name: object) -> str | None:
+    """Why a row id cannot name the files a reader writes for it (``<id>.tsv``, ``<id>.png``) and
+    be a TSV cell: not a non-empty string, a path separator, ``.`` or ``..``, longer than
+    :data:`NAME_MAX_BYTES`, or :func:`text_problem`."""
+    if not isinstance(name, str) or not name:
+        return "the id is null or empty"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        return f"the id {shown(name)} is not a plain file name (a path separator, '.' or '..')"
+    if len(name) > NAME_MAX_BYTES or len(name.encode("utf-8", "replace")) > NAME_MAX_BYTES:
+        return f"the id {shown(name)} is longer than the {NAME_MAX_BYTES} bytes a file name can take"
+    problem = text_problem(name)
+    return None if problem is None else f"the id {shown(name)} {problem}"
+
+
+def combined(faults: list[Fault]) -> Fault | None:
+    """A row's faults as one skip: the first fault's reason and every message, in order; ``None`` for none."""
+    return (faults[0][0], "; ".join(m for _, m in faults)) if faults else None
 
 
 def _text(t: pa.DataType) -> bool:

@@ -6,6 +6,10 @@ quota, interleaves the sources by weight, shuffles through a buffer of undecoded
 turns each row into an :class:`Item`: FLAC (or any file soundfile reads, or a mixing source's
 samples) decoded, downmixed, resampled to the encoder's rate, cropped or padded to the input
 length, frame labels at the encoder's frame times, and N phrases (positives first, then cluster-based negatives).
+Encoded audio is decoded only for its crop (:func:`~pipeline.audio.decode_crop`: the header gives
+the length the crop is placed in), so memory does not grow with a cell's length; a row with a
+``duration_s`` whose audio header states more than that is skipped as ``too-long`` before any
+frame is decoded.
 
 Everything random about one item (crop, negatives, caption choice, tag replacement) comes from
 a generator seeded by (seed, epoch, source, id), so an item does not depend on which worker
@@ -14,8 +18,9 @@ targets, drawn from its own generator (seeded the same way, on a stream of its o
 :func:`caption_pool`: a caption corpus row's own captions, else the row's caption and the other
 caption templates filled with its phrases in temporal order. Rows of a shard or caption source
 are untrusted: a malformed one (nulls, segments that are not numbers or not inside the clip,
-unknown cluster ids, an audio cell without bytes: :meth:`ItemBuilder.check`) and one whose audio
-cannot be decoded are skipped, each reported on stderr with its file, row and reason (``skips``
+unknown cluster ids, an audio cell without bytes: :meth:`ItemBuilder.check`), one with a label
+holding a tab or line break (``bad-label``) and one whose audio cannot be decoded or is longer
+than its ``duration_s`` are skipped, each reported on stderr with its file, row and reason (``skips``
 rides on the next item to the training loop, which writes them to ``skipped.csv`` and counts them).
 :func:`make_stream` builds the stream ``train.data`` describes for an encoder.
 """
@@ -30,9 +35,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipeline.audio import AudioError, decode_mono, mono_at
+from pipeline.audio import AudioError, decode_crop, decode_mono, mono_at
 from pipeline.schema import Skip
-from pipeline.shards.rows import phrase_problems
+from pipeline.shards.rows import Fault, combined, phrase_faults
 from pipeline.text.llm import Completer
 from pipeline.text.templates import fill, load_templates
 from trainer.config import SourceParams
@@ -97,42 +102,72 @@ class ItemBuilder:
     def decode(self, audio: dict) -> np.ndarray:
         """Encoded audio (a cell's ``bytes``, or the ``file`` a caption CSV names) or decoded samples
         (``array`` at ``sample_rate_hz``, as a mixing source gives them) -> mono float32 at the
-        encoder's rate, the same way either way. A cell's ``path`` is never opened."""
+        encoder's rate, the same way either way, whole (an item decodes only its crop: :meth:`load`).
+        A cell's ``path`` is never opened."""
         if audio.get("array") is not None:
             return mono_at(audio["array"], audio["sample_rate_hz"], self.p.sample_rate_hz)
+        return decode_mono(self._encoded(audio), self.p.sample_rate_hz)
+
+    @staticmethod
+    def _encoded(audio: dict) -> bytes | str:
         source = audio["bytes"] if audio.get("bytes") is not None else audio.get("file")
         if source is None:
             raise AudioError("unreadable", "the audio cell has no bytes (a shard's audio is read from its bytes only)")
-        return decode_mono(source, self.p.sample_rate_hz)
+        return source
+
+    def load(self, row: dict, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+        """A row's audio cropped or padded to ``input_samples`` at the encoder's rate, and the crop's
+        offset in s: what :meth:`crop` makes of :meth:`decode`'s wave, the same draw from ``rng``.
+
+        Encoded audio is decoded only for the crop (:func:`~pipeline.audio.decode_crop`, placed by
+        the header's length), so a cell of hours costs what its crop does; one whose row has a
+        ``duration_s`` may state no more frames than that in its header (``too-long``)."""
+        audio = row["audio"]
+        if audio.get("array") is not None:
+            return self.crop(self.decode(audio), rng)
+        duration = row.get("duration_s")
+        number = isinstance(duration, (int, float)) and not isinstance(duration, bool)
+        max_s = float(duration) if number and 0 < duration < math.inf else None  # a clip-level row's may be anything
+        n = self.p.input_samples
+        wave, start = decode_crop(self._encoded(audio), self.p.sample_rate_hz, n, lambda total: self.start(total, rng), max_s)
+        return (wave if len(wave) == n else np.pad(wave, (0, n - len(wave)))), start / self.p.sample_rate_hz
 
     def check(self, row: dict, frame_level: bool = True) -> None:
-        """Raise ``RowError`` (reason ``malformed-row``) when a source's row cannot become an item:
-        a null id or audio cell, a cell without bytes, a null caption, or (a frame-level row) phrases
-        failing :func:`~pipeline.shards.rows.phrase_problems`, the rule ``sedsynth validate`` applies:
-        nulls, segments not numbers, negative, empty, reversed or past ``duration_s``, cluster ids
-        the negatives' inventory lacks. A mixing source's rows need no check (they are made here)."""
-        problems = []
+        """Raise ``RowError`` when a source's row cannot become an item: a null id or audio cell, a
+        cell without bytes, a null caption, or (a frame-level row) phrases failing
+        :func:`~pipeline.shards.rows.phrase_faults`, the rule ``sedsynth validate`` applies: nulls,
+        segments not numbers, negative, empty, reversed or past ``duration_s``, cluster ids the
+        negatives' inventory lacks (reason ``malformed-row``), labels holding a tab, line break or
+        other control character (``bad-label``); the reason is the first fault's. A mixing
+        source's rows need no check (they are made here)."""
+        faults: list[Fault] = []
         if not isinstance(row.get("id"), (str, int)):
-            problems.append("the id is null")
+            faults.append(("malformed-row", "the id is null"))
         audio = row.get("audio")
         if not isinstance(audio, dict):
-            problems.append("the audio cell is null")
+            faults.append(("malformed-row", "the audio cell is null"))
         elif audio.get("bytes") is None and audio.get("file") is None:
-            problems.append("the audio cell has no bytes (a shard's audio is read from its bytes only, never from its path)")
+            faults.append(("malformed-row", "the audio cell has no bytes (a shard's audio is read from its bytes only, never from its path)"))
         if "captions" in row and not row["captions"]:
-            problems.append("no caption in the caption columns")
+            faults.append(("malformed-row", "no caption in the caption columns"))
         elif "captions" not in row and "caption" in row and not isinstance(row["caption"], str):
-            problems.append("the caption is null")
+            faults.append(("malformed-row", "the caption is null"))
         if frame_level and "phrases" in row:
             clusters = self.sampler.related if self.sampler is not None else None
-            problems += phrase_problems(row["phrases"], row.get("duration_s", math.inf), clusters)
-        if problems:
-            raise RowError("malformed-row", "; ".join(problems))
+            faults += phrase_faults(row["phrases"], row.get("duration_s", math.inf), clusters)
+        fault = combined(faults)
+        if fault is not None:
+            raise RowError(*fault)
+
+    def start(self, total: int, rng: np.random.Generator) -> int:
+        """Where a crop of ``input_samples`` starts in a wave of ``total`` samples (``total`` larger):
+        drawn from ``rng`` with ``random_crop``, else 0."""
+        return int(rng.integers(0, total - self.p.input_samples + 1)) if self.p.random_crop else 0
 
     def crop(self, x: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, float]:
         n = self.p.input_samples
         if len(x) > n:
-            start = int(rng.integers(0, len(x) - n + 1)) if self.p.random_crop else 0
+            start = self.start(len(x), rng)
             return x[start:start + n], start / self.p.sample_rate_hz
         return (x if len(x) == n else np.pad(x, (0, n - len(x)))), 0.0
 
@@ -140,7 +175,7 @@ class ItemBuilder:
         """``frame_level`` False: the row's phrases are not used (a clip-level item, as a caption corpus gives)."""
         key = [self.seed, epoch, source, stable_hash(str(row["id"]))] + ([row["_pass"]] if row.get("_pass") else [])
         rng = np.random.default_rng(key)
-        wave, offset_s = self.crop(self.decode(row["audio"]), rng)
+        wave, offset_s = self.load(row, rng)
         end_s = offset_s + self.p.input_samples / self.p.sample_rate_hz  # frames past this see only padding
         n, L = self.p.num_phrases, len(self.spans)
         phrases, labels, mask = [""] * n, np.zeros((n, L), bool), np.zeros(n, bool)

@@ -19,8 +19,11 @@ Files are read, resampled and scored a block at a time, so memory stays bounded 
 any length. A file that fails (cannot be decoded, too short to hold one sample at the model's
 rate, a name another input already has, a picture or score file that cannot be written) is
 reported on stderr with the reason; the other files are still processed and written, and
-the command exits with status 2. A file whose name holds a tab or a line break is refused
-when the outputs name files (``--format tsv``, ``--scores``): in a TSV it would forge rows.
+the command exits with status 2. A file whose name holds a tab, a line break (CR, LF, NEL,
+U+2028, U+2029) or another control character is refused when the outputs name files
+(``--format tsv``, ``--scores``): in a TSV it would forge rows; every cell the TSV outputs
+write passes :func:`~trainer.evaluation.metrics.tsv_cell`, the check of every TSV writer of the
+evaluation.
 """
 
 from __future__ import annotations
@@ -36,16 +39,19 @@ from pipeline.audio import AudioError, read_blocks
 from pipeline.outputs import write_atomic
 from trainer.evaluation.calibration import f1_median_filter, threshold_setting
 from trainer.evaluation.detector import Detector
-from trainer.evaluation.metrics import smooth
+from trainer.evaluation.metrics import smooth, tsv_cell
 from trainer.evaluation.plots import Spectrogram, detection_figure
 
 DCASE_HEADER = ("filename", "onset", "offset", "event_label")
-TSV_BREAKERS = "\t\n\r"  # a cell holding one of these ends the cell or the row it is in
 
 
 def fits_tsv(name: str) -> bool:
-    """True where ``name`` can be a TSV cell as it is (no tab or line break)."""
-    return not any(c in name for c in TSV_BREAKERS)
+    """True where ``name`` can be a TSV cell as it is (:func:`~trainer.evaluation.metrics.tsv_cell` takes it)."""
+    try:
+        tsv_cell(name)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,9 @@ def events(timestamps_s: np.ndarray, probs: np.ndarray, threshold: float) -> lis
 def check_queries(queries: list[str], score_columns: bool = False) -> list[str]:
     """The queries, each once, in order; a query that cannot be a TSV label (or a score column) raises ValueError."""
     for q in queries:
-        if not q.strip() or any(c in q for c in "\t\n\r"):
-            raise ValueError(f"--query {q!r} is empty or holds a tab or line break; pass plain text such as --query \"dog barking\"")
+        if not q.strip() or not fits_tsv(q):
+            raise ValueError(f"--query {q!r} is empty or holds a tab, line break or other control character; "
+                             "pass plain text such as --query \"dog barking\"")
         if score_columns and q in ("onset", "offset"):
             raise ValueError(f"--query {q!r} would clash with the score files' {q} column; reword it (e.g. \"{q} of a sound\")")
     return list(dict.fromkeys(queries))
@@ -81,9 +88,9 @@ def write_score_file(path: Path, timestamps_s: np.ndarray, probs: np.ndarray, qu
     line break raises ValueError, as would a detections TSV with that id."""
     from sed_scores_eval.base_modules.scores import create_score_dataframe
 
-    if not fits_tsv(Path(path).name):
-        raise ValueError(f"score file name {Path(path).name!r} holds a tab or line break")
-    table = create_score_dataframe(np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64), list(queries))
+    tsv_cell(Path(path).name, "score file name")
+    table = create_score_dataframe(np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64),
+                                   [tsv_cell(q, "query") for q in queries])
     write_atomic(path, table.to_csv(sep="\t", index=False).encode("utf-8"))  # what write_sed_scores writes, never half-written
 
 
@@ -153,8 +160,10 @@ def format_rows(rows: list[Detection], tsv: bool) -> str:
     if tsv:
         bad = sorted({Path(r.file).name for r in rows if not fits_tsv(Path(r.file).name)})
         if bad:
-            raise ValueError(f"file name(s) {', '.join(map(repr, bad))} hold a tab or line break: a DCASE TSV cannot name them")
-        body = [(Path(r.file).name, f"{r.onset_s:.10g}", f"{r.offset_s:.10g}", r.query) for r in rows]  # 10 significant digits: frame edges without float noise
+            raise ValueError(f"file name(s) {', '.join(map(repr, bad))} hold a tab or line break or another control "
+                             "character: a DCASE TSV cannot name them")
+        body = [(Path(r.file).name, f"{r.onset_s:.10g}", f"{r.offset_s:.10g}", tsv_cell(r.query, "query"))  # 10 significant digits: frame edges without float noise
+                for r in rows]
         return "\n".join("\t".join(x) for x in [DCASE_HEADER, *body])
     header = ["file", "query", "onset_s", "offset_s", "score"]
     body = [[r.file, r.query, f"{r.onset_s:.3f}", f"{r.offset_s:.3f}", f"{r.score:.3f}"] for r in rows]

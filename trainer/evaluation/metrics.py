@@ -17,7 +17,8 @@ statistics; collar F1 at one global threshold (200 ms onset collar, offset colla
 :mod:`trainer.evaluation.calibration`). :func:`protocol` writes all of that down beside the
 numbers. :func:`confusion` tabulates, class by class, how strongly every query fires on each
 class's ground-truth events. :class:`Timer` splits the wall time between sed_scores_eval's own
-calls and the rest.
+calls and the rest. :func:`tsv_cell` is the check every TSV writer of the evaluation passes its
+cells through (score files, detections): no tab, line break or other control character.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import pandas as pd
 from scipy.ndimage import median_filter
 from scipy.stats import rankdata
 
+from pipeline.shards.rows import shown, text_problem
 from trainer.data.labels import frame_labels
 from trainer.memory import release_freed_heap
 
@@ -120,6 +122,18 @@ def lazy_score_dataframes(ids, timestamps_s, probs, classes, frames: int = 1):
     classes = list(classes)
     rows = {i: (t, p) for i, t, p in zip(ids, timestamps_s, probs)}
     return lazy_dataset.new(rows).map(lambda row: _score_dataframe(row[0], smooth(row[1], frames), classes))
+
+
+def tsv_cell(text: str, what: str = "a TSV cell") -> str:
+    """``text`` as it is when it can be a cell (or a header) of a TSV file, which DCASE's and
+    sed_scores_eval's readers split into lines and tabs; raises ValueError naming ``what`` when it
+    holds a tab, CR, LF, NEL, U+2028, U+2029 or another control character
+    (:func:`~pipeline.shards.rows.text_problem`): written, it would forge rows or columns. The
+    readers refuse such labels and ids first (``bad-label``), so here it is the last guard."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise ValueError(f"{what} {shown(text)} {problem}: it cannot be written into a TSV file")
+    return text
 
 
 def _score_dataframe(timestamps_s, probs, classes: list) -> pd.DataFrame:

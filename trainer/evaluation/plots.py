@@ -9,6 +9,11 @@
 - :func:`confusion_figure`: a class-by-class matrix (true class x query class) as a heatmap.
 - :func:`write_curve`: an ROC or PSD-ROC curve as a two-column CSV for ``dvc plots``.
 - :func:`curves_figure`: ROC and PSD-ROC curves of several models in one PNG.
+
+Every text a figure draws (titles, row labels, tick labels, legends) goes through :func:`drawn`:
+at most :data:`TEXT_MAX_CHARS` characters on a line, control characters as spaces, ``$`` shown
+as itself. A caption or label is untrusted shard data: one of 100 MB stalls matplotlib's text
+layout, and one with ``$\\frac{1}$`` fails the figure in matplotlib's mathtext parser.
 """
 
 from __future__ import annotations
@@ -19,6 +24,20 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.figures import save_png
+from pipeline.shards.rows import CONTROL_CHARACTERS
+
+TEXT_MAX_CHARS = 120  # of one line of drawn text: a title's width at the sizes used here
+
+
+def drawn(text: object, limit: int = TEXT_MAX_CHARS, lines: int = 1) -> str:
+    """``text`` as a figure draws it: its first ``lines`` lines (one: line breaks become spaces), each
+    cut to ``limit`` characters ending in an ellipsis when longer, tabs and other control
+    characters as spaces, and ``$`` escaped so matplotlib draws it as written, never as mathtext.
+    Only the first ``lines * (limit + 1)`` characters of ``text`` are looked at."""
+    head = str(text)[: lines * (limit + 1)]
+    parts = head.split("\n", lines - 1) if lines > 1 else [head]
+    cut = [p if len(p) <= limit else p[: limit - 1] + "\u2026" for p in parts]
+    return "\n".join(CONTROL_CHARACTERS.sub(" ", p).replace("$", r"\$") for p in cut)
 
 
 def _pyplot():
@@ -152,7 +171,7 @@ def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz:
     if power.shape[1] and t_edges[-1] > t_edges[0]:
         axes[0].pcolorfast(t_edges, f_edges / 1000, 10 * np.log10(power + 1e-10), cmap="magma")  # an image, not 500k patches
     axes[0].set_ylabel("kHz")
-    axes[0].set_title(title, fontsize=9, loc="left")
+    axes[0].set_title(drawn(title), fontsize=9, loc="left")
     edges, low, high = frame_envelope(timestamps_s, probs)
     colors = plt.get_cmap("tab10")
     for q, (ax, text) in enumerate(zip(axes[1:], queries)):
@@ -171,7 +190,7 @@ def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz:
         ax.axhline(threshold, color="0.6", lw=0.6, ls="--")
         ax.set_ylim(0, 1.1)
         ax.set_yticks([0, 1])
-        label, ink = (f"{text} (absent)", c) if gone else (text, "0.1")
+        label, ink = (f"{drawn(text)} (absent)", c) if gone else (drawn(text), "0.1")
         ax.text(0.005, 0.92, label, transform=ax.transAxes, fontsize=8, va="top", color=ink)
     axes[-1].set_xlabel("time (s)")
     if timestamps_s[-1] > timestamps_s[0]:
@@ -195,10 +214,11 @@ def confusion_figure(path: Path, matrix: np.ndarray, classes: list[str], title: 
     side = min(3.5 + 0.3 * n, 24)
     fig, ax = plt.subplots(figsize=(side + 1.5, side))
     image = ax.imshow(np.ma.masked_invalid(np.asarray(matrix, dtype=float).reshape(n, n)), cmap="viridis", vmin=0, vmax=1)
-    ax.set_xticks(range(n), classes, rotation=90, fontsize=7)
-    ax.set_yticks(range(n), classes, fontsize=7)
+    names = [drawn(c) for c in classes]
+    ax.set_xticks(range(n), names, rotation=90, fontsize=7)
+    ax.set_yticks(range(n), names, fontsize=7)
     ax.set(xlabel="query class", ylabel="true class")
-    ax.set_title(title, fontsize=8)
+    ax.set_title(drawn(title, lines=3), fontsize=8)
     fig.colorbar(image, ax=ax, label="mean peak probability")
     if n <= 20:
         for (r, q), v in np.ndenumerate(matrix):
@@ -226,13 +246,13 @@ def curves_figure(path: Path, curves: dict[str, dict]) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for model, c in curves.items():
         tpr, fpr = c["roc"]
-        axes[0].plot(fpr, tpr, label=model)
+        axes[0].plot(fpr, tpr, label=drawn(model))
         for ax, key in ((axes[1], "psd_1"), (axes[2], "psd_2")):
             etpr, efpr = c[f"{key}_roc"]
-            line = ax.step(efpr, etpr, where="post", label=model)[0]
+            line = ax.step(efpr, etpr, where="post", label=drawn(model))[0]
             if f"{key}_class_mean" in c:
                 etpr, efpr = c[f"{key}_class_mean"]
-                ax.step(efpr, etpr, where="post", color=line.get_color(), ls="--", lw=1, label=f"{model}, class mean (alpha_st 0)")
+                ax.step(efpr, etpr, where="post", color=line.get_color(), ls="--", lw=1, label=f"{drawn(model)}, class mean (alpha_st 0)")
     axes[0].plot([0, 1], [0, 1], color="0.7", lw=0.8, ls="--")
     axes[0].set(xlabel="FPR (1 s segments)", ylabel="TPR", title="Segment ROC (macro)")
     axes[1].set(xlabel="eFPR (per hour)", ylabel="eTPR", title="PSD-ROC, PSDS1 setting", xlim=(0, 100))

@@ -1,8 +1,11 @@
 """Readers for public evaluation benchmarks already on disk.
 
 Input: the paths of one benchmark in its released layout (DESED, URBAN-SED, AudioSet-Strong,
-AudioGrounding, AudioCaps, Clotho, ESC-50, UrbanSound8K). Nothing is downloaded and audio is
-never decoded; only ``soundfile.info`` is read for durations when the benchmark ships none.
+AudioGrounding, AudioCaps, Clotho, ESC-50, UrbanSound8K). Nothing is downloaded; ``soundfile.info``
+is read for durations when the benchmark ships none, and a sound event detection set's audio is
+decoded through once, a block at a time with nothing kept (:func:`~pipeline.shards.rows.audio_fault`,
+the rule the shards are read by), so a clip that does not decode is left out before the classes
+are assembled: no class is scored without its ground truth. The other sets' audio is not decoded.
 Output: one small frozen structure per benchmark, every dict sorted by clip id:
 
 - :class:`SedSet` (closed-vocabulary sound event detection: DESED, URBAN-SED, AudioSet-Strong),
@@ -15,7 +18,10 @@ The sound event detection sets are parsed by the corpus readers of :mod:`pipelin
 same code that imports them as training data, so both see the same events in the same files. A
 ground-truth row or clip those readers cannot use is left out with its reason: it is kept in
 ``SedSet.skips`` and the count is warned about in one line (a clip whose every row was skipped
-is left out rather than scored as a clip without events).
+is left out rather than scored as a clip without events). So is an event whose label holds a
+tab, a line break or another control character (``bad-label``,
+:func:`~pipeline.shards.rows.label_problem`): the class names become cells of the score files'
+TSV header.
 
 For the other sets, clips whose audio file is absent are dropped with one warning that gives
 their count, and malformed files raise :class:`BenchmarkError` naming the file, the line (or
@@ -41,6 +47,7 @@ import soundfile as sf
 
 from pipeline.imports import audioset_strong, dcase, urban_sed
 from pipeline.schema import ImportedRegion, Skip
+from pipeline.shards.rows import audio_fault, label_problem
 
 
 class BenchmarkMissing(FileNotFoundError):
@@ -260,11 +267,13 @@ def _sed_set(name: str, key: str, audio_dir: Path, clips: list[SedClip], skips: 
              durations_s: dict[str, float], alpha_st: float = 1.0) -> SedSet:
     """A :class:`SedSet` from the clips a corpus reader found and the rows and clips it skipped.
 
-    Same-class regions that overlap or touch are merged; durations missing from ``durations_s``
-    come from the audio headers (a clip whose header does not read is left out as
-    ``unreadable``); classes are the labels of the clips kept. The skips are kept in ``skips``
-    and counted in one warning. ``key`` names the path parameter to blame when no clip is left
-    (:func:`_no_clip`).
+    A region whose label cannot be a TSV cell is left out (``bad-label``), and a clip all of whose
+    regions were so; a clip whose audio does not decode whole is left out with the decoder's
+    reason (:func:`~pipeline.shards.rows.audio_fault`). Same-class regions that overlap or touch
+    are merged; durations missing from ``durations_s`` come from the audio headers (a clip whose
+    header does not read is left out as ``unreadable``); classes are the labels of the clips
+    kept. The skips are kept in ``skips`` and counted in one warning. ``key`` names the path
+    parameter to blame when no clip is left (:func:`_no_clip`).
     """
     skips = list(skips)
     kept: dict[str, SedClip] = {}
@@ -273,6 +282,21 @@ def _sed_set(name: str, key: str, audio_dir: Path, clips: list[SedClip], skips: 
         if clip in kept:
             skips.append(Skip(clip, path, "malformed-row", f"clip id {clip} is already taken by {kept[clip][1]}"))
             continue
+        usable = []
+        for r in regions:
+            problem = label_problem(r.label)
+            if problem is None:
+                usable.append(r)
+            else:
+                skips.append(Skip(clip, path, "bad-label", problem))
+        if regions and not usable:
+            skips.append(Skip(clip, path, "bad-label", f"every event of clip {clip} has a label that cannot be a TSV cell"))
+            continue
+        fault = audio_fault(path)
+        if fault is not None:
+            skips.append(Skip(clip, path, fault[0], f"{path}: {fault[1]}"))
+            continue
+        regions = tuple(usable)
         try:
             durations[clip] = durations_s[clip] if clip in durations_s else _duration_s(path)
         except BenchmarkError as e:

@@ -10,6 +10,7 @@ classification metrics. Audio that cannot be decoded becomes a :class:`~pipeline
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -97,8 +98,9 @@ def subset(v: Vocabulary, rows: list[int]) -> Vocabulary:
 
 def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: Callable[[str], list[Vocabulary]],
               skips: list[Skip], keep_waves: int = 0, desc: str = "score", total: int | None = None) -> Scored:
-    """Decode and score each ``(id, path or bytes)``; unreadable audio becomes a :class:`Skip`.
-    The scores kept are read-only views into a :class:`Packed` store.
+    """Decode and score each ``(id, path or bytes)``; unreadable audio becomes a :class:`Skip` in
+    ``skips`` with one line on stderr (none for a skip already there: a second model scoring the
+    same set). The scores kept are read-only views into a :class:`Packed` store.
 
     Every :data:`RELEASE_EVERY_CLIPS` clips the C heap's free pages go back to the system
     (:func:`release_freed_heap`, which also merges glibc's small free blocks). Without it, scoring
@@ -115,7 +117,10 @@ def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: C
             try:
                 w = decode_mono(src, det.sample_rate_hz)
             except AudioError as e:
-                skips.append(Skip(i, src if isinstance(src, str) else "", e.reason, e.detail))
+                skip = Skip(i, src if isinstance(src, str) else "", e.reason, e.detail)
+                if skip not in skips:  # one line for a clip, however many models score it
+                    print(f"evaluate: skipping {i}: {e.reason}: {e.detail}", file=sys.stderr)
+                    skips.append(skip)
                 continue
             order.append(i)
             if len(out.waves) < keep_waves:
@@ -158,9 +163,13 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
     """SED metrics of vocabulary ``column`` of ``scored`` (:func:`metrics.sed_metrics`, collar F1 at
     ``e.f1_threshold``, a number, after a median filter of ``e.f1_median_filter_frames``) and their
     ``protocol`` (:func:`metrics.protocol`); writes the score files (``e.median_filter_frames``, the
-    filter PSDS sees) and per-class CSV under ``folder``."""
+    filter PSDS sees) and per-class CSV under ``folder``. A class that cannot be a TSV cell
+    (:func:`metrics.tsv_cell`) raises ValueError before any file is written."""
     from sed_scores_eval.base_modules.io import write_sed_scores
 
+    if folder is not None:
+        for c in classes:  # the score files' header: checked before anything is computed or written
+            M.tsv_cell(c, "class")
     ids = scored.ids
     probs = [p[column] for p in scored.probs]
     # each metric makes a clip's filtered table when it reads it: a whole split's at once is about

@@ -12,9 +12,15 @@ audio streamed from the Parquet files in row order) from which the stage derives
 and :func:`event_clips`: the event clips the split's mixtures were built from (held out from
 training by construction), for zero-shot classification with "The sound of {phrase}".
 
-A row with a null or malformed field (the rule ``sedsynth validate`` applies), an audio cell
-without bytes, or a whole file with a column of another type is left out of every metric and
-named on stderr (:func:`read_split`), not a traceback.
+A row is read by the one row rule of :mod:`pipeline.shards.rows`, the rule ``sedsynth validate``
+applies: a row with a null or malformed field, a cluster id the folder's ``clusters/`` lacks, a
+label that cannot be a TSV cell (``bad-label``), an id that cannot name a file, an audio cell
+without bytes, audio that does not decode (``unreadable``, ``empty``, ``non-finite``) or that
+holds more than the row's ``duration_s`` (``too-long``, told from the FLAC header before any
+frame is decoded), and a whole file with a column of another type, is left out of every metric
+and named on stderr with its reason (:func:`read_split`), not a traceback. The audio is decoded
+here once, a block at a time, so a row that does not decode is gone before the ground truth
+and the classes are assembled: no class is scored without its ground truth.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.schema import Skip
-from pipeline.shards.rows import column_problem, phrase_problems
+from pipeline.shards.rows import Fault, audio_fault, column_problem, combined, name_problem, phrase_faults, shown
 from trainer.data.sources import READ_BUFFER_BYTES, _fs, list_parquet
 
 META_COLUMNS = ["id", "duration_s", "caption", "phrases"]
@@ -113,66 +119,102 @@ def rows_without_audio(pf: pq.ParquetFile) -> set[int]:
     return out
 
 
-def row_problem(row: dict) -> str | None:
-    """Why a metadata row cannot be evaluated (a null, or phrases failing
-    :func:`~pipeline.shards.rows.phrase_problems`, the rule ``sedsynth validate`` applies), else ``None``."""
-    problems = []
-    if not isinstance(row["id"], str) or not row["id"]:
-        problems.append("the id is null")
+def row_faults(row: dict, cluster_ids: frozenset[int] | None = None) -> list[Fault]:
+    """Why a metadata row cannot be evaluated, as ``(reason, message)``: an id that cannot name a
+    file, a null caption, phrases failing :func:`~pipeline.shards.rows.phrase_faults` (the rule
+    ``sedsynth validate`` applies; cluster ids checked against ``cluster_ids`` unless ``None``)."""
+    faults: list[Fault] = []
+    if (problem := name_problem(row["id"])) is not None:
+        faults.append(("malformed-row", problem))
     if not isinstance(row["caption"], str):
-        problems.append("the caption is null")
-    problems += phrase_problems(row["phrases"], row["duration_s"])
-    return "; ".join(problems) or None
+        faults.append(("malformed-row", "the caption is null"))
+    return faults + phrase_faults(row["phrases"], row["duration_s"], cluster_ids)
+
+
+def known_clusters(path: str) -> frozenset[int] | None:
+    """The cluster ids of the shard folder's ``clusters/`` (the inventory its phrases' ids point
+    into), read as the trainer reads them; ``None`` (ids not checked) for a folder without one."""
+    from trainer.data.negatives import ClusterTables, NegativeError, default_clusters_folder
+
+    if path.rstrip("/").endswith(".parquet"):
+        return None
+    try:
+        tables = ClusterTables.read(default_clusters_folder(path))
+    except NegativeError:
+        return None
+    return frozenset(int(c["cluster_id"]) for c in tables.clusters)
+
+
+def _audio_cells(pf: pq.ParquetFile) -> Iterator[bytes | None]:
+    """Each row's audio bytes (``None`` for a null cell), :data:`AUDIO_BATCH_ROWS` rows in memory at a time."""
+    for batch in pf.iter_batches(batch_size=AUDIO_BATCH_ROWS, columns=["audio"]):
+        for a in batch.column("audio").to_pylist():
+            yield (a or {}).get("bytes")
 
 
 def read_split(path: str, split: str, first: int | None = None) -> ShardSplit:
     """A split's metadata (ids, durations, captions, phrases) from its Parquet files; with
-    ``first``, only of its first ``first`` usable rows (and the files holding them), every row
-    still checked and its event clips kept (:meth:`ShardSplit.used_clips`): the probes train on
-    1,600 mixtures, and the metadata of a whole FSD50K-size train split is half a GB of Python
-    objects.
+    ``first``, only of its first ``first`` usable rows (and the files holding them), every row's
+    metadata still checked and its event clips kept (:meth:`ShardSplit.used_clips`): the probes
+    train on 1,600 mixtures, and the metadata of a whole FSD50K-size train split is half a GB of
+    Python objects.
 
     Shards are untrusted: a file lacking a column or with one of another type
-    (:func:`~pipeline.shards.rows.column_problem`) is left out, and so is a row with a null or
-    malformed field or an audio cell without bytes; each gets one line on stderr naming the
-    file (and row) and is kept in :attr:`ShardSplit.skips`, and a last line counts them.
+    (:func:`~pipeline.shards.rows.column_problem`) is left out, and so is a row failing
+    :func:`row_faults` (cluster ids against :func:`known_clusters`), with an audio cell without
+    bytes, or whose audio fails :func:`~pipeline.shards.rows.audio_fault` (a kept row's audio is
+    decoded through here, a block at a time, bounded by its ``duration_s``); each gets one line
+    on stderr naming the file (and row) and the reason, and is kept in :attr:`ShardSplit.skips`
+    with that reason; a last line counts them.
     """
     files = list_parquet(path, split)
+    clusters = known_clusters(path)
+    if clusters is None:
+        print(f"evaluate: no clusters/ beside the shards under {path}; the rows' cluster ids are not checked", file=sys.stderr)
     kept_files, kept, skips = [], [], []
     ids, durations, captions, phrases = [], {}, {}, {}
     used: set[str] = set()
 
-    def skip(file: str, item: str, detail: str, todo: str) -> None:
-        skips.append(Skip(item, file, "malformed-row", detail))
+    def skip(file: str, item: str, reason: str, detail: str, todo: str) -> None:
+        skips.append(Skip(item, file, reason, detail))
         print(f"evaluate: skipping {detail}; {todo}", file=sys.stderr)
 
     for file in files:
         fs, root = _fs(file)
+        positions = set()
         with fs.open(root, "rb") as f:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
             schema = pf.schema_arrow
             wrong = [f"no column {c!r}" for c in (*META_COLUMNS, "audio") if c not in schema.names]
             wrong += [p for c in (*META_COLUMNS, "audio") if (p := column_problem(schema, c))]
             if wrong:
-                skip(file, file, f"{file}: {wrong[0]}", "re-create it (sedsynth shards, or download it again)")
+                skip(file, file, "malformed-row", f"{file}: {wrong[0]}", "re-create it (sedsynth shards, or download it again)")
                 continue
             no_audio = rows_without_audio(pf)
             rows = pf.read(columns=META_COLUMNS).to_pylist()
-        positions = set()
-        for k, row in enumerate(rows):
-            problem = "the audio cell has no bytes" if k in no_audio else row_problem(row)
-            if problem:
-                skip(file, str(row["id"]), f"row {k} of {file} (id {row['id']}): {problem}",
-                     "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)")
-                continue
-            if first is not None:
-                used |= source_clips_of(row["phrases"])
-                if len(ids) >= first:
+            cells = _audio_cells(pf)
+            for k, row in enumerate(rows):
+                wanted = first is None or len(ids) < first  # past ``first`` no audio is read: once reached, it stays so
+                cell = next(cells) if wanted else None
+                fault = (("malformed-row", "the audio cell has no bytes") if k in no_audio
+                         else combined(row_faults(row, clusters)))
+                if fault is None and wanted:
+                    fault = audio_fault(cell, row["duration_s"])
+                    fault = fault if fault is None or fault[0] == "malformed-row" else (fault[0], f"{fault[0]} audio: {fault[1]}")
+                if fault:
+                    i = row["id"]
+                    named = str(i) if name_problem(i) is None else shown(i)  # a bad id is quoted, cut, on one line
+                    skip(file, named, fault[0], f"row {k} of {file} (id {named}): {fault[1]}",
+                         "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)")
                     continue
-            i = row["id"]
-            positions.add(k)
-            ids.append(i)
-            durations[i], captions[i], phrases[i] = float(row["duration_s"]), row["caption"], row["phrases"]
+                if first is not None:
+                    used |= source_clips_of(row["phrases"])
+                    if not wanted:
+                        continue
+                i = row["id"]
+                positions.add(k)
+                ids.append(i)
+                durations[i], captions[i], phrases[i] = float(row["duration_s"]), row["caption"], row["phrases"]
         if positions or first is None:
             kept_files.append(file)
             kept.append(frozenset(positions))

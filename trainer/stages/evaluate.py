@@ -95,21 +95,22 @@ ABSENT_SHOWN = 3  # absent classes drawn under each picture's own phrases
 
 
 def write_truth(folder: Path, ground_truth: dict, durations_s: dict) -> None:
-    """DCASE ``ground_truth.tsv`` (filename onset offset event_label) and ``durations.tsv``."""
+    """DCASE ``ground_truth.tsv`` (filename onset offset event_label) and ``durations.tsv``; a cell that
+    would break a line-split reader's rows (a tab or line break) raises ``ValueError`` instead of being written."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "ground_truth.tsv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
         w.writerow(["filename", "onset", "offset", "event_label"])
         for i in sorted(ground_truth):
             for on, off, label in ground_truth[i]:
-                w.writerow([f"{i}.wav", repr(float(on)), repr(float(off)), label])
+                w.writerow([M.tsv_cell(f"{i}.wav", "clip"), repr(float(on)), repr(float(off)), M.tsv_cell(label, "label")])
             if not ground_truth[i]:  # a clip without events: an empty row, as DCASE files have
-                w.writerow([f"{i}.wav", "", "", ""])
+                w.writerow([M.tsv_cell(f"{i}.wav", "clip"), "", "", ""])
     with open(folder / "durations.tsv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t", lineterminator="\n")
         w.writerow(["filename", "duration"])
         for i in sorted(durations_s):
-            w.writerow([f"{i}.wav", repr(float(durations_s[i]))])
+            w.writerow([M.tsv_cell(f"{i}.wav", "clip"), repr(float(durations_s[i]))])
 
 
 def evaluate_split(det: Detector, split: ShardSplit, clips, e, *, details: Path, model: str, timer: M.Timer, skips: list[Skip],
