@@ -29,6 +29,7 @@ calls the stage's ``run`` function; DVC calls exactly these commands.
     sedsynth bench import                # importing 10,000 AudioSet-Strong-style clips vs datasets.to_parquet
     sedsynth bench llm-cache             # storing one LLM completion at 5,000 and 100,000 entries vs rewriting the file
     sedsynth bench scale --sizes 1000,10000   # every data stage at growing sizes: time, CPU, peak RSS, bytes, growth
+    sedsynth view debug/dataset          # browse a dataset, query the detector, walk the evaluation's errors (a local web page)
     sedsynth ablate no_frame_loss        # one FineLAP Table 5 variant, trained and evaluated in models/ablations/
     sedsynth ablate --queue              # all five as DVC experiments (then dvc queue start; sedsynth ablate --table)
     sedsynth pipeline --overrides configs/debug.yaml   # the ten DVC stages in their order, on tiny data under debug/
@@ -165,7 +166,8 @@ def _publish(args: argparse.Namespace) -> int:
     from pipeline.shards.publish import publish
 
     folder = args.folder or _params(args).shards.out_dir
-    publish(folder, args.repo_id, token_env=args.token_env, private=args.private, dry_run=args.dry_run, batch_files=args.batch_files)
+    publish(folder, args.repo_id, token_env=args.token_env, private=args.private, dry_run=args.dry_run, batch_files=args.batch_files,
+            request_timeout_s=args.request_timeout_s, deadline_s=args.deadline_s)
     return 0
 
 
@@ -198,11 +200,14 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _pipeline(args: argparse.Namespace) -> int:
     """Every stage of :data:`PIPELINE` as its own command runs it, with these params, each followed by its wall
     time; the first stage to fail stops the run with that stage's one-line error (``sedsynth clip: error: ...``).
-    Without DVC: nothing is cached, locked or skipped because it is up to date."""
+    Every stage's params (the data stages' and the trainer's) are checked before the first stage runs: a bad
+    one stops the run at once (``sedsynth pipeline: error: params: ...``), not after the stages before the
+    one that reads it. Without DVC: nothing is cached, locked or skipped because it is up to date."""
     import time
 
     commands = {"corpus": _corpus, "clip": _clip, "ambience": _ambience, "mix": _mix, "captions": _captions, "clusters": _clusters,
                 "shards": _shards, "pretrain": _pretrain, "train": _train, "evaluate": _evaluate}
+    _trainer_params(args)  # every section, the data stages' included: the checks each stage makes when it loads them
     started = time.perf_counter()
     for name in PIPELINE:
         args.command = name  # main() reports a failure as this stage's command would, with its output setting
@@ -243,6 +248,15 @@ def _describe(args: argparse.Namespace) -> int:
     from trainer.stages.describe import main as describe_main
 
     return describe_main(args, _checkpoint_params(args))
+
+
+def _view(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sedsynth.view.command import main as view_main
+
+    # with PATH, no params file is needed: every default stands in for it
+    return view_main(args, _trainer_params(args) if Path(args.params).exists() or not args.path else None)
 
 
 def _ablate(args: argparse.Namespace) -> int:
@@ -292,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--private", action="store_true", help="create the repo private")
     pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
     pub.add_argument("--batch-files", type=_at_least_one, default=50, help="shards per commit (default 50)")
+    pub.add_argument("--request-timeout-s", type=float, default=300.0,
+                     help="the longest one hub request may take, sending to the last byte of the answer, plus 1 s per 256 kB "
+                          "it uploads; not retried past it (default 300)")
+    pub.add_argument("--deadline-s", type=float, default=21600.0,
+                     help="the longest the run may spend on the hub; a Retry-After past it stops the run at once (default 21600, 6 h)")
     stage("pretrain", _pretrain, "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)")
     stage("train", _train, "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)")
     stage("evaluate", _evaluate, "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)")
@@ -308,14 +327,26 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument("--scores", default=None, metavar="DIR",
                      help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
     det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
-    det.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+    det.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
     desc = stage("describe", _describe, "print a caption per audio file from a checkpoint trained with the captioning loss")
     desc.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
     desc.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
     desc.add_argument("--decoding", choices=["greedy", "parallel"], default=None,
                      help="greedy (autoregressive) or parallel (one all-[MASK] pass); default: parallel for a decoder trained "
                           "with decoding: parallel, else greedy")
-    desc.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+    desc.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+    view = stage("view", _view, "browse a dataset, hear its mixtures with their labels, query the detector and walk the "
+                                "evaluation's errors in a local web page")
+    view.add_argument("path", nargs="?", default=None,
+                      help="a shard folder, a mixtures folder (the mix stage's output) or an evaluation folder "
+                           "(default: shards.out_dir and evaluate.out_dir of the params)")
+    view.add_argument("--data", default=None, help="the shard or mixtures folder to show with an evaluation folder (default: evaluate.shards)")
+    view.add_argument("--evaluation", default=None, help="an evaluation folder to show with PATH's dataset")
+    view.add_argument("--checkpoint", default=None, help="trainer checkpoint for queries (default: evaluate.checkpoint; none: queries off)")
+    view.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    view.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: a free one)")
+    view.add_argument("--max-upload-mb", type=float, default=50.0, help="largest audio file the page accepts, in MiB (default 50)")
+    view.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 for queries (default: evaluate.device)")
     abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants (or an extra row), or write the table")
     abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
                                                 "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075), "
@@ -336,7 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     benchmarks = bench.add_subparsers(dest="what", required=True, metavar="BENCHMARK")
 
     def benchmark(name: str, help_text: str) -> argparse.ArgumentParser:
-        return stage(name, _bench, help_text, under=benchmarks)
+        p = stage(name, _bench, help_text, under=benchmarks)
+        p.add_argument("--save", metavar="PATH", default=argparse.SUPPRESS,
+                       help="also write the figures, the printed lines, the command, machine and commit to PATH as JSON "
+                            "(the format of benchmarks/results/)")
+        return p
 
     def repeat(p: argparse.ArgumentParser, what: str = "timed passes; the best is reported") -> None:
         p.add_argument("--repeat", type=int, default=3, help=f"{what} (default 3)")
@@ -408,6 +443,15 @@ def _probability(text: str) -> float:
     return value
 
 
+def _device(text: str) -> str:
+    """An argparse type: a device the trainer runs on (trainer.config.DEVICES), as ``evaluate.device`` takes."""
+    from trainer.config import DEVICES, device_problem
+
+    if device_problem(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: use {DEVICES}")
+    return text
+
+
 def _at_least_one(text: str) -> int:
     """An argparse type: a whole number >= 1."""
     try:
@@ -465,12 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import threading
 
+    from pipeline.files import NotRegularFileError  # a FIFO or device where a file was named: one line, not a traceback
+
     args = build_parser().parse_args(argv)
     on_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
     previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         return args.fn(args)
-    except (ParamsError, FileNotFoundError, FileExistsError, ValueError, CommandError) as e:
+    except (ParamsError, FileNotFoundError, FileExistsError, ValueError, CommandError, NotRegularFileError) as e:
         print(f"sedsynth {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
