@@ -171,7 +171,9 @@ class MixtureCounts:
 
 @dataclass(frozen=True)
 class HoldoutFractions:
-    """Shares of source groups (recordings, or source clips with ``event_split: random``) per split."""
+    """Shares of source groups per split: background recordings (or segments, with
+    ``background_split: segment``), source clips with ``event_split: random``, and a library's
+    files within each label."""
 
     train: float = 0.8
     valid: float = 0.1
@@ -210,6 +212,10 @@ class MixParams:
     mixtures: MixtureCounts = field(default_factory=MixtureCounts)
     event_split: Literal["fsd50k", "random"] = "fsd50k"
     holdout: HoldoutFractions = field(default_factory=HoldoutFractions)
+    # recording: each background recording serves one split; segment: a recording's segments are
+    # split apart (a library's files cut into mixture-length segments); shared: every background
+    # serves every split (the splits' backgrounds are not held out)
+    background_split: Literal["recording", "segment", "shared"] = "recording"
     allowed_licenses: tuple[str, ...] = ("CC0", "CC-BY", "CC-Sampling+", "CC-BY-NC")
     relabel: RelabelParams = field(default_factory=RelabelParams)
     partition_size: int = 100

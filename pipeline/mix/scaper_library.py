@@ -19,7 +19,10 @@ functions also return the records and the skips.
   is empty): the mix stage assigns them by source file.
 - A background is a whole file (category = its label folder); one shorter than
   ``min_background_s`` (the longest mixture) is looped to that length, as Scaper loops a short
-  background, because the mix engine pads a short background with silence.
+  background, because the mix engine pads a short background with silence. With
+  ``mix.background_split: segment`` a file is cut into segments of ``min_background_s`` (the
+  last one keeps the rest, a file shorter than two is one segment), each its own record
+  ``<id>-<k>`` with its ``offset_in_source_s``, so that one recording can serve several splits.
 - A file that cannot be used (unreadable, empty, silent, clipped, out of the duration limits)
   is a :class:`~pipeline.schema.Skip` with the reason; the others go on. A label folder whose
   name holds a tab, a line break or another control character is one Skip (``bad-label``) and
@@ -188,9 +191,32 @@ def loop_to(q: np.ndarray, num_samples: int) -> np.ndarray:
     return np.tile(q, -(-num_samples // q.shape[0]))[:num_samples]
 
 
+def segment_spans(num_samples: int, segment_samples: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of the mixture-length segments a background of ``num_samples`` is cut into.
+
+    Segments of ``segment_samples`` end to end; the last one also keeps the rest (shorter than
+    a segment), so no audio is left out and none is shorter than a mixture.
+    """
+    k = max(1, num_samples // max(1, segment_samples))
+    return [(i * segment_samples, (i + 1) * segment_samples if i < k - 1 else num_samples) for i in range(k)]
+
+
 def analyse_background(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int, min_background_s: float, audio_dir: Path,
                        license_text: str) -> BackgroundSegment | Skip:
     """One background file -> its stored excerpt (looped up to ``min_background_s``) and record, or a Skip."""
+    out = background_segments(f, amb, sample_rate_hz, min_background_s, audio_dir, license_text, cut=False)
+    return out if isinstance(out, Skip) else out[0]
+
+
+def background_segments(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int, min_background_s: float, audio_dir: Path,
+                        license_text: str, cut: bool) -> list[BackgroundSegment] | Skip:
+    """One background file -> its stored excerpts and records, or a Skip.
+
+    The file is looped up to ``min_background_s``; with ``cut`` it is then cut into segments of
+    that length (:func:`segment_spans`), each stored as ``<id>-<k>.flac``; else it is one
+    record, ``<id>.flac``.
+    """
+    written: list[Path] = []
     try:
         samples, x, sr = _decode(f)
         clipped = clipped_fraction(samples, amb.clip_level)
@@ -200,24 +226,35 @@ def analyse_background(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int,
         level = rms_dbfs(int16_to_float(q))
         if level < amb.silence_dbfs:
             return Skip(f.item_id, f.rel_path, "silent", f"RMS {level:.1f} dBFS < {amb.silence_dbfs} dBFS (ambience.silence_dbfs)")
-        q = loop_to(q, int(round(min_background_s * sample_rate_hz)))
-        y = int16_to_float(q)
-        envelope = a_weighted_envelope(y, sample_rate_hz, amb.envelope_frame_s, amb.envelope_hop_s)
-        salience = peak_to_median_db(y, sample_rate_hz, amb.salience_frame_s)
-        write_flac(audio_dir / f"{f.item_id}.flac", q, sample_rate_hz)
+        segment_samples = int(round(min_background_s * sample_rate_hz))
+        q = loop_to(q, segment_samples)
+        spans = segment_spans(q.shape[0], segment_samples) if cut else [(0, q.shape[0])]
+        out = []
+        for k, (start, end) in enumerate(spans):
+            segment_id = f"{f.item_id}-{k:04d}" if cut else f.item_id
+            piece = q[start:end]
+            y = int16_to_float(piece)
+            envelope = a_weighted_envelope(y, sample_rate_hz, amb.envelope_frame_s, amb.envelope_hop_s)
+            salience = peak_to_median_db(y, sample_rate_hz, amb.salience_frame_s)
+            written.append(audio_dir / f"{segment_id}.flac")
+            write_flac(written[-1], piece, sample_rate_hz)
+            out.append(BackgroundSegment(
+                segment_id=segment_id, audio_path=f"{AUDIO_DIR}/{segment_id}.flac", source_id=f.rel_path, source_path=f.rel_path,
+                category=f.label, offset_in_source_s=start / sample_rate_hz, duration_s=piece.shape[0] / sample_rate_hz,
+                num_samples=int(piece.shape[0]), sample_rate_hz=sample_rate_hz, source_sample_rate_hz=sr,
+                source_channels=int(samples.shape[1]), rms_dbfs=rms_dbfs(y), peak_dbfs=peak_dbfs(y),
+                loudness_lufs=integrated_lufs(y, sample_rate_hz), peak_to_median_db=salience, envelope_frame_s=envelope.frame_s,
+                envelope_hop_s=envelope.hop_s, envelope_db=envelope.energy_db, license=license_text, author="",
+            ))
     except AudioError as e:
+        for path in written:
+            path.unlink(missing_ok=True)
         return Skip(f.item_id, f.rel_path, e.reason, e.detail)
     except Exception as e:
-        (audio_dir / f"{f.item_id}.flac").unlink(missing_ok=True)
+        for path in [*written, audio_dir / f"{f.item_id}.flac"]:
+            path.unlink(missing_ok=True)
         return Skip(f.item_id, f.rel_path, "unexpected-error", f"{type(e).__name__}: {e}")
-    return BackgroundSegment(
-        segment_id=f.item_id, audio_path=f"{AUDIO_DIR}/{f.item_id}.flac", source_id=f.rel_path, source_path=f.rel_path, category=f.label,
-        offset_in_source_s=0.0, duration_s=q.shape[0] / sample_rate_hz, num_samples=int(q.shape[0]), sample_rate_hz=sample_rate_hz,
-        source_sample_rate_hz=sr, source_channels=int(samples.shape[1]), rms_dbfs=rms_dbfs(y), peak_dbfs=peak_dbfs(y),
-        loudness_lufs=integrated_lufs(y, sample_rate_hz), peak_to_median_db=salience,
-        envelope_frame_s=envelope.frame_s, envelope_hop_s=envelope.hop_s, envelope_db=envelope.energy_db, license=license_text,
-        author="",
-    )
+    return out
 
 
 def _write(folder: Path, records: list, record_type: type, skips: list[Skip]) -> None:
@@ -233,11 +270,12 @@ class _Task:
     classes: tuple[str, str]  # (MID, AudioSet name) of an event's label
 
 
-def _analyse(task: _Task, params: Params, min_background_s: float, folders: dict[str, Path]) -> EventClip | BackgroundSegment | Skip:
+def _analyse(task: _Task, params: Params, min_background_s: float, folders: dict[str, Path]) -> EventClip | list[BackgroundSegment] | Skip:
     audio_dir = folders[task.kind] / AUDIO_DIR
     if task.kind == "events":
         return analyse_event(task.file, params.mix.library, params.clip, params.sample_rate_hz, audio_dir, *task.classes)
-    return analyse_background(task.file, params.ambience, params.sample_rate_hz, min_background_s, audio_dir, params.mix.library.license)
+    return background_segments(task.file, params.ambience, params.sample_rate_hz, min_background_s, audio_dir, params.mix.library.license,
+                               cut=params.mix.background_split == "segment")
 
 
 def write_libraries(roots: dict[str, Path], folders: dict[str, Path], params: Params, min_background_s: float
@@ -255,7 +293,7 @@ def write_libraries(roots: dict[str, Path], folders: dict[str, Path], params: Pa
     results = map_ordered(work, tasks, params.compute, desc="library files")
     out: dict[str, tuple[list, list[Skip]]] = {}
     for kind, (_, skips) in listed.items():
-        mine = [r for t, r in zip(tasks, results) if t.kind == kind]
+        mine = [x for t, r in zip(tasks, results) if t.kind == kind for x in (r if isinstance(r, list) else [r])]
         record_type = EventClip if kind == "events" else BackgroundSegment
         records = [r for r in mine if isinstance(r, record_type)]
         skips = skips + [r for r in mine if isinstance(r, Skip)]

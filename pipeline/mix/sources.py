@@ -5,8 +5,9 @@ and FLAC files) or a Scaper-layout library (:mod:`pipeline.mix.scaper_library`),
 resolved spec. Output: :class:`SourceFolders` (manifest folders to mix from, a library analysed
 into a hidden folder beside the output), the :class:`~pipeline.schema.EventClip` and
 :class:`~pipeline.schema.BackgroundSegment` records, and the impulse-response files a run may
-use. A check that fails raises :class:`MixError` saying what to change: sources below the
-mixing rate (mixing must not upsample), envelopes at different hops, no usable room file.
+use. A check that fails raises :class:`MixError` saying what to change: a library's root where
+its ``foreground`` or ``background`` folder belongs, sources below the mixing rate (mixing must
+not upsample), envelopes at different hops, no usable room file.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class SourceFolders:
     events_dir: Path
     backgrounds_dir: Path
     library_dir: Path | None
-    libraries: dict[str, dict]  # kind (events, backgrounds) -> {root, kept, skipped}: files analysed
+    libraries: dict[str, dict]  # kind (events, backgrounds) -> {root, kept, skipped[, segments]}: files analysed
     skips: list[Skip]
 
     def final_dir(self, kind: str, out_dir: Path) -> Path:
@@ -66,10 +67,22 @@ class SourceFolders:
 
 
 
+LIBRARY_PARTS = {"events": "foreground", "backgrounds": "background"}  # Scaper's sub-folders of a library root
+
+
 def source_layout(folder: Path, kind: str, extensions: tuple[str, ...]) -> str:
-    """``manifest`` (a stage output) or ``library`` (label sub-folders of audio files); else FileNotFoundError naming both."""
+    """``manifest`` (a stage output) or ``library`` (label sub-folders of audio files); else FileNotFoundError naming both.
+
+    A library's root (the folder holding Scaper's ``foreground/`` and ``background/``) is
+    refused with :class:`MixError` naming the sub-folder to set: read as a library, its
+    labels would be ``foreground`` and ``background``.
+    """
     if (folder / MANIFEST).exists():
         return "manifest"
+    if folder.is_dir() and all((folder / part).is_dir() for part in LIBRARY_PARTS.values()):
+        setting = "mix.events" if kind == "events" else "mix.backgrounds"
+        raise MixError(f"mix: {setting} is {folder}, a sound library's root (it holds foreground/ and background/, which would be "
+                       f"read as two labels): set {setting} to {folder / LIBRARY_PARTS[kind]}")
     if label_folders(folder, extensions):
         return "library"
     stage, setting = ("clip", "mix.events") if kind == "events" else ("ambience", "mix.backgrounds")
@@ -101,8 +114,10 @@ def prepare_sources(params: Params, spec: MixSpec, events_dir: Path, backgrounds
     for kind, (records, kind_skips) in analysed.items():
         folders[kind] = library_dir / kind
         skips += kind_skips
-        counts[kind] = {"root": str(kinds[kind]), "kept": len(records), "skipped": len(kind_skips)}
-        below = [r.source_path for r in records if r.source_sample_rate_hz < params.sample_rate_hz]
+        files = len({r.source_path for r in records})
+        counts[kind] = {"root": str(kinds[kind]), "kept": files, "skipped": len(kind_skips),
+                        **({"segments": len(records)} if len(records) != files else {})}  # backgrounds cut by background_split: segment
+        below = list(dict.fromkeys(r.source_path for r in records if r.source_sample_rate_hz < params.sample_rate_hz))
         if below:
             low.append(f"{len(below)} {kind} files of {kinds[kind]} (e.g. {below[0]})")
     if low:

@@ -18,13 +18,17 @@ import pytest
 
 from pipeline.config.mix_spec import resolve_spec
 from pipeline.mix.sources import MixError, check_sample_rates
-from pipeline.stages.mix import run
-from pipeline.outputs import rejected_report_path
+from pipeline.stages.mix import report_dir, run
 from pipeline.config.params import MixtureCounts, ParamsError
 from trainer.config import load_params, Params
 from pipeline.schema import EventClip, MixtureRecipe, from_table
 
 from tests.conftest import ROOT
+
+
+def rejected_report_path(out: Path) -> Path:
+    """Where a refused mix run leaves its skip report: its report folder, not beside the output."""
+    return report_dir(out) / "skipped.csv"
 
 
 def small(params: Params, train: int = 8, valid: int = 4, test: int = 4, **mix) -> Params:
