@@ -12,7 +12,7 @@ stability penalty alpha_st 1 (DESED, DCASE) and ``psds1_astat0`` without it (alp
 FineLAP reports AudioSet-Strong; read from the same per-class PSD-ROCs, no second pass), and
 PSDS2 (dtc = gtc = 0.1, cttc 0.3, alpha_ct 0.5, alpha_st 1); segment AUROC and pAUROC (1 s
 segments, max_fpr 0.1, normalised by max_fpr as sed_scores_eval does) from one pass of segment
-statistics; collar F1 at one global threshold (200 ms onset collar, offset collar the larger of
+statistics, the area tie-correct and independent of numpy's sort kernels (:func:`roc_area`); collar F1 at one global threshold (200 ms onset collar, offset collar the larger of
 200 ms and 20% of the event; the threshold is chosen on the valid split, see
 :mod:`trainer.evaluation.calibration`). :func:`protocol` writes all of that down beside the
 numbers. :func:`confusion` tabulates, class by class, how strongly every query fires on each
@@ -154,10 +154,7 @@ def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: T
     "psd_1_class_mean", "psd_2_class_mean", "roc": (tpr, fpr) macro average over classes}``.
     """
     from sed_scores_eval import segment_based
-    from sed_scores_eval.base_modules.roc import (
-        auroc_from_intermediate_statistics,
-        roc_curve_from_intermediate_statistics,
-    )
+    from sed_scores_eval.base_modules.roc import roc_curve_from_intermediate_statistics
     from sed_scores_eval.intersection_based.psds import (
         multi_class_psd_roc_from_single_class_psd_rocs,
         psds_from_psd_roc,
@@ -184,10 +181,7 @@ def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: T
     with timer("segment_auroc", library=True):
         segments = segment_statistics(scores, ground_truth, durations_s, segment_s)
         stats, _ = accumulated_intermediate_statistics(None, ground_truth, durations_s, deltas=segments)
-        with collected():
-            auc, _ = auroc_from_intermediate_statistics(stats)
-        with collected():
-            pauc, _ = auroc_from_intermediate_statistics(stats, max_fpr=max_fpr)
+        auc, pauc = roc_areas(stats), roc_areas(stats, max_fpr=max_fpr)
         with collected():
             curves = roc_curve_from_intermediate_statistics(stats)
         del stats  # the split's segment statistics: a few hundred MB at 12,821 clips, not kept under collar F1
@@ -218,6 +212,46 @@ def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: T
     per_class.insert(0, "events", pd.Series(event_counts(ground_truth)).reindex(per_class.index).fillna(0).astype(int))
     out["per_class"] = per_class.reset_index()
     return out
+
+
+def roc_area(class_stats: tuple, max_fpr: float | None = None) -> float:
+    """Area under one class's ROC curve from sed_scores_eval's accumulated segment statistics
+    (``(change-point scores (K,) ascending, {tps, fps, tns, n_ref})``), ties counted one half: the
+    Mann-Whitney AUC, ``sklearn.metrics.roc_auc_score`` of the segments' labels and scores. With
+    ``max_fpr``, the area up to that false-positive rate divided by it (sed_scores_eval's pAUROC,
+    no McClish correction; sklearn's partial area before its correction, the curve read linearly
+    between the operating points on either side of ``max_fpr``).
+
+    The operating points are taken in threshold order, strictest first, where both rates only grow,
+    and joined by straight lines (the trapezoid rule): a threshold step that passes positive and
+    negative segments of one score at once is a diagonal, half its box. Nothing is sorted, so the
+    value does not depend on numpy's sort kernels. sed_scores_eval's ``auroc_from_intermediate_statistics``
+    draws a staircase after an unstable ``argsort`` of the false-positive rates: where rates tie, the
+    height it keeps depends on the kernel (``NPY_ENABLE_CPU_FEATURES``), and a tied step counts 0 or
+    1; without ties between positive and negative segments the two areas are the same.
+    """
+    _, stats = class_stats
+    tpr = np.asarray(stats["tps"], dtype=np.float64)[::-1] / stats["n_ref"]
+    fps = np.asarray(stats["fps"], dtype=np.float64)[::-1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fpr = fps / (np.asarray(stats["tns"], dtype=np.float64)[::-1] + fps)
+    if not (np.isfinite(fpr).all() and np.isfinite(tpr).all()):  # no negative or no positive segment: no curve
+        return float("nan")
+    if max_fpr is not None:
+        stop = int(np.searchsorted(fpr, max_fpr, side="right"))
+        if stop < len(fpr):  # the line between the last point within max_fpr and the next one, read at max_fpr
+            edge = np.interp(max_fpr, fpr[stop - 1:stop + 1], tpr[stop - 1:stop + 1]) if stop else tpr[0]
+            tpr, fpr = np.append(tpr[:stop], edge), np.append(fpr[:stop], max_fpr)
+    area = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2))
+    return area if max_fpr is None else area / max_fpr
+
+
+def roc_areas(stats: dict, max_fpr: float | None = None) -> dict:
+    """:func:`roc_area` of every class of ``stats`` (``{class: (scores, statistics)}``) and their
+    ``mean``, the dict sed_scores_eval's ``auroc_from_intermediate_statistics`` returns."""
+    areas = {c: roc_area(s, max_fpr) for c, s in stats.items()}
+    areas["mean"] = float(np.mean(list(areas.values()))) if areas else float("nan")
+    return areas
 
 
 @contextmanager
@@ -482,12 +516,15 @@ def confusion(ids, timestamps_s, probs, ground_truth: dict, classes) -> tuple[np
 
 
 def protocol(classes, clips: int, events: int, *, frame_hop_s: float, median_filter_frames: int, segment_s: float,
-             max_fpr: float, threshold: float, threshold_source: str, f1_median_filter_frames: int | None = None) -> dict:
+             max_fpr: float, threshold: float, threshold_source: str, f1_median_filter_frames: int | None = None,
+             f1_scores: str = "scores") -> dict:
     """How the detection numbers of one set were computed, as plain data for its metrics file:
     the sed_scores_eval version, every PSDS setting, the median filter, the collar F1 settings,
     threshold (and where it came from) and median filter (``f1_median_filter_frames``, default
     ``median_filter_frames``), the AUROC segments, the classes, the clips and events scored and
-    the frame hop of the scores."""
+    the frame hop of the scores; ``files``: the score folder each metric reads (``f1_scores``: the
+    one collar and segment F1 read, beside PSDS's and AUROC's ``scores``), relative to the set's
+    details folder, ``<model>`` standing for the model's name, and the ground truth and durations."""
     from importlib.metadata import version
 
     classes = list(classes)
@@ -501,7 +538,16 @@ def protocol(classes, clips: int, events: int, *, frame_hop_s: float, median_fil
                       "threshold_source": threshold_source, "average": "macro over classes (f1_micro: micro)",
                       "median_filter_frames": int(median_filter_frames if f1_median_filter_frames is None else f1_median_filter_frames)},
         "segment_auroc": {"segment_s": float(segment_s), "pauroc_max_fpr": float(max_fpr),
-                          "pauroc_normalisation": "area up to max_fpr divided by max_fpr (no McClish correction)"},
+                          "pauroc_normalisation": "area up to max_fpr divided by max_fpr (no McClish correction)",
+                          "area": "trapezoid rule over the operating points in threshold order: tied segments count "
+                                  "one half (sklearn's roc_auc_score), independent of numpy's sort kernels"},
+        "segment_f1": {"segment_s": float(segment_s), "threshold": float(threshold),
+                       "median_filter_frames": int(median_filter_frames if f1_median_filter_frames is None else f1_median_filter_frames),
+                       "average": "micro over classes (segment_f1_macro: macro)"},
+        "files": {"ground_truth": "ground_truth.tsv", "durations": "durations.tsv",
+                  "scores": {**{k: "scores/<model>" for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc")},
+                             **{k: f"{f1_scores}/<model>" for k in ("f1", "precision", "recall", "f1_micro", "segment_f1",
+                                                                   "segment_f1_macro")}}},
         "classes": classes,
         "num_classes": len(classes),
         "clips": int(clips),

@@ -27,6 +27,7 @@ from trainer.evaluation.ranking import auroc, retrieval
 from trainer.memory import release_freed_heap
 
 
+F1_SCORES = "scores_f1"  # the folder of the tables collar and segment F1 read, when their median filter is not PSDS's
 PACK_CHUNK_BYTES = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB): each chunk is a mapping of its own
 RELEASE_EVERY_CLIPS = 100  # score_all gives the C heap's free pages back this often (release_freed_heap)
 
@@ -162,8 +163,10 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
               folder: Path | None, model: str, threshold_source: str = "evaluate.f1_threshold") -> dict:
     """SED metrics of vocabulary ``column`` of ``scored`` (:func:`metrics.sed_metrics`, collar F1 at
     ``e.f1_threshold``, a number, after a median filter of ``e.f1_median_filter_frames``) and their
-    ``protocol`` (:func:`metrics.protocol`); writes the score files (``e.median_filter_frames``, the
-    filter PSDS sees) and per-class CSV under ``folder``. A class that cannot be a TSV cell
+    ``protocol`` (:func:`metrics.protocol`); writes the score files under ``folder``:
+    ``scores/<model>/`` (``e.median_filter_frames``, the filter PSDS and AUROC see) and, when F1's
+    filter is another, ``scores_f1/<model>/`` (the tables collar and segment F1 were computed on;
+    the protocol's ``files`` names the folder of each metric), and the per-class CSV. A class that cannot be a TSV cell
     (:func:`metrics.tsv_cell`) raises ValueError before any file is written."""
     from sed_scores_eval.base_modules.io import write_sed_scores
 
@@ -187,12 +190,16 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
     result["protocol"] = M.protocol(classes, len(ids), sum(len(v) for v in truth.values()), frame_hop_s=hop_s,
                                     median_filter_frames=e.median_filter_frames, segment_s=e.segment_s, max_fpr=e.max_fpr,
                                     threshold=e.f1_threshold, threshold_source=threshold_source,
-                                    f1_median_filter_frames=e.f1_median_filter_frames)
+                                    f1_median_filter_frames=e.f1_median_filter_frames,
+                                    f1_scores="scores" if f1_tables is None else F1_SCORES)
     if folder is not None:
         with timer("write_scores", library=True):  # the library's own loop over a dict of tables, one file a clip
-            (folder / "scores" / model).mkdir(parents=True, exist_ok=True)
-            for i in ids:
-                write_sed_scores(tables[i], folder / "scores" / model / f"{i}.tsv")
+            for name, written in (("scores", tables), (F1_SCORES, f1_tables)):
+                if written is None:  # F1's filter is PSDS's: its tables are those of scores/
+                    continue
+                (folder / name / model).mkdir(parents=True, exist_ok=True)
+                for i in ids:
+                    write_sed_scores(written[i], folder / name / model / f"{i}.tsv")
         with timer("write_tables"):
             result["per_class"].to_csv(folder / f"per_class_{model}.csv", index=False, float_format="%.6g")
     return result

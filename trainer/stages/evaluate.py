@@ -24,9 +24,12 @@ Output, under ``evaluate.out_dir``:
   ``{"skipped": reason}`` when it has none (its captions in ``details/test/captions_trained.csv``).
 - ``timing.json``: where the time went and the scoring throughput (clips/s) per model.
 - ``details/test/``: ``ground_truth.tsv`` and ``durations.tsv`` (DCASE layout),
-  ``scores/<model>/<clip>.tsv`` (sed_scores_eval's layout; the median-filtered scores PSDS was
-  computed on, so ``sed_scores_eval`` recomputes every number from these files), and
-  ``per_class_<model>.csv``; ``details/benchmarks/<name>/`` the same per benchmark;
+  ``scores/<model>/<clip>.tsv`` (sed_scores_eval's layout; the median-filtered scores PSDS and
+  AUROC were computed on), ``scores_f1/<model>/<clip>.tsv`` when collar F1's median filter is
+  another (the tables collar and segment F1 were computed on), ``protocol.json`` (the ``protocol``
+  block, whose ``files`` names the folder each metric reads), so ``sed_scores_eval`` recomputes
+  every detection number from these files, and ``per_class_<model>.csv``;
+  ``details/benchmarks/<name>/`` the same per detection benchmark;
   ``details/pictures/<clip>.png`` (each phrase's median-filtered probabilities, its ground truth
   shaded, the events found at the F1 threshold as bars; below them, in grey and marked
   "(absent)", the 3 classes absent from the clip whose median-filtered class query peaks
@@ -208,6 +211,10 @@ def evaluate_benchmark(det: Detector, name: str, data, e, *, details: Path, mode
         out = {k: r[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1")}
         # the PSDS1 a published number on this set compares with (FineLAP: alpha_st 0 on AudioSet-Strong)
         protocol = r["protocol"] | {"published_psds1": "psds1" if data.alpha_st == 1.0 else "psds1_astat0"}
+        # the scored clips' ground truth and durations (as scored) beside their score files, as for the test split
+        write_truth(details / "benchmarks" / name, {i: data.ground_truth[i] for i in scored.ids},
+                    {i: min(data.durations_s[i], float(t[-1])) for i, t in zip(scored.ids, scored.timestamps_s)})
+        write_json(details / "benchmarks" / name / "protocol.json", protocol)
     elif isinstance(data, GroundingSet):
         texts = sorted({p for ps in data.phrases.values() for p, _ in ps})
         vocab, where = det.vocabulary(texts), {t: k for k, t in enumerate(texts)}
@@ -333,6 +340,9 @@ def evaluate(params, out: Path) -> dict:
                                                                   skips=skips, threshold_source=source)
             release_freed_heap()  # its scores and metric tables are gone; what comes next (probes' frames) is mapped anew
         summary["protocol"] = extras["trained"]["protocol"]
+        if stored is not None:
+            summary["protocol"]["collar_f1"]["calibration"] = stored
+        write_json(details / "test" / "protocol.json", summary["protocol"])  # beside the files it names
         if e.probes:
             summary["probes"] = probes(models, e, split, clips, params.seed, timer)
         if e.caption_metrics:
@@ -367,8 +377,6 @@ def evaluate(params, out: Path) -> dict:
         plots.curves_figure(plot_dir / "curves.png", {name: x["curves"] for name, x in extras.items()})
         skips = list(dict.fromkeys(skips))  # a clip that does not decode is one skip, not one per model
         write_skips(details / "skipped.csv", skips)
-    if stored is not None:
-        summary["protocol"]["collar_f1"]["calibration"] = stored
     summary["skipped"] = len(skips)
     timing = {"time": timer.summary(NOT_TIMED_AS_METRICS), "clips_per_s": {name: x["clips_per_s"] for name, x in extras.items()}}
     write_json(out / "metrics.json", summary)
