@@ -2,7 +2,7 @@
 
 Input: ``--sizes`` (clips of the generated FSD50K-layout corpus, e.g. ``1000,10000``; ``full`` is
 FSD50K's 51,197) and the params. Per size, a folder ``<out>/<size>/`` receives an overrides file
-(``overrides.yaml``) and every stage's output, and the stages of :data:`sedsynth.PIPELINE` run
+(``overrides.yaml``) and every stage's output, and the stages of :data:`pipeline.config.stages.PIPELINE` run
 in that order, each as its own ``sedsynth <stage> --overrides <out>/<size>/overrides.yaml``
 process: corpus, clip, ambience, mix, captions, clusters, shards, and with ``--train`` one training
 epoch streaming the shards and evaluate (pretrain is left out: its length is a step count, not the
@@ -33,7 +33,7 @@ and workers):
   largest single process's peak (``ru_maxrss`` from ``os.wait4``), which
   sampling cannot miss;
 - output bytes: the size of every file under the folders the stage writes
-  (:data:`sedsynth.OUTPUT_SETTINGS`), after it ends.
+  (:data:`pipeline.config.stages.OUTPUT_SETTINGS`), after it ends.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import yaml
 
-from sedsynth import OUTPUT_SETTINGS, PIPELINE
+from pipeline.config.stages import OUTPUT_SETTINGS, PIPELINE
 from trainer.config import Params
 
 FULL_CLIPS = 51_197  # FSD50K's dev + eval clips
