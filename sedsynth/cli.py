@@ -317,11 +317,17 @@ def build_parser() -> argparse.ArgumentParser:
     stage("pipeline", _pipeline, "run every stage of dvc.yaml in its order without DVC, e.g. on tiny data: "
                                  "--overrides configs/debug.yaml")
     det = stage("detect", _detect, "print when each text query sounds in audio files (onset, offset, score)")
-    det.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
+    det.add_argument("audio", nargs="*", help="audio files (any length, sample rate and channel count), folders (their audio "
+                     "files, sorted) or glob patterns such as 'clips/*.wav' (quoted: detect expands them)")
+    det.add_argument("--files-from", default=None, metavar="LIST", help="also the paths in LIST, one per line (- for stdin)")
+    det.add_argument("--recursive", action="store_true", help="look for audio in the folders' subfolders too")
     det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
     det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
     det.add_argument("--threshold", type=_probability, default=None,
                      help="frame probability that starts an event (default: the threshold stored in the checkpoint, else 0.5)")
+    det.add_argument("--median-filter", type=int, default=None, metavar="N",
+                     help="median filter of N frames (odd, 1: none) before the threshold (default: the one stored with the "
+                          "checkpoint's threshold, with --threshold too)")
     det.add_argument("--format", choices=["table", "tsv"], default="table",
                      help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
     det.add_argument("--scores", default=None, metavar="DIR",

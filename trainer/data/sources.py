@@ -116,8 +116,10 @@ def list_parquet(path: str, split: str) -> list[str]:
             return files
     found = sorted(fs.glob(f"{folder}/**/{split}-*.parquet")) or sorted(fs.glob(f"{folder}/{split}-*.parquet"))
     if not found:
+        key = ("train.data.sources[].path" if split == "train" else
+               "train.data.valid (its path and split; null trains without a held-out split)")
         raise SourceError(f"train: no {split}-*.parquet files under {path}; build them with `sedsynth shards` "
-                          "or point train.data.sources[].path at a folder in the Hugging Face layout")
+                          f"or point {key} at a folder in the Hugging Face layout")
     for p in found:
         _refuse_special(fs, p, f"train: {p} under {path}")
     return found

@@ -9,9 +9,17 @@ optionally a sed_scores_eval score file per file (``--scores DIR``: ``DIR/<name>
 offset and one column per query) and a picture per file (spectrogram, each query's frame
 probabilities, detected events as bars).
 
+Inputs (:func:`expand_inputs`): files, folders (their audio files, sorted; ``--recursive`` descends),
+glob patterns (expanded here when the shell passed them quoted) and ``--files-from LIST`` (one
+path per line, ``-`` for stdin). A link inside a folder that leads out of it is skipped with a
+line on stderr; a FIFO or device is refused.
+
 Events are runs of frames whose median-filtered probability reaches the threshold (``--threshold``,
 else the one ``sedsynth train`` chose on the valid split and stored in the checkpoint, else 0.5;
-a line on stderr says which); an event's score is its highest frame probability; the score
+a line on stderr says which). The median filter is the one stored with the checkpoint's
+threshold (else ``evaluate.median_filter_frames``), whether or not ``--threshold`` is given, unless
+``--median-filter N`` names another. A file without events gets a ``no events found`` line with
+each query's highest frame probability and when it occurs. An event's score is its highest frame probability; the score
 files hold the same median-filtered probabilities, so sed_scores_eval's PSDS and collar F1 score
 them as the evaluate stage does.
 
@@ -28,6 +36,8 @@ evaluation.
 
 from __future__ import annotations
 
+import glob
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,7 +46,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.audio import AudioError, read_blocks
+from pipeline.files import special_file_problem
 from pipeline.outputs import write_atomic
+from trainer import checkpoint as checkpoint_file
 from trainer.evaluation.calibration import f1_median_filter, threshold_setting
 from trainer.evaluation.detector import Detector
 from trainer.evaluation.metrics import smooth, tsv_cell
@@ -52,6 +64,132 @@ def fits_tsv(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# libsndfile's formats and the file extensions they go by; only the formats the installed library reads count
+_FORMAT_EXTENSIONS = {
+    "WAV": ("wav",), "WAVEX": ("wav",), "FLAC": ("flac",), "OGG": ("ogg", "oga", "opus"), "MP3": ("mp3",),
+    "AIFF": ("aif", "aiff", "aifc"), "AU": ("au", "snd"), "CAF": ("caf",), "W64": ("w64",), "RF64": ("rf64",),
+    "NIST": ("nist", "sph"), "IRCAM": ("sf",), "VOC": ("voc",), "PAF": ("paf",), "SVX": ("svx", "8svx"),
+    "SD2": ("sd2",), "WVE": ("wve",), "AVR": ("avr",), "HTK": ("htk",), "MPC2K": ("mpc2k",), "SDS": ("sds",), "XI": ("xi",),
+}
+GLOB_CHARS = frozenset("*?[")
+
+
+def audio_extensions() -> frozenset[str]:
+    """File extensions (lower case, no dot) of the formats the installed libsndfile reads."""
+    import soundfile
+
+    formats = soundfile.available_formats()
+    return frozenset(ext for name, exts in _FORMAT_EXTENSIONS.items() if name in formats for ext in exts)
+
+
+def _is_audio(path: str, extensions: frozenset[str]) -> bool:
+    return Path(path).suffix[1:].lower() in extensions
+
+
+def _inside(path: str, root: str) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _folder_files(folder: str, recursive: bool, extensions: frozenset[str], note) -> list[str]:
+    """The audio files in ``folder`` (sorted; with ``recursive`` its subfolders too, each after its folder's files).
+
+    A link that leads out of ``folder`` is skipped (``note`` says so); a FIFO or device is skipped
+    silently unless its name says audio, when ``note`` says why."""
+    out: list[str] = []
+    seen: set[str] = {os.path.realpath(folder)}
+
+    def walk(current: str) -> None:
+        try:
+            entries = sorted(os.scandir(current), key=lambda e: e.name)
+        except OSError as e:
+            note(f"{current}: cannot list it ({e.strerror or e})")
+            return
+        subfolders = []
+        for entry in entries:
+            path = entry.path
+            if entry.is_symlink() and not _inside(path, folder):
+                if entry.is_dir() and recursive or _is_audio(path, extensions):
+                    note(f"{path}: skipped, a link that leads out of {folder} ({os.path.realpath(path)})")
+                continue
+            if entry.is_dir():
+                real = os.path.realpath(path)
+                if recursive and real not in seen:  # a link back up the tree is walked once
+                    seen.add(real)
+                    subfolders.append(path)
+                continue
+            if not _is_audio(path, extensions):
+                continue
+            problem = special_file_problem(path)
+            if problem is not None:
+                note(f"{path}: skipped, it {problem}")
+                continue
+            out.append(path)
+        for sub in subfolders:
+            walk(sub)
+
+    walk(folder)
+    return out
+
+
+def read_file_list(source: str, stdin=None) -> list[str]:
+    """``--files-from``: one path per line (blank lines skipped) from the file ``source``, or stdin for ``-``."""
+    if source == "-":
+        text = (stdin or sys.stdin).read()
+    else:
+        problem = special_file_problem(source)
+        if problem is not None:
+            raise ValueError(f"--files-from {source} {problem}")
+        text = Path(source).read_text(encoding="utf-8")
+    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+
+
+def expand_inputs(inputs: Iterable[str], recursive: bool = False,
+                  note=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr)) -> tuple[list[str], dict[str, str]]:
+    """Paths as a user gives them -> ``(audio files in order, {input: why it gives none})``.
+
+    A file is taken as it is (whatever its extension); a folder gives its audio files (by
+    extension, those :func:`audio_extensions` names), sorted, its subfolders' too with
+    ``recursive``; a path that does not exist and holds ``*``, ``?`` or ``[`` is a glob pattern
+    (``**`` descends), giving the audio files it matches, sorted. A file reached twice is kept
+    once. A FIFO or device, a missing path, a folder or pattern with no audio files are problems.
+    """
+    extensions = audio_extensions()
+    files: list[str] = []
+    problems: dict[str, str] = {}
+    for item in inputs:
+        if os.path.isdir(item):
+            found = _folder_files(item, recursive, extensions, note)
+            if not found:
+                hint = "" if recursive else " (--recursive looks in its subfolders)"
+                problems[item] = f"is a folder with no audio files{hint}; audio is found by extension: {', '.join(sorted(extensions))}"
+        elif os.path.lexists(item):
+            problem = special_file_problem(item)
+            if problem is None and not os.path.exists(item):
+                problem = "is a link that leads nowhere"
+            if problem is not None:
+                problems[item] = problem
+                continue
+            found = [item]
+        elif GLOB_CHARS & set(item):
+            matches = sorted(glob.glob(item, recursive=True))
+            found = [m for m in matches if _is_audio(m, extensions) and os.path.isfile(m) and special_file_problem(m) is None]
+            if not found:
+                problems[item] = ("matches no audio file" if not matches else
+                                  f"matches {len(matches)} path(s) but no audio file (by extension: {', '.join(sorted(extensions))})")
+        else:
+            problems[item] = "does not exist or is not a file"
+            continue
+        files += found
+    return list(dict.fromkeys(files)), problems
+
+
+def quiet_line(file: str, peaks: dict[str, tuple[float, float]]) -> str:
+    """The line for a file without events: each query's highest frame probability and when its frame starts."""
+    best = ", ".join(f"{q!r} {p:.3f} at {t:.2f} s" for q, (p, t) in peaks.items())
+    return f"{_shown(file)}: no events found (highest: {best})"
 
 
 @dataclass(frozen=True)
@@ -101,8 +239,9 @@ def _tap(blocks: Iterable[np.ndarray], sketch: Spectrogram | None) -> Iterator[n
         yield block
 
 
-def detect(detector: Detector, files: list[str], queries: list[str], threshold: float = 0.5, median_frames: int = 3,
-           picture_dir: Path | None = None, scores_dir: Path | None = None, unique_names: bool = False) -> tuple[list[Detection], dict[str, str]]:
+def detect(detector: Detector, files: list[str], queries: list[str], threshold: float = 0.5, median_frames: int = 3, *,
+           picture_dir: Path | None = None, scores_dir: Path | None = None, unique_names: bool = False,
+           peaks: dict[str, dict[str, tuple[float, float]]] | None = None) -> tuple[list[Detection], dict[str, str]]:
     """Detections for every file that scores, and ``{file: what went wrong}`` for the others.
 
     Each file is streamed (:func:`read_blocks`), so only a window's worth of its audio is held.
@@ -111,6 +250,8 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
     ``unique_names`` (outputs that name files by their base name), a file whose name (without
     extension, as sed_scores_eval reads ground truth) repeats an earlier input's is not scored;
     with ``unique_names`` or ``scores_dir``, nor is a file whose name holds a tab or line break.
+    ``peaks``, when given, gets ``{file: {query: (highest probability, start of its frame in s)}}``
+    for every file scored (after the median filter, as events are cut).
     """
     vocab = detector.vocabulary(queries)
     found: list[Detection] = []
@@ -136,6 +277,10 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
         probs = smooth(scores.probs[0], median_frames)
         per_query = {q: events(scores.timestamps_s, probs[:, k], threshold) for k, q in enumerate(queries)}
         found += [Detection(file, q, on, off, s) for q, evs in per_query.items() for on, off, s in evs]
+        if peaks is not None:
+            top = np.argmax(probs, axis=0) if len(probs) else np.zeros(len(queries), int)
+            peaks[file] = {q: (float(probs[top[k], k]) if len(probs) else float("nan"), float(scores.timestamps_s[top[k]]))
+                           for k, q in enumerate(queries)}
         problems = []
         if scores_dir is not None:
             try:
@@ -176,29 +321,64 @@ def _shown(path: str) -> str:
     return path if path.isprintable() else repr(path)
 
 
+def median_filter_setting(frames: int | None) -> int | None:
+    """``--median-filter``: an odd number of frames, at least 1 (1: no filter); None: not given."""
+    if frames is not None and (frames < 1 or frames % 2 == 0):
+        raise ValueError(f"--median-filter is {frames}; use an odd number of frames, at least 1 (1: no filter)")
+    return frames
+
+
 def main(args, params) -> int:
     """``sedsynth detect`` with its parsed ``args`` and ``params`` (only ``evaluate.*`` is read; the model comes from the checkpoint).
 
-    ``args.threshold`` None (no ``--threshold``) means the checkpoint's stored threshold; stderr says which one is used.
+    ``args.threshold`` None (no ``--threshold``) means the checkpoint's stored threshold; stderr says which one is used,
+    and which median filter (the one stored with the threshold unless ``--median-filter``).
     """
     evaluate = params.evaluate
     checkpoint = args.checkpoint or evaluate.checkpoint
     queries = check_queries(args.query, score_columns=args.scores is not None)
+    median = median_filter_setting(getattr(args, "median_filter", None))
+    inputs = list(args.audio)
+    files_from = getattr(args, "files_from", None)
+    if files_from is not None:
+        inputs += read_file_list(files_from)
+    if not inputs:
+        raise ValueError("no audio given: name files, folders or glob patterns, or pass --files-from LIST")
     detector = Detector.from_checkpoint(checkpoint, device=args.device or evaluate.device,
                                         overlap=evaluate.window_overlap, batch_size=evaluate.batch_size)
     threshold, source, stored = threshold_setting(args.threshold, checkpoint, "--threshold",
                                                   warn=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr))
-    # the threshold's own filter: the one stored with it, else evaluate's
-    frames = f1_median_filter(evaluate.f1_median_filter_frames if args.threshold is None else evaluate.median_filter_frames, stored,
-                              evaluate.median_filter_frames)
-    print(f"sedsynth detect: threshold {threshold:.6g} after a {frames}-frame median filter ({source})", file=sys.stderr)
-    missing = [f for f in args.audio if not Path(f).is_file()]
-    for f in missing:
-        print(f"sedsynth detect: error: {_shown(f)} does not exist or is not a file", file=sys.stderr)
+    if median is not None:
+        frames, filter_source = median, "--median-filter"
+    else:  # the filter stored with the checkpoint's threshold, with --threshold too: a threshold alone changes no filter
+        calibration = stored if args.threshold is None else checkpoint_file.read_entry(checkpoint, "calibration")
+        frames = f1_median_filter(evaluate.f1_median_filter_frames, calibration, evaluate.median_filter_frames)
+        if evaluate.f1_median_filter_frames not in (None, "checkpoint"):
+            filter_source = "evaluate.f1_median_filter_frames"
+        elif calibration and "median_filter_frames" in calibration:
+            filter_source = "stored with the checkpoint's threshold"
+        else:
+            filter_source = "evaluate.median_filter_frames"
+    print(f"sedsynth detect: threshold {threshold:.6g} after a {frames}-frame median filter ({source}); "
+          f"filter: {filter_source}", file=sys.stderr)
+    audio, missing = expand_inputs(inputs, recursive=getattr(args, "recursive", False))
+    for f, why in missing.items():
+        print(f"sedsynth detect: error: {_shown(f)} {why}", file=sys.stderr)
     tsv = args.format == "tsv"
-    rows, failed = detect(detector, [f for f in args.audio if f not in missing], queries, threshold, frames, Path(args.pictures) if args.pictures else None,
-                          Path(args.scores) if args.scores else None, unique_names=tsv)
+    peaks: dict[str, dict[str, tuple[float, float]]] = {}
+    rows, failed = detect(detector, audio, queries, threshold, frames, picture_dir=Path(args.pictures) if args.pictures else None,
+                          scores_dir=Path(args.scores) if args.scores else None, unique_names=tsv, peaks=peaks)
     for f, why in failed.items():
         print(f"sedsynth detect: error: {_shown(f)}: {why}", file=sys.stderr)
-    print(format_rows(rows, tsv))
+    with_events = {r.file for r in rows}
+    quiet = [quiet_line(f, p) for f, p in peaks.items() if f not in with_events]
+    if tsv:  # stdout stays a DCASE TSV: the lines go to stderr
+        print(format_rows(rows, tsv))
+        for line in quiet:
+            print(f"sedsynth detect: {line}", file=sys.stderr)
+    else:
+        if rows or not quiet:
+            print(format_rows(rows, tsv))
+        for line in quiet:
+            print(line)
     return 2 if missing or failed else 0
