@@ -37,7 +37,6 @@ import resource
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np

@@ -42,8 +42,8 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.outputs import MANIFEST
 from pipeline.config.params import MixtureCounts
+from pipeline.outputs import MANIFEST
 from trainer.config import Params
 
 TARGET_SCALING_2_WORKERS = 1.8  # 2 workers' rate over 1 worker's
@@ -95,8 +95,8 @@ def _sources(params: Params, tmp: Path) -> tuple[Path, Path]:
     events, backgrounds = Path(params.clip.out_dir), Path(params.ambience.out_dir)
     if (events / MANIFEST).exists() and (backgrounds / MANIFEST).exists():
         return events, backgrounds
-    from pipeline.stages import ambience, clip
     from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
+    from pipeline.stages import ambience, clip
 
     print("bench mix: no stage outputs found; generating the embedded corpus, clips and backgrounds", file=sys.stderr)
     write_fsd50k_corpus(tmp / "fsd50k", n_clips=params.corpus.fsd50k_clips, seed=params.corpus.seed)

@@ -58,8 +58,8 @@ def _timed(fn) -> float:
 
 def bench_clip(params: Params, corpus: Path | None, n_clips: int, repeat: int) -> dict:
     from pipeline.audio import downmix, quantize_int16, resample, write_flac
-    from pipeline.corpus import write_fsd50k_corpus
     from pipeline.clip.cutting import clip_one, plan_clips
+    from pipeline.corpus import write_fsd50k_corpus
     from pipeline.schema import EventClip
 
     with tempfile.TemporaryDirectory(prefix="sedsynth-bench-") as tmp:

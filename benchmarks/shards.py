@@ -41,9 +41,9 @@ def bench_shards(params, repeat: int = 3) -> dict:
     from pipeline.schema import ShardRow, from_table
     from pipeline.shards import card
     from pipeline.shards.layout import features
-    from pipeline.stages.shards import run as shards
     from pipeline.shards.validate import validate
     from pipeline.stages import captions, clusters
+    from pipeline.stages.shards import run as shards
 
     mix_dir = Path(params.mix.out_dir)
     if not (mix_dir / MIXTURES).exists():

@@ -31,6 +31,7 @@ from dataclasses import replace
 import soundfile as sf
 import torch
 
+
 def _peak_tflops(name: str, override: float | None) -> float | None:
     from trainer.precision import peak_bf16_flops
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import io
 import math
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import soundfile as sf

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from pipeline.metadata_csv import plain_text, read_header_and_rows
 from pipeline.ontology import Ontology

@@ -9,7 +9,7 @@ restrictive licence of its sources; ``unknown`` ranks as the most restrictive of
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 _URL_PARTS = {
     "publicdomain/zero": "CC0",

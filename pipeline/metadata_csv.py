@@ -10,8 +10,8 @@ own. A UTF-8 byte-order mark and CRLF endings are accepted; undecodable bytes be
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def read_header_and_rows(path: Path) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:

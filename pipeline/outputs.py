@@ -29,9 +29,9 @@ import re
 import secrets
 import shutil
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -41,6 +41,9 @@ import argparse
 import errno
 import math
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from pipeline.config.params import ParamsError, load_params, merge, parse_override, read_yaml_mapping
 from sedsynth import OUTPUT_SETTINGS, PIPELINE
@@ -77,56 +80,37 @@ def _trainer_params(args: argparse.Namespace):
     return load_trainer_params(args.params, _overrides(args))
 
 
-def _corpus(args: argparse.Namespace) -> int:
-    from pipeline.stages.corpus import run
+def _attribute(path: str):
+    """``"pipeline.stages.clip:run"`` -> that function, its module imported now (a command's heavy imports wait
+    until it runs)."""
+    import importlib
 
-    run(_params(args))
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# How a command calls its target: call(target, args, params), where ``target()`` imports and returns the
+# command's function and ``params()`` loads its params; either is only done when the call needs it.
+
+
+def _run_stage(target, args: argparse.Namespace, params) -> int | None:
+    """A DVC stage: ``run(params)``."""
+    target()(params())
     return 0
 
 
-def _clip(args: argparse.Namespace) -> int:
-    from pipeline.stages.clip import run
-
-    run(_params(args))
-    return 0
+def _run_main(target, args: argparse.Namespace, params) -> int:
+    """A command with flags of its own: ``main(args, params)``, which returns the exit status."""
+    return target()(args, params())
 
 
-def _ambience(args: argparse.Namespace) -> int:
-    from pipeline.stages.ambience import run
-
-    run(_params(args))
-    return 0
-
-
-def _mix(args: argparse.Namespace) -> int:
-    from pipeline.stages.mix import run
-
-    run(_params(args))
-    return 0
-
-
-def _captions(args: argparse.Namespace) -> int:
-    from pipeline.stages.captions import run
-    from pipeline.text.llm import LLMError
-
-    try:
-        run(_params(args))
-    except LLMError as e:
-        raise CommandError(str(e)) from None
-    return 0
-
-
-def _clusters(args: argparse.Namespace) -> int:
-    from pipeline.stages.clusters import run
-
-    run(_params(args))
-    return 0
-
-
-def _shards(args: argparse.Namespace) -> int:
-    from pipeline.stages.shards import run
-
-    run(_params(args))
+def _run_train(target, args: argparse.Namespace, params) -> int:
+    summary = target()(params())
+    if summary:
+        final, untrained = summary.get("final", {}), summary.get("untrained", {})
+        print(f"train: {summary['steps']} steps, {summary['train_clips_per_s']:.1f} clips/s; held-out frame AUROC "
+              f"{untrained.get('frame_auroc', float('nan')):.3f} untrained -> {final.get('frame_auroc', float('nan')):.3f}, "
+              f"audio->caption R@1 {untrained.get('a2t_r1', float('nan')):.3f} -> {final.get('a2t_r1', float('nan')):.3f}")
     return 0
 
 
@@ -146,58 +130,42 @@ def _import_options(pairs: list[str] | None) -> dict:
     return out
 
 
-def _import(args: argparse.Namespace) -> int:
-    from pipeline.stages.imports import run
-
-    run(_params(args), args.kind, args.root, args.out, _import_options(args.option))
+def _run_import(target, args: argparse.Namespace, params) -> int:
+    target()(params(), args.kind, args.root, args.out, _import_options(args.option))
     return 0
 
 
-def _validate(args: argparse.Namespace) -> int:
-    from pipeline.shards.validate import validate
-
-    folder = args.folder or _params(args).shards.out_dir
-    summary = validate(folder, decode=args.decode)
+def _run_validate(target, args: argparse.Namespace, params) -> int:
+    folder = args.folder or params().shards.out_dir
+    summary = target()(folder, decode=args.decode)
     print(f"{folder}: valid, {summary['rows']} rows in {summary['files']} shards ({', '.join(summary['splits'])})")
     return 0
 
 
-def _publish(args: argparse.Namespace) -> int:
-    from pipeline.shards.publish import publish
-
-    folder = args.folder or _params(args).shards.out_dir
-    publish(folder, args.repo_id, token_env=args.token_env, private=args.private, dry_run=args.dry_run, batch_files=args.batch_files,
-            request_timeout_s=args.request_timeout_s, deadline_s=args.deadline_s)
+def _run_publish(target, args: argparse.Namespace, params) -> int:
+    folder = args.folder or params().shards.out_dir
+    target()(folder, args.repo_id, token_env=args.token_env, private=args.private, dry_run=args.dry_run,
+             batch_files=args.batch_files, request_timeout_s=args.request_timeout_s, deadline_s=args.deadline_s)
     return 0
 
 
-def _pretrain(args: argparse.Namespace) -> int:
-    from trainer.stages.pretrain import run
+def _run_view(target, args: argparse.Namespace, params) -> int:
+    from pathlib import Path
 
-    run(_trainer_params(args))
-    return 0
-
-
-def _train(args: argparse.Namespace) -> int:
-    from trainer.stages.train import run
-
-    summary = run(_trainer_params(args))
-    if summary:
-        final, untrained = summary.get("final", {}), summary.get("untrained", {})
-        print(f"train: {summary['steps']} steps, {summary['train_clips_per_s']:.1f} clips/s; held-out frame AUROC "
-              f"{untrained.get('frame_auroc', float('nan')):.3f} untrained -> {final.get('frame_auroc', float('nan')):.3f}, "
-              f"audio->caption R@1 {untrained.get('a2t_r1', float('nan')):.3f} -> {final.get('a2t_r1', float('nan')):.3f}")
-    return 0
+    # with PATH, no params file is needed: every default stands in for it
+    return target()(args, params() if Path(args.params).exists() or not args.path else None)
 
 
-def _evaluate(args: argparse.Namespace) -> int:
-    from trainer.stages.evaluate import run
+def _run_bench(target, args: argparse.Namespace, params) -> int:
+    """``sedsynth bench BENCHMARK``: benchmarks.run's, or the view's own (benchmarks never import sedsynth)."""
+    if args.what == "view":
+        from sedsynth.view.bench import main as view_bench
 
-    run(_trainer_params(args))
-    return 0
+        return view_bench(args, params())
+    return target()(args, params())
 
 
-def _pipeline(args: argparse.Namespace) -> int:
+def _pipeline(args: argparse.Namespace, params) -> int:
     """Every stage of :data:`PIPELINE` as its own command runs it, with these params, each followed by its wall
     time; the first stage to fail stops the run with that stage's one-line error (``sedsynth clip: error: ...``).
     Every stage's params (the data stages' and the trainer's) are checked before the first stage runs: a bad
@@ -205,14 +173,11 @@ def _pipeline(args: argparse.Namespace) -> int:
     one that reads it. Without DVC: nothing is cached, locked or skipped because it is up to date."""
     import time
 
-    commands = {"corpus": _corpus, "clip": _clip, "ambience": _ambience, "mix": _mix, "captions": _captions, "clusters": _clusters,
-                "shards": _shards, "pretrain": _pretrain, "train": _train, "evaluate": _evaluate}
-    _trainer_params(args)  # every section, the data stages' included: the checks each stage makes when it loads them
-    started = time.perf_counter()
+    started = time.perf_counter()  # ``params``: every section loaded, the data stages' included, so every check ran
     for name in PIPELINE:
         args.command = name  # main() reports a failure as this stage's command would, with its output setting
         stage_started = time.perf_counter()
-        status = commands[name](args)
+        status = COMMANDS[name](args)
         if status:
             return status
         print(f"pipeline: {name} done in {time.perf_counter() - stage_started:.1f} s", flush=True)
@@ -238,203 +203,275 @@ def _checkpoint_params(args: argparse.Namespace):
         return _trainer_params(argparse.Namespace(**{**vars(args), "params": str(empty)}))
 
 
-def _detect(args: argparse.Namespace) -> int:
-    from trainer.evaluation.detect_files import main as detect_main
-
-    return detect_main(args, _checkpoint_params(args))
+# --------------------------------------------------------------------------- each command's own options
 
 
-def _describe(args: argparse.Namespace) -> int:
-    from trainer.stages.describe import main as describe_main
-
-    return describe_main(args, _checkpoint_params(args))
-
-
-def _view(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from sedsynth.view.command import main as view_main
-
-    # with PATH, no params file is needed: every default stands in for it
-    return view_main(args, _trainer_params(args) if Path(args.params).exists() or not args.path else None)
+def _common_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+    p.add_argument("--overrides", action="append", metavar="FILE", help="a YAML of params merged over --params, e.g. configs/train/finelap.yaml")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, e.g. clip.max_duration_s=5")
 
 
-def _ablate(args: argparse.Namespace) -> int:
-    from sedsynth.ablate import main as ablate_main
+def _import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", help="corpus kind: audioset-strong, tacos, desed, dcase-tsv or urban-sed")
+    p.add_argument("root", help="the corpus folder, in its published layout")
+    p.add_argument("--out", default=None, help="output folder (default: imports.out_dir, data/imports/<kind>)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="a reader option over imports.options.<kind>, e.g. --option audio_dir=audio/eval (repeatable)")
 
-    return ablate_main(args, _trainer_params(args))
+
+def _validate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
+    p.add_argument("--decode", action="store_true", help="also decode every audio cell")
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from benchmarks.run import main as bench_main
+def _publish_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
+    p.add_argument("--repo-id", required=True, help="the hub dataset repo, e.g. you/sed-mixtures")
+    p.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding a write token (default HF_TOKEN)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
+    p.add_argument("--batch-files", type=_at_least_one, default=50, help="shards per commit (default 50)")
+    p.add_argument("--request-timeout-s", type=float, default=300.0,
+                   help="the longest one hub request may take, sending to the last byte of the answer, plus 1 s per 256 kB "
+                        "it uploads; not retried past it (default 300)")
+    p.add_argument("--deadline-s", type=float, default=21600.0,
+                   help="the longest the run may spend on the hub; a Retry-After past it stops the run at once (default 21600, 6 h)")
 
-    return bench_main(args, _trainer_params(args))
+
+def _detect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("audio", nargs="*", help="audio files (any length, sample rate and channel count), folders (their audio "
+                   "files, sorted) or glob patterns such as 'clips/*.wav' (quoted: detect expands them)")
+    p.add_argument("--files-from", default=None, metavar="LIST", help="also the paths in LIST, one per line (- for stdin)")
+    p.add_argument("--recursive", action="store_true", help="look for audio in the folders' subfolders too")
+    p.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
+    p.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
+    p.add_argument("--threshold", type=_probability, default=None,
+                   help="frame probability that starts an event (default: the threshold stored in the checkpoint, else 0.5)")
+    p.add_argument("--median-filter", type=int, default=None, metavar="N",
+                   help="median filter of N frames (odd, 1: none) before the threshold (default: the one stored with the "
+                        "checkpoint's threshold, with --threshold too)")
+    p.add_argument("--format", choices=["table", "tsv"], default="table",
+                   help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
+    p.add_argument("--scores", default=None, metavar="DIR",
+                   help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
+    p.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+
+
+def _describe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
+    p.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
+    p.add_argument("--decoding", choices=["greedy", "parallel"], default=None,
+                   help="greedy (autoregressive) or parallel (one all-[MASK] pass); default: parallel for a decoder trained "
+                        "with decoding: parallel, else greedy")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
+
+
+def _view_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", nargs="?", default=None,
+                   help="a shard folder, a mixtures folder (the mix stage's output) or an evaluation folder "
+                        "(default: shards.out_dir and evaluate.out_dir of the params)")
+    p.add_argument("--data", default=None, help="the shard or mixtures folder to show with an evaluation folder (default: evaluate.shards)")
+    p.add_argument("--evaluation", default=None, help="an evaluation folder to show with PATH's dataset")
+    p.add_argument("--checkpoint", default=None, help="trainer checkpoint for queries (default: evaluate.checkpoint; none: queries off)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: a free one)")
+    p.add_argument("--max-upload-mb", type=float, default=50.0, help="largest audio file the page accepts, in MiB (default 50)")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 for queries (default: evaluate.device)")
+
+
+def _ablate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
+                                              "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075), "
+                                              "mae_init (the pretrain stage's encoder), captioning_only (CaptionStew's "
+                                              "captioning-only encoder)")
+    p.add_argument("--queue", action="store_true",
+                   help="queue the variants (default: Table 5's five) as DVC experiments of the pipeline, for `dvc queue start`")
+    p.add_argument("--table", action="store_true",
+                   help="write <ablations.out_dir>/table.md (mean and range over ablations.seeds) from the variants' "
+                        "DVC experiments (else their folders): every variant, or full and the ones named")
+    p.add_argument("--seed", type=int, action="append", metavar="S",
+                   help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
+    p.add_argument("--score-only", action="store_true",
+                   help="evaluate the named variants' existing checkpoints again without training (after an evaluation change)")
+
+
+def _repeat(p: argparse.ArgumentParser, what: str = "timed passes; the best is reported") -> None:
+    p.add_argument("--repeat", type=int, default=3, help=f"{what} (default 3)")
+
+
+def _scaper_python(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scaper-python", default=None,
+                   help="python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present; else no Scaper peer)")
+
+
+def _bench_clip_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
+    p.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400)")
+    _repeat(p)
+
+
+def _bench_mix_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mixtures", type=int, default=2000, help="mixtures per timed run (default 2000)")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts to time (default 1,2)")
+    _scaper_python(p)
+    p.add_argument("--scaper-mixtures", type=int, default=200, help="soundscapes Scaper makes (default 200)")
+    p.add_argument("--profile", action="store_true", help="one more 1-worker pass, printing where its time goes by part of the stage")
+    _repeat(p)
+
+
+def _bench_import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clips", type=int, default=10000, help="clips in the generated corpus (default 10000)")
+
+
+def _bench_mixing_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=200, help="rows the loader makes, and soundscapes Scaper makes (default 200)")
+    _scaper_python(p)
+    _repeat(p, "rounds of a warm mixing pass then a Scaper pass, interleaved; the best of each is reported")
+
+
+def _bench_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=None,
+                   help="rows the loader makes (default: batches x batch, so every clip of the timed batches is its own row)")
+    p.add_argument("--batches", type=int, default=2,
+                   help="batches of different rows the step takes in turn, as the loop's differ (default 2)")
+    p.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
+    p.add_argument("--preset", choices=["default", "gpu"], default="default",
+                   help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16, text_pad_rows 64)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU (default: by GPU name)")
+    p.add_argument("--batch", type=int, default=None, help="clips per step (default: the params', or 128 with --preset gpu)")
+    p.add_argument("--profile", action="store_true", help="on CUDA, where the step's GPU time goes (torch.profiler, by kind of kernel)")
+
+
+def _bench_evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clips", type=int, default=10000, help="test clips (default 10000)")
+
+
+def _bench_detection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=int, default=15, help="training epochs, one checkpoint scored per epoch (default 15)")
+    p.add_argument("--out", default="models/bench_detection", help="folder for the run, its scores and psds_curve.{csv,png}")
+    p.add_argument("--score-only", action="store_true",
+                   help="score the epoch checkpoints of an earlier run in --out again, without training (after an evaluation change)")
+
+
+def _bench_llm_cache_args(p: argparse.ArgumentParser) -> None:
+    _repeat(p, "timed rewrites of the whole file, the peer; their mean is reported")
+
+
+def _bench_scale_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default="1000,10000",
+                   help="comma-separated FSD50K-layout clip counts, full = 51197 (mixtures scale to 100,000 at full; default 1000,10000)")
+    p.add_argument("--out", default="bench-out/scale", help="folder for each size's run, scale.csv and scale.png (default bench-out/scale)")
+    p.add_argument("--train", action="store_true", help="also train one epoch streaming the shards, then evaluate")
+    p.add_argument("--stages", default=None, help="comma-separated stages to run, in the pipeline's order (default: "
+                                                 "corpus to shards, with --train also train and evaluate)")
+    p.add_argument("--keep", action="store_true", help="keep each size's data but the corpus and the mixtures, which go once no later stage reads them "
+                   "(default: all removed once measured; the logs stay)")
+    p.add_argument("--reuse", action="store_true", help="run --stages on the data a --keep run left in --out, e.g. "
+                   "--stages train,evaluate --reuse --keep (default: each size starts from an empty folder)")
+
+
+def _bench_view_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=100000, help="rows of the dataset the view serves (default 100000)")
+    _repeat(p)
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``sedsynth`` subcommand: its parser is built from this row and parsing sets it as ``args.fn``."""
+
+    name: str
+    target: str  # "module:function" the command calls, imported only when the command runs
+    help: str
+    params: Callable[[argparse.Namespace], Any] = _params  # the data stages' params, or _trainer_params: every section
+    call: Callable[..., int | None] = _run_stage  # how the target is called: call(target, args, params)
+    options: Callable[[argparse.ArgumentParser], None] | None = None  # adds the command's own options
+    errors: tuple[str, ...] = ()  # "module:Exception"s the command reports in one line
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        errors = tuple(_attribute(e) for e in self.errors)
+        try:
+            return self.call(lambda: _attribute(self.target), args, lambda: self.params(args)) or 0
+        except errors as e:
+            raise CommandError(str(e)) from None
+
+
+_VIEW_HELP = "browse a dataset, hear its mixtures with their labels, query the detector and walk the evaluation's errors in a local web page"
+_ABLATE_HELP = "train and evaluate one of FineLAP's Table 5 variants (or an extra row), or write the table"
+_IMPORT_HELP = "import a real strong-label corpus (AudioSet-Strong, TACOS, DESED, DCASE TSV, URBAN-SED) as shards"
+
+COMMANDS = {c.name: c for c in (
+    Command("corpus", "pipeline.stages.corpus:run", "generate the embedded FSD50K-layout corpus and ambience library"),
+    Command("clip", "pipeline.stages.clip:run", "cut single-event clips from an FSD50K-layout corpus"),
+    Command("ambience", "pipeline.stages.ambience:run", "cut background segments from an ambience library"),
+    Command("mix", "pipeline.stages.mix:run", "mix event clips over backgrounds into soundscapes with relabeled boundaries"),
+    Command("captions", "pipeline.stages.captions:run", "write label phrases and captions for the mixtures",
+            errors=("pipeline.text.llm:LLMError",)),
+    Command("clusters", "pipeline.stages.clusters:run", "assign every phrase to a cluster of the AudioSet-derived inventory"),
+    Command("shards", "pipeline.stages.shards:run", "write Hugging Face Parquet shards, their index and the dataset card"),
+    Command("import", "pipeline.stages.imports:run", _IMPORT_HELP, call=_run_import, options=_import_args),
+    Command("validate", "pipeline.shards.validate:validate", "check a shard folder against the shard schema and its index",
+            call=_run_validate, options=_validate_args),
+    Command("publish", "pipeline.shards.publish:publish", "upload a shard folder to the Hugging Face hub (resumable)",
+            call=_run_publish, options=_publish_args),
+    Command("pretrain", "trainer.stages.pretrain:run",
+            "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)", _trainer_params),
+    Command("train", "trainer.stages.train:run", "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)",
+            _trainer_params, _run_train),
+    Command("evaluate", "trainer.stages.evaluate:run",
+            "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)", _trainer_params),
+    Command("pipeline", "sedsynth.cli:_pipeline", "run every stage of dvc.yaml in its order without DVC, e.g. on tiny data: "
+            "--overrides configs/debug.yaml", _trainer_params, _run_main),
+    Command("detect", "trainer.evaluation.detect_files:main", "print when each text query sounds in audio files (onset, offset, score)",
+            _checkpoint_params, _run_main, _detect_args),
+    Command("describe", "trainer.stages.describe:main", "print a caption per audio file from a checkpoint trained with the captioning loss",
+            _checkpoint_params, _run_main, _describe_args),
+    Command("view", "sedsynth.view.command:main", _VIEW_HELP, _trainer_params, _run_view, _view_args),
+    Command("ablate", "sedsynth.ablate:main", _ABLATE_HELP, _trainer_params, _run_main, _ablate_args),
+)}
+
+# ``sedsynth bench BENCHMARK``: each benchmark's help and its own options
+BENCH = Command("bench", "benchmarks.run:main", "measure stage throughput against a peer measured in the same run", _trainer_params, _run_bench)
+BENCHMARKS = {
+    "clip": ("clipping throughput against plain decoding, one core", _bench_clip_args),
+    "mix": ("mixtures/s and memory against Scaper on the same sources", _bench_mix_args),
+    "shards": ("the text and shard stages on the configured mixtures, against their peers", _repeat),
+    "import": ("importing AudioSet-Strong-style clips against datasets.to_parquet", _bench_import_args),
+    "mixing": ("items/s of mixing while training against reading stored shards, and against Scaper", _bench_mixing_args),
+    "train": ("loader clips/s per worker and training steps/s", _bench_train_args),
+    "evaluate": ("where the metric time goes on a large score set", _bench_evaluate_args),
+    "detection": ("PSDS1 against training minutes on the params' shards", _bench_detection_args),
+    "llm-cache": ("storing one LLM completion at 5,000 and 100,000 entries against rewriting the file", _bench_llm_cache_args),
+    "scale": ("every data stage at growing corpus sizes: wall, CPU, peak RSS and output bytes, growth ratios", _bench_scale_args),
+    "view": ("the view's catalog: load, page and filter a large dataset's rows", _bench_view_args),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sedsynth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def stage(name: str, fn, help_text: str, under=sub) -> argparse.ArgumentParser:
-        p = under.add_parser(name, help=help_text)
-        p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-        p.add_argument("--overrides", action="append", metavar="FILE", help="a YAML of params merged over --params, e.g. configs/train/finelap.yaml")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, e.g. clip.max_duration_s=5")
-        p.set_defaults(fn=fn)
-        return p
-
-    stage("corpus", _corpus, "generate the embedded FSD50K-layout corpus and ambience library")
-    stage("clip", _clip, "cut single-event clips from an FSD50K-layout corpus")
-    stage("ambience", _ambience, "cut background segments from an ambience library")
-    stage("mix", _mix, "mix event clips over backgrounds into soundscapes with relabeled boundaries")
-    stage("captions", _captions, "write label phrases and captions for the mixtures")
-    stage("clusters", _clusters, "assign every phrase to a cluster of the AudioSet-derived inventory")
-    stage("shards", _shards, "write Hugging Face Parquet shards, their index and the dataset card")
-    imp = stage("import", _import, "import a real strong-label corpus (AudioSet-Strong, TACOS, DESED, DCASE TSV, URBAN-SED) as shards")
-    imp.add_argument("kind", help="corpus kind: audioset-strong, tacos, desed, dcase-tsv or urban-sed")
-    imp.add_argument("root", help="the corpus folder, in its published layout")
-    imp.add_argument("--out", default=None, help="output folder (default: imports.out_dir, data/imports/<kind>)")
-    imp.add_argument("--option", action="append", metavar="KEY=VALUE",
-                     help="a reader option over imports.options.<kind>, e.g. --option audio_dir=audio/eval (repeatable)")
-    val = stage("validate", _validate, "check a shard folder against the shard schema and its index")
-    val.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
-    val.add_argument("--decode", action="store_true", help="also decode every audio cell")
-    pub = stage("publish", _publish, "upload a shard folder to the Hugging Face hub (resumable)")
-    pub.add_argument("folder", nargs="?", help="the dataset folder (default: shards.out_dir)")
-    pub.add_argument("--repo-id", required=True, help="the hub dataset repo, e.g. you/sed-mixtures")
-    pub.add_argument("--token-env", default="HF_TOKEN", help="environment variable holding a write token (default HF_TOKEN)")
-    pub.add_argument("--private", action="store_true", help="create the repo private")
-    pub.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
-    pub.add_argument("--batch-files", type=_at_least_one, default=50, help="shards per commit (default 50)")
-    pub.add_argument("--request-timeout-s", type=float, default=300.0,
-                     help="the longest one hub request may take, sending to the last byte of the answer, plus 1 s per 256 kB "
-                          "it uploads; not retried past it (default 300)")
-    pub.add_argument("--deadline-s", type=float, default=21600.0,
-                     help="the longest the run may spend on the hub; a Retry-After past it stops the run at once (default 21600, 6 h)")
-    stage("pretrain", _pretrain, "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)")
-    stage("train", _train, "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)")
-    stage("evaluate", _evaluate, "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)")
-    stage("pipeline", _pipeline, "run every stage of dvc.yaml in its order without DVC, e.g. on tiny data: "
-                                 "--overrides configs/debug.yaml")
-    det = stage("detect", _detect, "print when each text query sounds in audio files (onset, offset, score)")
-    det.add_argument("audio", nargs="*", help="audio files (any length, sample rate and channel count), folders (their audio "
-                     "files, sorted) or glob patterns such as 'clips/*.wav' (quoted: detect expands them)")
-    det.add_argument("--files-from", default=None, metavar="LIST", help="also the paths in LIST, one per line (- for stdin)")
-    det.add_argument("--recursive", action="store_true", help="look for audio in the folders' subfolders too")
-    det.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
-    det.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
-    det.add_argument("--threshold", type=_probability, default=None,
-                     help="frame probability that starts an event (default: the threshold stored in the checkpoint, else 0.5)")
-    det.add_argument("--median-filter", type=int, default=None, metavar="N",
-                     help="median filter of N frames (odd, 1: none) before the threshold (default: the one stored with the "
-                          "checkpoint's threshold, with --threshold too)")
-    det.add_argument("--format", choices=["table", "tsv"], default="table",
-                     help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
-    det.add_argument("--scores", default=None, metavar="DIR",
-                     help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
-    det.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
-    det.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
-    desc = stage("describe", _describe, "print a caption per audio file from a checkpoint trained with the captioning loss")
-    desc.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
-    desc.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
-    desc.add_argument("--decoding", choices=["greedy", "parallel"], default=None,
-                     help="greedy (autoregressive) or parallel (one all-[MASK] pass); default: parallel for a decoder trained "
-                          "with decoding: parallel, else greedy")
-    desc.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
-    view = stage("view", _view, "browse a dataset, hear its mixtures with their labels, query the detector and walk the "
-                                "evaluation's errors in a local web page")
-    view.add_argument("path", nargs="?", default=None,
-                      help="a shard folder, a mixtures folder (the mix stage's output) or an evaluation folder "
-                           "(default: shards.out_dir and evaluate.out_dir of the params)")
-    view.add_argument("--data", default=None, help="the shard or mixtures folder to show with an evaluation folder (default: evaluate.shards)")
-    view.add_argument("--evaluation", default=None, help="an evaluation folder to show with PATH's dataset")
-    view.add_argument("--checkpoint", default=None, help="trainer checkpoint for queries (default: evaluate.checkpoint; none: queries off)")
-    view.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    view.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: a free one)")
-    view.add_argument("--max-upload-mb", type=float, default=50.0, help="largest audio file the page accepts, in MiB (default 50)")
-    view.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 for queries (default: evaluate.device)")
-    abl = stage("ablate", _ablate, "train and evaluate one of FineLAP's Table 5 variants (or an extra row), or write the table")
-    abl.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
-                                                "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075), "
-                                                "mae_init (the pretrain stage's encoder), captioning_only (CaptionStew's "
-                                                "captioning-only encoder)")
-    abl.add_argument("--queue", action="store_true",
-                     help="queue the variants (default: Table 5's five) as DVC experiments of the pipeline, for `dvc queue start`")
-    abl.add_argument("--table", action="store_true",
-                     help="write <ablations.out_dir>/table.md (mean and range over ablations.seeds) from the variants' "
-                          "DVC experiments (else their folders): every variant, or full and the ones named")
-    abl.add_argument("--seed", type=int, action="append", metavar="S",
-                     help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
-    abl.add_argument("--score-only", action="store_true",
-                     help="evaluate the named variants' existing checkpoints again without training (after an evaluation change)")
-    bench = sub.add_parser("bench", help="measure stage throughput against a peer measured in the same run",
+    for command in COMMANDS.values():
+        p = sub.add_parser(command.name, help=command.help)
+        _common_options(p)
+        p.set_defaults(fn=command)
+        if command.options:
+            command.options(p)
+    bench = sub.add_parser("bench", help=BENCH.help,
                            description="Measure a stage's throughput against a peer measured in the same run; each benchmark "
                                        "takes its own flags (sedsynth bench BENCHMARK --help).")
     benchmarks = bench.add_subparsers(dest="what", required=True, metavar="BENCHMARK")
-
-    def benchmark(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = stage(name, _bench, help_text, under=benchmarks)
+    for name, (help_text, options) in BENCHMARKS.items():
+        p = benchmarks.add_parser(name, help=help_text)
+        _common_options(p)
+        p.set_defaults(fn=BENCH)
         p.add_argument("--save", metavar="PATH", default=argparse.SUPPRESS,
                        help="also write the figures, the printed lines, the command, machine and commit to PATH as JSON "
                             "(the format of benchmarks/results/)")
-        return p
-
-    def repeat(p: argparse.ArgumentParser, what: str = "timed passes; the best is reported") -> None:
-        p.add_argument("--repeat", type=int, default=3, help=f"{what} (default 3)")
-
-    def scaper_python(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--scaper-python", default=None,
-                       help="python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present; else no Scaper peer)")
-
-    clip = benchmark("clip", "clipping throughput against plain decoding, one core")
-    clip.add_argument("--corpus", default=None, help="FSD50K-layout folder to measure on (default: a generated one)")
-    clip.add_argument("--clips", type=int, default=400, help="clips in the generated corpus (default 400)")
-    repeat(clip)
-    mix = benchmark("mix", "mixtures/s and memory against Scaper on the same sources")
-    mix.add_argument("--mixtures", type=int, default=2000, help="mixtures per timed run (default 2000)")
-    mix.add_argument("--workers", default="1,2", help="comma-separated worker counts to time (default 1,2)")
-    scaper_python(mix)
-    mix.add_argument("--scaper-mixtures", type=int, default=200, help="soundscapes Scaper makes (default 200)")
-    mix.add_argument("--profile", action="store_true", help="one more 1-worker pass, printing where its time goes by part of the stage")
-    repeat(mix)
-    repeat(benchmark("shards", "the text and shard stages on the configured mixtures, against their peers"))
-    imports = benchmark("import", "importing AudioSet-Strong-style clips against datasets.to_parquet")
-    imports.add_argument("--clips", type=int, default=10000, help="clips in the generated corpus (default 10000)")
-    mixing = benchmark("mixing", "items/s of mixing while training against reading stored shards, and against Scaper")
-    mixing.add_argument("--rows", type=int, default=200, help="rows the loader makes, and soundscapes Scaper makes (default 200)")
-    scaper_python(mixing)
-    repeat(mixing, "rounds of a warm mixing pass then a Scaper pass, interleaved; the best of each is reported")
-    train = benchmark("train", "loader clips/s per worker and training steps/s")
-    train.add_argument("--rows", type=int, default=None,
-                       help="rows the loader makes (default: batches x batch, so every clip of the timed batches is its own row)")
-    train.add_argument("--batches", type=int, default=2,
-                       help="batches of different rows the step takes in turn, as the loop's differ (default 2)")
-    train.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
-    train.add_argument("--preset", choices=["default", "gpu"], default="default",
-                       help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16, text_pad_rows 64)")
-    train.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU (default: by GPU name)")
-    train.add_argument("--batch", type=int, default=None, help="clips per step (default: the params', or 128 with --preset gpu)")
-    train.add_argument("--profile", action="store_true", help="on CUDA, where the step's GPU time goes (torch.profiler, by kind of kernel)")
-    benchmark("evaluate", "where the metric time goes on a large score set").add_argument(
-        "--clips", type=int, default=10000, help="test clips (default 10000)")
-    detection = benchmark("detection", "PSDS1 against training minutes on the params' shards")
-    detection.add_argument("--epochs", type=int, default=15, help="training epochs, one checkpoint scored per epoch (default 15)")
-    detection.add_argument("--out", default="models/bench_detection", help="folder for the run, its scores and psds_curve.{csv,png}")
-    detection.add_argument("--score-only", action="store_true",
-                           help="score the epoch checkpoints of an earlier run in --out again, without training (after an evaluation change)")
-    repeat(benchmark("llm-cache", "storing one LLM completion at 5,000 and 100,000 entries against rewriting the file"),
-           "timed rewrites of the whole file, the peer; their mean is reported")
-    scale = benchmark("scale", "every data stage at growing corpus sizes: wall, CPU, peak RSS and output bytes, growth ratios")
-    scale.add_argument("--sizes", default="1000,10000",
-                       help="comma-separated FSD50K-layout clip counts, full = 51197 (mixtures scale to 100,000 at full; default 1000,10000)")
-    scale.add_argument("--out", default="bench-out/scale", help="folder for each size's run, scale.csv and scale.png (default bench-out/scale)")
-    scale.add_argument("--train", action="store_true", help="also train one epoch streaming the shards, then evaluate")
-    scale.add_argument("--stages", default=None, help="comma-separated stages to run, in the pipeline's order (default: "
-                                                     "corpus to shards, with --train also train and evaluate)")
-    scale.add_argument("--keep", action="store_true", help="keep each size's data but the corpus and the mixtures, which go once no later stage reads them "
-                       "(default: all removed once measured; the logs stay)")
-    scale.add_argument("--reuse", action="store_true", help="run --stages on the data a --keep run left in --out, e.g. "
-                       "--stages train,evaluate --reuse --keep (default: each size starts from an empty folder)")
+        options(p)
     return parser
 
 

@@ -3,8 +3,9 @@
 The import closure is found statically: each project module is parsed with ``ast`` and every
 ``import`` / ``from ... import`` in it is followed, function-level ones included (imports under
 ``if TYPE_CHECKING:`` never run and are left out). A stage's closure starts at the ``sedsynth``
-subcommand its ``cmd`` runs: ``sedsynth/cli.py``'s module-level imports, and the imports of the
-CLI function the subcommand calls and of the ``cli.py`` helpers that function calls. Package data
+subcommand its ``cmd`` runs: ``sedsynth/cli.py``'s module-level imports, the module of the function
+the subcommand's row of ``COMMANDS`` names, and the imports of the ``cli.py`` helpers that row calls
+(and of those they call). Package data
 files (non-Python files inside the project's packages, their READMEs aside) count when their
 names appear in a module of the closure.
 """
@@ -92,16 +93,23 @@ def _tree(file: str) -> ast.Module:
     return ast.parse((ROOT / file).read_text(encoding="utf-8"), filename=file)
 
 
-def _cli_roots(function: str) -> set[str]:
-    """Modules ``sedsynth/cli.py`` loads for one subcommand: its module-level imports and those of
-    ``function`` and of the ``cli.py`` functions it calls (``_params``), transitively."""
+def _cli_roots(command: str) -> set[str]:
+    """Modules ``sedsynth/cli.py`` loads for one subcommand (a row of ``COMMANDS``): its module-level imports,
+    the module of the function the row names, the modules of the errors it reports, and the imports of the
+    ``cli.py`` functions the row calls (its params loader, its call, its options) and of those they call
+    (``_params``), transitively."""
+    from sedsynth.cli import COMMANDS
+
+    row = COMMANDS[command]
     tree = _tree(CLI)
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     roots = {"sedsynth", "sedsynth.cli"}
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             roots |= _imported_modules(node, "sedsynth.cli")
-    seen, todo = set(), [function]
+    for target in (row.target, *row.errors):
+        roots |= _imported_modules(ast.ImportFrom(module=target.partition(":")[0], names=[], level=0), "sedsynth.cli")
+    seen, todo = set(), [f.__name__ for f in (row.params, row.call, row.options) if f is not None]
     while todo:
         name = todo.pop()
         if name in seen or name not in functions:
@@ -113,9 +121,9 @@ def _cli_roots(function: str) -> set[str]:
     return roots
 
 
-def import_closure(function: str) -> set[str]:
-    """Files of every project module the ``sedsynth`` subcommand handled by ``function`` can import."""
-    todo, seen = list(_cli_roots(function)), set()
+def import_closure(command: str) -> set[str]:
+    """Files of every project module the ``sedsynth`` subcommand ``command`` can import."""
+    todo, seen = list(_cli_roots(command)), set()
     while todo:
         name = todo.pop()
         if name in seen:
@@ -148,12 +156,12 @@ def _stages() -> dict[str, dict]:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
 
 
-def _cli_function(cmd: str) -> str:
+def _cli_command(cmd: str) -> str:
     from sedsynth.cli import build_parser
 
     argv = shlex.split(cmd)
     assert argv[0] == "sedsynth", f"dvc.yaml: stage command {cmd!r} is not a sedsynth subcommand"
-    return build_parser().parse_args(argv[1:]).fn.__name__
+    return build_parser().parse_args(argv[1:]).fn.name
 
 
 def _covered(path: str, deps: list[str]) -> bool:
@@ -162,7 +170,7 @@ def _covered(path: str, deps: list[str]) -> bool:
 
 def missing_deps(stage: dict) -> list[str]:
     deps = [str(d) for d in stage.get("deps", [])]
-    needed = import_closure(_cli_function(stage["cmd"]))
+    needed = import_closure(_cli_command(stage["cmd"]))
     needed |= package_data(needed)
     return sorted(p for p in needed if not _covered(p, deps))
 
@@ -181,12 +189,12 @@ def test_every_code_dep_exists():
 
 
 def test_the_closure_follows_function_level_and_relative_imports(tmp_path):
-    clip = import_closure("_clip")
+    clip = import_closure("clip")
     assert {"sedsynth/cli.py", "pipeline/stages/clip.py", "pipeline/config/params.py", "pipeline/__init__.py"} <= clip
     assert not any(f.startswith("trainer/") for f in clip), "another subcommand's imports are not the clip stage's"
-    train = import_closure("_train")
+    train = import_closure("train")
     assert "trainer/stages/train.py" in train and "pipeline/audio.py" in train
-    assert "pipeline/data/audioset_ontology.json" in package_data(import_closure("_clip"))
+    assert "pipeline/data/audioset_ontology.json" in package_data(import_closure("clip"))
 
 
 @pytest.mark.parametrize("stage", ["clip", "train"])
@@ -204,8 +212,8 @@ def test_a_removed_dep_is_reported(stage):
 def test_experiment_settings_make_the_pipeline_run_the_variant(variant):
     """``dvc exp run -S`` with the settings gives the params the direct run uses (its seed too), outputs aside."""
     from pipeline.config.params import merge, parse_override
-    from trainer.config import load_params
     from trainer import ablations
+    from trainer.config import load_params
 
     base = load_params(ROOT / "params.yaml")
     overrides: dict = {}
@@ -258,15 +266,15 @@ def _umask() -> int:
 
 
 def test_outside_a_dvc_project_there_are_no_experiments(tmp_path):
-    from trainer.config import Params
     from trainer import ablations
+    from trainer.config import Params
 
     assert ablations.experiment_metrics(Params(), tmp_path) == {}
 
 
 def test_queueing_reports_each_variant_dvc_refuses_and_goes_on(tmp_path, capsys):
-    from trainer.config import Params
     from trainer import ablations
+    from trainer.config import Params
 
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
         ablations.queue_experiments(Params(), ["full", "nope"], tmp_path)  # names checked before anything is queued

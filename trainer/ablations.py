@@ -44,8 +44,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.outputs import write_atomic
 from pipeline.config.params import SEED, build, merge
+from pipeline.outputs import write_atomic
 from trainer.config import AblationParams, Params
 
 PRETRAINED_ENCODER = "<pretrain.encoder_file>"  # a variant's value for the pretrain stage's encoder weights (pretrain.out_dir)

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer.encoders import AudioEncoder, Attention, EATEncoder, Mlp, SmallEncoder, sincos_2d
+from trainer.encoders import Attention, AudioEncoder, EATEncoder, Mlp, SmallEncoder, sincos_2d
 
 MASK_RATIO = 0.8  # Cacophony / AudioMAE: 80% of unstructured patches masked
 PATCH = 16  # Cacophony: 16 x 16 patches without overlap

@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.metadata_csv import plain_text, read_header_and_rows
 from pipeline.config.params import AmbienceParams
+from pipeline.metadata_csv import plain_text, read_header_and_rows
 from pipeline.schema import Skip, readable_id
 
 

@@ -18,7 +18,6 @@ from pipeline.figures import pyplot, save_png
 from pipeline.schema import EventClip, Skip
 from pipeline.segmentation import find_segment
 
-
 # Skip reasons decided on the clip's energy curve: the picture shows one clip of each that occurred.
 REFUSAL_REASONS_WITH_CURVE = ("no-segment", "silent", "too-short", "too-long", "clipped")
 

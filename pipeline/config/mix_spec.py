@@ -41,9 +41,9 @@ import copy
 import difflib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
 
 from pipeline.config.distributions import Distribution, SpecError, parse
 from pipeline.config.loading import need

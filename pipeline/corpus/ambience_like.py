@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 from scipy import signal
 
-from pipeline.outputs import write_atomic
 from pipeline.corpus.fsd50k_like import LICENSES, csv_text, write_audio_atomically
+from pipeline.outputs import write_atomic
 
 SAMPLE_RATES_HZ = (16000, 22050, 32000, 44100, 48000)
 METADATA_COLUMNS = ("filename", "category", "subcategory", "description", "license", "author")

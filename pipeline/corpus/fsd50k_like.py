@@ -38,11 +38,11 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from pipeline.outputs import write_atomic
 from pipeline.compute import map_ordered
+from pipeline.config.params import ComputeParams
 from pipeline.corpus import sound_models
 from pipeline.ontology import Ontology, default_ontology, fsd50k_label_name
-from pipeline.config.params import ComputeParams
+from pipeline.outputs import write_atomic
 
 FSD50K_LEAF_CLASSES: tuple[str, ...] = sound_models.CLASS_NAMES
 

@@ -44,9 +44,9 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 from pipeline.schema import SPLITS, ImportedClip, ImportedRegion, Skip
 

@@ -35,11 +35,19 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
-from pipeline.imports.dcase import OUTSIDE_ROOT, outside_root, parse_seconds, plain_relative_name, region_problem, relative_to_root, sort_regions
+from pipeline.imports.dcase import (
+    OUTSIDE_ROOT,
+    outside_root,
+    parse_seconds,
+    plain_relative_name,
+    region_problem,
+    relative_to_root,
+    sort_regions,
+)
 from pipeline.schema import SPLITS, ImportedClip, ImportedRegion, Skip
 
 STRONG_CSV = "annotations_strong.csv"

@@ -33,11 +33,19 @@ soundscapes from :func:`read_folder`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from pipeline.imports.dcase import DATA_DIR, OUTSIDE_ROOT, load_class_map, outside_root, parse_seconds, region_problem, sort_regions
+from pipeline.imports.dcase import (
+    DATA_DIR,
+    OUTSIDE_ROOT,
+    load_class_map,
+    outside_root,
+    parse_seconds,
+    region_problem,
+    sort_regions,
+)
 from pipeline.schema import ImportedClip, ImportedRegion, Skip
 
 URBANSOUND_CLASSES = DATA_DIR / "urbansound_classes.csv"

@@ -57,8 +57,8 @@ import soundfile as sf
 from pipeline.audio import AudioError, downmix, encode_flac, quantize_int16, read_audio, resample
 from pipeline.compute import map_ordered
 from pipeline.imports.dcase import OUTSIDE_ROOT, outside_root, region_problem
-from pipeline.loudness import rms_dbfs
 from pipeline.licenses import license_name, most_restrictive
+from pipeline.loudness import rms_dbfs
 from pipeline.outputs import refuse_empty, staged_dir, summarize, write_atomic, write_json, write_manifest, write_skips
 from pipeline.schema import (
     SPLITS,

@@ -34,6 +34,7 @@ from pipeline.audio import decode_mono, int16_to_float, quantize_int16
 from pipeline.config.mix_spec import STRETCH_METHODS
 from pipeline.loudness import integrated_lufs, power_db
 from pipeline.schema import BackgroundSegment
+
 BROWNIAN = "brownian-"
 SHOEBOX = "shoebox:"
 RIR_FILE = "file:"

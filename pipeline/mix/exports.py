@@ -28,8 +28,10 @@ import csv
 import io
 import json
 from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -115,19 +117,32 @@ def write_txt(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[st
         write_atomic((stage / m.audio_path).with_suffix(".txt"), _tsv(rows, None))
 
 
+@dataclass(frozen=True)
+class PartitionExports:
+    """Which exports :func:`write_partition_files` writes beside a partition's DCASE rows, and what its
+    JAMS files are made from."""
+
+    write_txt: bool  # audio/<split>/<id>.txt, Scaper's txt layout
+    write_jams: bool  # audio/<split>/<id>.jams
+    spec: MixSpec
+    sources: Sources
+    events_dir: Path  # where the event clips are once the run is done
+    backgrounds_dir: Path  # where the background segments are once the run is done
+    events: list[EventClip]
+    backgrounds: list[BackgroundSegment]
+
+
 def write_partition_files(stage: Path, prefix: Path, recipes: list[MixtureRecipe], occurrences: list[EventOccurrence],
-                          segments: list[LabelSegment], *, txt: bool, jams: bool, spec: MixSpec, sources: Sources,
-                          events_dir: Path, backgrounds_dir: Path, events: list[EventClip],
-                          backgrounds: list[BackgroundSegment]) -> None:
+                          segments: list[LabelSegment], exports: PartitionExports) -> None:
     """One partition's exports, from its records: ``<prefix>.events.tsv`` and ``<prefix>.durations.tsv``
-    (its DCASE rows, joined by :func:`join_dcase_metadata`) and, if asked, the txt and JAMS files
-    of its mixtures (``events_dir`` and ``backgrounds_dir``: where the sources are once the run is done)."""
+    (its DCASE rows, joined by :func:`join_dcase_metadata`) and, if ``exports`` asks, the txt and JAMS
+    files of its mixtures."""
     occurrences_of = by_mixture(occurrences)
-    if txt:
+    if exports.write_txt:
         write_txt(stage, recipes, occurrences_of)
-    if jams:
-        write_jams(stage, recipes, occurrences_of, spec=spec, sources=sources, events_dir=events_dir,
-                   backgrounds_dir=backgrounds_dir, events=events, backgrounds=backgrounds)
+    if exports.write_jams:
+        write_jams(stage, recipes, occurrences_of, spec=exports.spec, sources=exports.sources, events_dir=exports.events_dir,
+                   backgrounds_dir=exports.backgrounds_dir, events=exports.events, backgrounds=exports.backgrounds)
     for name, rows in dcase_rows(recipes, by_mixture(segments)).items():
         write_atomic(Path(f"{prefix}.{name}"), rows)
 

@@ -36,12 +36,31 @@ from pipeline.config.distributions import Distribution
 from pipeline.config.mix_spec import MixSpec
 from pipeline.config.params import RelabelParams
 from pipeline.licenses import license_name, most_restrictive
-from pipeline.loudness import integrated_lufs, power_db
-from pipeline.loudness import a_weighted_envelope
-from pipeline.mix.augment import brownian_noise, brownian_segment, is_brownian, draw_room, stretch, stretched_length, tail_samples, usable_rooms, varispeed_semitones
+from pipeline.loudness import a_weighted_envelope, integrated_lufs, power_db
+from pipeline.mix.augment import (
+    brownian_noise,
+    brownian_segment,
+    draw_room,
+    is_brownian,
+    stretch,
+    stretched_length,
+    tail_samples,
+    usable_rooms,
+    varispeed_semitones,
+)
 from pipeline.mix.relabel import Envelope, occurrence_envelopes, relabel
-from pipeline.mix.render import (Sources, add_occurrence, apply_fades, apply_gain, decoded_samples, heard_background, is_augmented,
-                                 occurrence_signal, stored_samples, sum_buffer)
+from pipeline.mix.render import (
+    Sources,
+    add_occurrence,
+    apply_fades,
+    apply_gain,
+    decoded_samples,
+    heard_background,
+    is_augmented,
+    occurrence_signal,
+    stored_samples,
+    sum_buffer,
+)
 from pipeline.schema import (
     SPLITS,
     BackgroundSegment,

@@ -23,8 +23,8 @@ end as well (Scaper reads a source from ``int(source_time * sr)`` to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

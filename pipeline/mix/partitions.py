@@ -128,10 +128,9 @@ def render_partition(part: Partition) -> dict:
         dropped += m.dropped_occurrences
     parts = stage / PARTS
     r = part.run
-    exports.write_partition_files(stage, parts / part.key, rows[MIXTURES], rows[OCCURRENCES], rows[SEGMENTS],
-                                  txt=r.export_txt, jams=r.export_jams, spec=r.spec, sources=ctx.sources,
-                                  events_dir=Path(r.events_dir), backgrounds_dir=Path(r.backgrounds_dir),
-                                  events=ctx.events[part.split], backgrounds=ctx.backgrounds[part.split])
+    exports.write_partition_files(stage, parts / part.key, rows[MIXTURES], rows[OCCURRENCES], rows[SEGMENTS], exports.PartitionExports(
+        write_txt=r.export_txt, write_jams=r.export_jams, spec=r.spec, sources=ctx.sources, events_dir=Path(r.events_dir),
+        backgrounds_dir=Path(r.backgrounds_dir), events=ctx.events[part.split], backgrounds=ctx.backgrounds[part.split]))
     write_partition_tables(parts, part.key, rows)
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})
     ctx.sources.release()  # the sources this partition read leave the worker's resident pages

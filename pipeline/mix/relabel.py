@@ -37,8 +37,8 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -17,8 +17,9 @@ added in place, then the whole sum times the mixture gain. The augmentations are
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 from weakref import WeakKeyDictionary
 
 import numpy as np

@@ -40,7 +40,17 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.audio import AudioError, clipped_fraction, downmix, int16_to_float, quantize_int16, read_audio, remove_dc, resample, write_flac
+from pipeline.audio import (
+    AudioError,
+    clipped_fraction,
+    downmix,
+    int16_to_float,
+    quantize_int16,
+    read_audio,
+    remove_dc,
+    resample,
+    write_flac,
+)
 from pipeline.compute import map_ordered
 from pipeline.config.params import AmbienceParams, ClipParams, Params, SoundLibraryParams
 from pipeline.licenses import license_name

@@ -17,7 +17,7 @@ say why one must not be opened, for every reader of an index (validation, traini
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import pyarrow as pa
 

@@ -39,6 +39,7 @@ from pipeline.audio import (
     write_flac,
 )
 from pipeline.compute import map_ordered
+from pipeline.config.params import AmbienceParams, Params, folders_besides
 from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, peak_to_median_db, rms_dbfs
 from pipeline.outputs import (
     MANIFEST,
@@ -54,7 +55,6 @@ from pipeline.outputs import (
     write_manifest,
     write_skips,
 )
-from pipeline.config.params import AmbienceParams, Params, folders_besides
 from pipeline.schema import BackgroundSegment, Skip
 
 AUDIO_DIR = "audio"

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.config.params import Params, folders_besides
 from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
 from pipeline.outputs import check_out_dir, staged_dir
-from pipeline.config.params import Params, folders_besides
 
 
 def run(params: Params, fsd50k_dir: Path | None = None, ambience_dir: Path | None = None) -> None:

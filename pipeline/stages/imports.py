@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.imports import KINDS, reader
 from pipeline.config.params import folders_besides
+from pipeline.imports import KINDS, reader
 from pipeline.imports.writer import write_import
 from pipeline.outputs import check_out_dir
 

@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.mix.layout import ATTRIBUTION, LICENSES, MIXTURES
 from pipeline.config.params import folders_besides
+from pipeline.mix.layout import ATTRIBUTION, LICENSES, MIXTURES
 from pipeline.outputs import check_out_dir, staged_dir
 from pipeline.schema import SPLITS, LabelPhrase, ShardPhrase
 from pipeline.shards import card

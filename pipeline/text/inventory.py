@@ -23,8 +23,8 @@ import csv
 import json
 from pathlib import Path
 
-from pipeline.outputs import write_atomic
 from pipeline.ontology import DATA_DIR, Ontology, default_ontology
+from pipeline.outputs import write_atomic
 from pipeline.text.phrases import label_phrases, name_phrases
 
 STRONG_CLASSES_PATH = DATA_DIR / "audioset_strong_classes.csv"

@@ -48,9 +48,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from pipeline.config.params import LLMParams, api_key_env_problem
 from pipeline.files import NotRegularFileError, read_regular
 from pipeline.outputs import write_atomic
-from pipeline.config.params import LLMParams, api_key_env_problem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -63,10 +63,10 @@ def read_templates(path: Path) -> list[str]:
     try:
         text = read_regular(path, "captions.templates", max_bytes=MAX_TEMPLATE_BYTES).decode("utf-8", "replace")
         return validate_templates(text.splitlines())
+    except MalformedCompletion:  # a ValueError: before the size's
+        raise CaptionError(f"captions: {path} has no usable template; each line needs exactly one {{}} slot") from None
     except (NotRegularFileError, ValueError) as e:
         raise CaptionError(f"captions: {e}") from None
-    except MalformedCompletion:
-        raise CaptionError(f"captions: {path} has no usable template; each line needs exactly one {{}} slot") from None
 
 
 def load_templates(setting: str, completer_factory, num_llm: int) -> list[str]:

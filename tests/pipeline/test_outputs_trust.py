@@ -15,10 +15,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline.audio import write_flac
-from pipeline.outputs import write_atomic
-from pipeline.outputs import resumable_dir, staged_dir, write_json, write_skips, write_table
+from pipeline.outputs import resumable_dir, staged_dir, write_atomic, write_json, write_skips, write_table
 from pipeline.schema import Skip
-
 from tests.conftest import ROOT
 
 
@@ -46,9 +44,10 @@ def test_every_output_file_follows_the_umask(tmp_path, umask, expected):
 # A child that writes `target` through the CLI's main and stops inside write_atomic, after the
 # temporary is written and before the rename, so the test can signal it mid-write.
 _WRITER = textwrap.dedent("""
-    import os, sys, time
+    import dataclasses, os, sys, time
     from pathlib import Path
     from sedsynth import cli
+    from pipeline.stages import corpus
     from pipeline.outputs import staged_dir, write_json
     from pipeline.outputs import write_atomic
 
@@ -60,14 +59,15 @@ _WRITER = textwrap.dedent("""
         time.sleep(60)
         rename(src, dst)
 
-    def stage(args):
+    def stage(params):
         with staged_dir(staged) as out:
             write_json(out / "summary.json", {"new": True})
         os.replace = stalled_replace
         write_atomic(target, b"new")
         return 0
 
-    cli._corpus = stage
+    corpus.run = stage
+    cli.COMMANDS["corpus"] = dataclasses.replace(cli.COMMANDS["corpus"], params=lambda args: None)  # no params file here
     sys.exit(cli.main(["corpus"]))
 """)
 

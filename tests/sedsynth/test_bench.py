@@ -65,3 +65,18 @@ def test_the_command_runs_the_benchmark_it_names_with_its_flags(monkeypatch):
     monkeypatch.setitem(bench.BENCHMARKS, "llm-cache", lambda args, params: ran.append((args.what, args.repeat, params.seed)))
     assert main(["bench", "llm-cache", "--repeat", "1", "--params", str(ROOT / "params.yaml"), "--set", "seed=7"]) == 0
     assert ran == [("llm-cache", 1, 7)]
+
+
+def test_the_view_benchmark_parses_and_runs_the_views_own(monkeypatch):
+    import sys
+    import types
+
+    args = vars(build_parser().parse_args(["bench", "view", "--rows", "500", "--repeat", "2", "--save", "out.json"]))
+    assert {k: args[k] for k in ("what", "rows", "repeat", "save")} == {"what": "view", "rows": 500, "repeat": 2, "save": "out.json"}
+    assert {k: v for k, v in vars(build_parser().parse_args(["bench", "view"])).items() if k not in SHARED} == {"rows": 100000, "repeat": 3}
+    ran = []
+    view_bench = types.ModuleType("sedsynth.view.bench")
+    view_bench.main = lambda args, params: ran.append((args.what, args.rows, params.seed)) or 0
+    monkeypatch.setitem(sys.modules, "sedsynth.view.bench", view_bench)
+    assert main(["bench", "view", "--rows", "5", "--params", str(ROOT / "params.yaml"), "--set", "seed=7"]) == 0
+    assert ran == [("view", 5, 7)]

@@ -123,10 +123,10 @@ def test_a_full_disk_during_clip_is_one_line_and_leaves_the_previous_output(mixe
 
 
 def test_a_full_disk_names_the_file_when_the_error_does(tmp_path, capsys, monkeypatch):
-    def full(args):
+    def full(params):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "events" / "x.flac"))
 
-    monkeypatch.setattr("sedsynth.cli._clip", full)  # the parser is built at each call, so it takes this one
+    monkeypatch.setattr("pipeline.stages.clip.run", full)  # the command imports it when it runs, so it takes this one
     code, _, err = _run(capsys, "clip", "--params", str(ROOT / "params.yaml"), "--set", f"clip.out_dir={tmp_path / 'events'}")
     assert (code, err) == (2, f"sedsynth clip: error: no space left on device writing {tmp_path / 'events' / 'x.flac'}: "
                               "free space or set clip.out_dir\n")
@@ -141,19 +141,19 @@ def test_a_full_disk_names_the_file_when_the_error_does(tmp_path, capsys, monkey
      "[Errno 111] Connection refused (ConnectionRefusedError): check the address and that its server is up and reachable, then run again"),
 ])
 def test_user_fixable_os_faults_are_one_line(error, expected, capsys, monkeypatch):
-    def fails(args):
+    def fails(params):
         raise error
 
-    monkeypatch.setattr("sedsynth.cli._clip", fails)
+    monkeypatch.setattr("pipeline.stages.clip.run", fails)
     code, _, err = _run(capsys, "clip", "--params", str(ROOT / "params.yaml"))
     assert (code, err) == (2, f"sedsynth clip: error: {expected}\n")
 
 
 def test_an_os_error_that_is_a_bug_keeps_its_traceback(monkeypatch):
-    def bug(args):
+    def bug(params):
         raise OSError(errno.EBADF, "Bad file descriptor")
 
-    monkeypatch.setattr("sedsynth.cli._clip", bug)
+    monkeypatch.setattr("pipeline.stages.clip.run", bug)
     with pytest.raises(OSError, match="Bad file descriptor"):
         main(["clip", "--params", str(ROOT / "params.yaml")])
 

@@ -17,7 +17,7 @@ def ran(monkeypatch) -> list[str]:
     """The stages the pipeline runs, in order; each stands in for the real one and does nothing."""
     names: list[str] = []
     for name in PIPELINE:
-        monkeypatch.setattr(cli, f"_{name}", lambda args, name=name: names.append(name) or 0)
+        monkeypatch.setattr(cli.COMMANDS[name].target.replace(":", "."), lambda params, name=name: names.append(name) or {})
     return names
 
 

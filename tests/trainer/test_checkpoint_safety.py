@@ -23,15 +23,15 @@ import soundfile as sf
 import torch
 
 from sedsynth.cli import main
-from trainer.config import Params
 from tests.conftest import tiny_train_params
 from tests.trainer.test_encoders import load_eat_weights
 from trainer import checkpoint
+from trainer.config import Params
 from trainer.encoders import EATEncoder, EncoderError, build_encoder, read_eat_checkpoint
 from trainer.evaluation.detector import Detector
-from trainer.stages.evaluate import detectors
 from trainer.model import build_model
 from trainer.objective import Objective
+from trainer.stages.evaluate import detectors
 from trainer.stages.train import config_of, run
 
 

@@ -16,17 +16,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from trainer.config import Params
-from trainer import checkpoint
 from benchmarks.train import gpu_preset
+from trainer import checkpoint
+from trainer.config import Params
 from trainer.data.stream import Batch
 from trainer.encoders import EATEncoder
 from trainer.features import FbankParams
 from trainer.model import FineLAP
 from trainer.objective import Objective
-from trainer.text import OFFLINE_MODEL, TextEncoder, resolve_model_path
 from trainer.optim import optimizer_for
 from trainer.precision import autocast_for
+from trainer.text import OFFLINE_MODEL, TextEncoder, resolve_model_path
 
 GPU = gpu_preset(Params()).train
 BF16 = autocast_for(GPU.precision, torch.device("cpu"))

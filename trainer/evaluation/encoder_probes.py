@@ -41,10 +41,10 @@ import torch
 from pipeline.audio import AudioError, decode_mono
 from trainer.data.labels import frame_labels
 from trainer.evaluation.detector import Detector
-from trainer.evaluation.probes import clip_probe, frame_probe
-from trainer.memory import release_freed_heap
+from trainer.evaluation.probes import ClipProbeSettings, clip_probe, frame_probe
 from trainer.evaluation.scoring import RELEASE_EVERY_CLIPS, Packed
 from trainer.evaluation.testset import EventClips, ShardSplit
+from trainer.memory import release_freed_heap
 
 FEATURES = "audio encoder's final-layer frames, mean over frequency (encoder width), before FineLAP's adapter and projections"
 
@@ -305,8 +305,9 @@ def _clip_fits(dets: dict[str, Detector], data: ProbeData, e, settings: dict) ->
         xs_train, xs_test = train_x.pop(0), test_x.pop(0)
         (xa, va), (xb, vb) = on(d, padded(xs_train)), on(d, padded([xs_test[k] for k in keep]))
         for pooling in sorted(e.probe_pooling):
-            fits[name, f"clip_{pooling}"] = partial(clip_probe, xa, ya, xb, yb, pooling=pooling, num_classes=len(classes),
-                                                    train_valid=va, test_valid=vb, heads=e.probe_heads, **settings)
+            probe = ClipProbeSettings(pooling=pooling, num_classes=len(classes), heads=e.probe_heads, steps=settings["steps"],
+                                      learning_rate=settings["lr"], seed=settings["seed"])
+            fits[name, f"clip_{pooling}"] = partial(clip_probe, xa, ya, xb, yb, probe, train_valid=va, test_valid=vb)
             extra[name, f"clip_{pooling}"] = {"classes": len(classes), "test_clips_unseen_class": len(test_ids) - len(keep)}
     return fits, extra, {}, bad
 

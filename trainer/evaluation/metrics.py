@@ -27,8 +27,8 @@ import gc
 import time
 import warnings
 from collections import defaultdict
-from contextlib import contextmanager
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np

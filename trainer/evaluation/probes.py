@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -70,20 +71,35 @@ def mean_pool(frames: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (frames * weights).sum(1) / weights.sum(1)
 
 
-def clip_probe(train_features, train_labels, test_features, test_labels, *,
-               pooling: Literal["mean", "attention"] = "mean", num_classes: int | None = None,
-               train_valid=None, test_valid=None, heads: int = 1, steps: int = PROBE_STEPS,
-               batch_size: int = 256, lr: float = PROBE_LR, weight_decay: float = PROBE_WEIGHT_DECAY,
-               seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class ClipProbeSettings:
+    """How :func:`clip_probe` pools and trains its head."""
+
+    pooling: Literal["mean", "attention"] = "mean"
+    num_classes: int | None = None  # default: the largest label index + 1 (or the labels' C columns)
+    heads: int = 1  # attention heads of the pooling
+    steps: int = PROBE_STEPS  # AdamW steps, at most (fewer once the head has fitted its training set)
+    batch_clips: int = 256  # clips per training step (and per scoring batch)
+    learning_rate: float = PROBE_LR
+    weight_decay: float = PROBE_WEIGHT_DECAY  # AdamW's decoupled weight decay
+    seed: int = 0
+
+
+def clip_probe(train_features, train_labels, test_features, test_labels,
+               settings: ClipProbeSettings = ClipProbeSettings(), *, train_valid=None, test_valid=None) -> dict:
     """Clip classification probe: pool frames ``(N, T, D)`` to ``(N, D)``, then a linear layer.
 
+    ``train_valid`` and ``test_valid``: the ``(N, T)`` bool masks of valid frames (default: every frame).
     Labels ``(N,)`` class indices train with softmax cross-entropy; ``(N, C)`` 0/1 multi-label
-    targets with binary cross-entropy. ``num_classes`` defaults to the largest index + 1 (or C).
+    targets with binary cross-entropy. ``settings.num_classes`` defaults to the largest index + 1 (or C).
     Returns ``{"top1_accuracy": share of test clips whose best class is (one of) its label(s),
     "mean_average_precision": macro AP over the classes with a positive test clip, the clips ranked
     by the class's probability (softmax for single-label, sigmoid for multi-label),
-    "classes_scored", "train_clips", "test_clips", "final_train_loss", "pooling", "steps" (taken: at most ``steps``)}``.
+    "classes_scored", "train_clips", "test_clips", "final_train_loss", "pooling", "steps" (taken: at most ``settings.steps``)}``.
     """
+    pooling, num_classes, heads, steps = settings.pooling, settings.num_classes, settings.heads, settings.steps
+    batch_size, lr, weight_decay, seed = (settings.batch_clips, settings.learning_rate, settings.weight_decay,
+                                          settings.seed)
     if pooling not in ("mean", "attention"):
         raise ValueError(f"clip_probe: pooling must be 'mean' or 'attention', got {pooling!r}")
     x_train, valid_train = _frames(train_features, train_valid)

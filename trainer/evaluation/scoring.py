@@ -26,7 +26,6 @@ from trainer.evaluation.detector import ZERO_SHOT_TEMPLATE, Detector, Vocabulary
 from trainer.evaluation.ranking import auroc, retrieval
 from trainer.memory import release_freed_heap
 
-
 F1_SCORES = "scores_f1"  # the folder of the tables collar and segment F1 read, when their median filter is not PSDS's
 PACK_CHUNK_BYTES = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB): each chunk is a mapping of its own
 RELEASE_EVERY_CLIPS = 100  # score_all gives the C heap's free pages back this often (release_freed_heap)

@@ -50,8 +50,8 @@ from pipeline.figures import pyplot, save_png
 from pipeline.outputs import check_out_dir, output_lock, write_json
 from pipeline.schema import Skip
 from trainer import distributed
-from trainer.config import PretrainParams
 from trainer.checkpoint import write_torch_file
+from trainer.config import PretrainParams
 from trainer.encoders import AudioEncoder, build_encoder, pretrained_file
 from trainer.features import Fbank
 from trainer.logs import CsvLog, step_progress, write_skips

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-from pipeline.config.params import ClipParams
 from pipeline.clip.cutting import AUDIO_DIR, clip_one, plan_clips
+from pipeline.config.params import ClipParams
 from pipeline.schema import EventClip, Skip
 from tests.conftest import BARK, BARK_AND_MEOW, ROOT, tone_burst, write_fsd50k
 from tests.test_layers import import_graph

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.params import ParamsError, parse_override
-from trainer.config import load_params, Params
-
 from tests.conftest import ROOT
+from trainer.config import Params, load_params
 
 
 def test_shipped_params_load_and_match_paper_defaults() -> None:

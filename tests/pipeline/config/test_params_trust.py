@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config.params import RANGES, ClipParams, ParamsError, parse_override, read_yaml_mapping
 from sedsynth.cli import main
-from pipeline.config.params import ClipParams, ParamsError, parse_override, RANGES, read_yaml_mapping
-from trainer.config import load_params, Params
-
 from tests.conftest import ROOT
+from trainer.config import Params, load_params
+
 PARAMS = ROOT / "params.yaml"
 
 

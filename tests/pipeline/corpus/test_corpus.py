@@ -12,10 +12,16 @@ import pandas as pd
 import pytest
 import soundfile as sf
 
-from pipeline.corpus import FSD50K_LEAF_CLASSES, write_ambience_library, write_fsd50k_corpus
-from pipeline.corpus import ambience_like, fsd50k_like, sound_models
-from pipeline.ontology import default_ontology
 from pipeline.config.params import ComputeParams
+from pipeline.corpus import (
+    FSD50K_LEAF_CLASSES,
+    ambience_like,
+    fsd50k_like,
+    sound_models,
+    write_ambience_library,
+    write_fsd50k_corpus,
+)
+from pipeline.ontology import default_ontology
 
 N_CLIPS = 60
 N_RECORDINGS = ambience_like.MIN_RECORDINGS + 1

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.imports import reader
-from pipeline.imports import tacos
+from pipeline.imports import reader, tacos
 from pipeline.schema import ImportedRegion
 
 LICENSE_CC0 = "http://creativecommons.org/publicdomain/zero/1.0/"

@@ -8,15 +8,21 @@ import io
 import json
 from dataclasses import replace
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 from torch.utils.data import DataLoader
 
 from pipeline.config.params import ComputeParams
-from pipeline.audio import downmix
-from pipeline.imports.writer import PreparedAudio, clip_caption, clip_phrases, merge_spans, prepare_audio, row_group_table, write_import
+from pipeline.imports.writer import (
+    PreparedAudio,
+    clip_caption,
+    clip_phrases,
+    merge_spans,
+    prepare_audio,
+    row_group_table,
+    write_import,
+)
 from pipeline.outputs import NoOutputError
 from pipeline.schema import AudioFile, ImportedClip, ImportedRegion, ShardPhrase, ShardRow, TimeSpan, from_table, to_table
 from pipeline.shards.layout import shard_schema

@@ -12,14 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.audio import FULL_SCALE_INT16, quantize_int16
-from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, rms_dbfs
 from pipeline.config.distributions import SpecError, parse
-from pipeline.mix.instantiate import MixContext, Mixture, draw_mixture, instantiate, relabel_mixture, render_mixture
-from pipeline.schema import SPLITS
-from pipeline.config.params import RelabelParams
-from pipeline.mix.render import render
 from pipeline.config.mix_spec import MixSpec, resolve_spec
-from pipeline.schema import BackgroundSegment, EventClip
+from pipeline.config.params import RelabelParams
+from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, rms_dbfs
+from pipeline.mix.instantiate import MixContext, Mixture, draw_mixture, instantiate, relabel_mixture, render_mixture
+from pipeline.mix.render import render
+from pipeline.schema import SPLITS, BackgroundSegment, EventClip
 
 SR = 16000
 FRAME_S, HOP_S = 0.04, 0.02

@@ -14,8 +14,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.audio import FULL_SCALE_INT16, quantize_int16
-from pipeline.loudness import a_weighted_envelope
 from pipeline.config.params import RelabelParams
+from pipeline.loudness import a_weighted_envelope
 from pipeline.mix.relabel import Envelope, merge_segments, occurrence_envelopes, relabel, smooth
 from pipeline.schema import EventOccurrence, LabelSegment
 

@@ -10,7 +10,15 @@ import pytest
 import soundfile as sf
 
 from pipeline.config.params import AmbienceParams, ClipParams, SoundLibraryParams
-from pipeline.mix.scaper_library import LibraryFile, analyse_background, analyse_event, label_class, label_folders, list_library, loop_to
+from pipeline.mix.scaper_library import (
+    LibraryFile,
+    analyse_background,
+    analyse_event,
+    label_class,
+    label_folders,
+    list_library,
+    loop_to,
+)
 from pipeline.ontology import default_ontology
 from pipeline.schema import BackgroundSegment, EventClip, Skip
 from tests.conftest import tone_burst

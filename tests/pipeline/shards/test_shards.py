@@ -37,9 +37,9 @@ from pipeline.schema import (
 )
 from pipeline.shards import publish as pub
 from pipeline.shards.layout import shard_schema
+from pipeline.shards.validate import ValidationError, validate
 from pipeline.stages.shards import INDEX_FIELDS, ShardError, mixture_index, plan_chunks, row_group_table, shard_phrase
 from pipeline.stages.shards import run as shards
-from pipeline.shards.validate import ValidationError, validate
 from tests.conftest import tree_digest
 
 

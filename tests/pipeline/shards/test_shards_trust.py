@@ -17,9 +17,9 @@ import pytest
 import soundfile as sf
 import yaml
 
-from sedsynth.cli import main
 from pipeline.shards.layout import features
 from pipeline.shards.validate import ValidationError, validate
+from sedsynth.cli import main
 
 
 def _shards(folder: Path) -> list[dict]:

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline.stages import ambience
 from pipeline.ambience.recordings import read_ambience_library
 from pipeline.config.params import ComputeParams
 from pipeline.schema import BackgroundSegment, from_table
+from pipeline.stages import ambience
 from tests.conftest import tree_digest
 
 

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline.stages import clip
+from pipeline.config.params import ComputeParams
 from pipeline.fsd50k import read_fsd50k, single_label
 from pipeline.ontology import default_ontology
-from pipeline.config.params import ComputeParams
 from pipeline.schema import EventClip, from_table
+from pipeline.stages import clip
 from tests.conftest import BARK, BARK_AND_MEOW, KNOCK, MEOW, tone_burst, tree_digest, write_fsd50k
 
 SR = 44100

@@ -20,14 +20,13 @@ import pytest
 import soundfile as sf
 
 from pipeline.clip.plots import plot_clipping_examples
-from pipeline.stages import ambience, clip
-from sedsynth.cli import main
+from pipeline.config.params import SegmentationParams
 from pipeline.outputs import NoOutputError, rejected_report_path
 from pipeline.schema import BackgroundSegment, EventClip, Skip, from_table
-from pipeline.config.params import SegmentationParams
-from tests.conftest import BARK, BARK_AND_MEOW, KNOCK, MEOW, tone_burst, tree_digest, write_fsd50k
+from pipeline.stages import ambience, clip
+from sedsynth.cli import main
+from tests.conftest import BARK, BARK_AND_MEOW, KNOCK, MEOW, ROOT, tone_burst, tree_digest, write_fsd50k
 
-from tests.conftest import ROOT
 SR = 16000
 
 

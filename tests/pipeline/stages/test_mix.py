@@ -17,18 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline.stages import ambience, clip
+from pipeline.config.params import ComputeParams, MixtureCounts, ParamsError
 from pipeline.corpus import write_ambience_library, write_fsd50k_corpus
 from pipeline.mix.bank import FileSources
 from pipeline.mix.render import render
 from pipeline.mix.sources import MixError
-from pipeline.stages.mix import run
-from pipeline.config.params import ComputeParams, MixtureCounts, ParamsError
-from trainer.config import load_params, Params
 from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe, from_table
-from tests.conftest import tree_digest
-
-from tests.conftest import ROOT
+from pipeline.stages import ambience, clip
+from pipeline.stages.mix import run
+from tests.conftest import ROOT, tree_digest
+from trainer.config import Params, load_params
 
 
 @pytest.fixture(scope="module")
@@ -391,9 +389,8 @@ def test_bad_input_fails_clearly(sources, tmp_path: Path) -> None:
 def test_partitions_write_their_exports_and_the_joined_metadata_equals_the_whole_runs(sources, tmp_path: Path, monkeypatch) -> None:
     """Each partition leaves its DCASE rows and txt files behind before it is marked done; the
     main process only joins them, into the same bytes as writing the metadata from every record."""
-    from pipeline.mix import exports
+    from pipeline.mix import exports, partitions
     from pipeline.schema import LabelSegment
-    from pipeline.mix import partitions
 
     render_partition = partitions.render_partition
     checked = []

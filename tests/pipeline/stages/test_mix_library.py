@@ -17,8 +17,8 @@ import soundfile as sf
 from pipeline.config.params import ComputeParams, HoldoutFractions, MixtureCounts, SoundLibraryParams
 from pipeline.mix.bank import FileSources
 from pipeline.mix.render import render
-from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe, from_table
 from pipeline.mix.sources import SOURCES, MixError
+from pipeline.schema import BackgroundSegment, EventClip, EventOccurrence, MixtureRecipe, from_table
 from pipeline.stages.mix import run
 from tests.conftest import ROOT, tone_burst, tree_digest
 from trainer.config import Params

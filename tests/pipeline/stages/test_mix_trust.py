@@ -17,13 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config.mix_spec import resolve_spec
-from pipeline.mix.sources import MixError, check_sample_rates
-from pipeline.stages.mix import report_dir, run
 from pipeline.config.params import MixtureCounts, ParamsError
-from trainer.config import load_params, Params
+from pipeline.mix.sources import MixError, check_sample_rates
 from pipeline.schema import EventClip, MixtureRecipe, from_table
-
+from pipeline.stages.mix import report_dir, run
 from tests.conftest import ROOT
+from trainer.config import Params, load_params
 
 
 def rejected_report_path(out: Path) -> Path:

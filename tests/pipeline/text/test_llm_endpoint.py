@@ -24,17 +24,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from trainer.config import load_params
+from pipeline.config.params import LLMParams
 from pipeline.schema import Caption, LabelPhrase, MixtureRecipe, from_table
 from pipeline.stages import captions
 from pipeline.text import templates
 from pipeline.text.label_phrases import LABELS_PER_PROMPT, PHRASE_PROMPT, llm_phrase_variants
+from pipeline.text.llm import Completer, LLMError, MalformedCompletion, ResponseCache, strip_fences
 from pipeline.text.templates import MIN_LLM_TEMPLATES, TEMPLATE_PROMPT, load_templates, validate_templates
 from pipeline.text.timeline import TIMELINE_PROMPT, timeline_text, validate_timeline_caption
-from pipeline.config.params import LLMParams
-from pipeline.text.llm import Completer, LLMError, MalformedCompletion, ResponseCache, strip_fences
-
 from tests.conftest import ROOT
+from trainer.config import load_params
+
 KEY_ENV = "TEST_LLM_KEY"
 KEY = "sk-secret-123"
 PATH = "/v1/chat/completions"

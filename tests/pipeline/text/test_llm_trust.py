@@ -20,11 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from sedsynth.cli import main as cli_main
 from pipeline.config.params import ParamsError
-from trainer.config import load_params
-from pipeline.config.params import LLMParams
 from pipeline.text.llm import CACHE_HEADER, Completer, LLMError, ResponseCache, retry_after_s
+from sedsynth.cli import main as cli_main
 from tests.pipeline.text.test_llm_endpoint import (  # noqa: F401  (key_guard is an autouse fixture)
     ROOT,
     FakeLLM,
@@ -35,6 +33,7 @@ from tests.pipeline.text.test_llm_endpoint import (  # noqa: F401  (key_guard is
     server,
     warnings_text,
 )
+from trainer.config import load_params
 
 # --------------------------------------------------------------------------- item 2: a key in api_key_env
 

@@ -24,13 +24,13 @@ from pipeline.schema import (
 from pipeline.stages import captions, clusters
 from pipeline.text import inventory
 from pipeline.text.inventory import DATA_DIR
-from pipeline.text.templates import DEFAULT_TEMPLATES, CaptionError, fill, validate_templates
 from pipeline.text.llm import MalformedCompletion
 from pipeline.text.phrases import (
     join_phrases,
     label_phrases,
     name_phrases,
 )
+from pipeline.text.templates import DEFAULT_TEMPLATES, CaptionError, fill, validate_templates
 from tests.conftest import tree_digest
 
 ONTO = default_ontology()
@@ -278,7 +278,7 @@ def test_labels_outside_the_inventory_go_to_the_nearest_centroid(clustered, tmp_
     phrases = [label_phrases(ONTO, m)[0] for m in sorted(withheld)]
     got = index.assign(phrases, sorted(withheld))
     related = 0
-    for m, (cid, sim, method, _, _) in zip(sorted(withheld), got):
+    for m, (cid, _sim, method, _, _) in zip(sorted(withheld), got):
         assert method == "sbert"
         target = kept[cid]["mid"]
         family = set(ONTO.ancestors(m)) | {m} | set(ONTO.by_mid[m].child_mids)

@@ -17,11 +17,11 @@ import pytest
 import soundfile as sf
 import torch
 
+from pipeline.audio import decode_mono, encode_flac, quantize_int16
 from sedsynth.cli import main
 from tests.conftest import tiny_train_params, tone_burst
 from trainer import checkpoint
 from trainer.evaluation import detect_files as D
-from pipeline.audio import decode_mono, encode_flac, quantize_int16
 from trainer.evaluation.detector import ClipScores, Detector
 from trainer.evaluation.metrics import smooth
 from trainer.evaluation.scoring import Packed, score_all

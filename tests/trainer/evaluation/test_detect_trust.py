@@ -28,14 +28,13 @@ from sed_scores_eval import collar_based, intersection_based
 from sed_scores_eval.base_modules.detection import scores_to_event_list
 from sed_scores_eval.base_modules.io import read_ground_truth_events, read_sed_scores
 
+from pipeline.audio import decode_mono, read_blocks
 from sedsynth.cli import main
-from trainer.config import Params
 from tests.conftest import tiny_train_params, tone_burst
 from tests.trainer.evaluation.test_detect import window_starts
 from trainer import checkpoint
+from trainer.config import Params
 from trainer.evaluation import detect_files as D
-from pipeline.audio import read_blocks
-from pipeline.audio import decode_mono
 from trainer.evaluation.detector import Detector, _WindowCutter
 from trainer.evaluation.metrics import smooth
 from trainer.evaluation.plots import Spectrogram, frame_envelope

@@ -220,13 +220,13 @@ def test_single_label_map_ranks_clips_by_softmax_probability():
     hand: the mAP is over softmax probabilities (raw logits rank these clips otherwise)."""
     from sklearn.metrics import average_precision_score
 
-    from trainer.evaluation.probes import clip_probe
+    from trainer.evaluation.probes import ClipProbeSettings, clip_probe
 
     rng = np.random.default_rng(7)
     x_train, x_test = rng.normal(size=(12, 3, 6)).astype(np.float32), rng.normal(size=(10, 3, 6)).astype(np.float32)
     x_test *= rng.uniform(0.2, 5.0, size=(10, 1, 1)).astype(np.float32)  # clips of very different scales
     y_train, y_test = np.arange(12) % 3, np.arange(10) % 3
-    out = clip_probe(x_train, y_train, x_test, y_test, steps=0, seed=4)
+    out = clip_probe(x_train, y_train, x_test, y_test, ClipProbeSettings(steps=0, seed=4))
     frames = torch.from_numpy(x_train).reshape(-1, 6)
     mean, std = frames.mean(0), frames.std(0, correction=0)
     with torch.random.fork_rng(devices=[]):
@@ -256,7 +256,7 @@ def test_heads_fitted_side_by_side_match_one_after_another(monkeypatch):
     """Fits run on a pool of threads, each on one torch thread, give the figures of a sequential
     run; their seeded initialisations do not mix although they share torch's global generator."""
     from trainer.evaluation import encoder_probes
-    from trainer.evaluation.probes import clip_probe, frame_probe
+    from trainer.evaluation.probes import ClipProbeSettings, clip_probe, frame_probe
 
     rng = np.random.default_rng(5)
     x, x_test = rng.normal(size=(40, 6, 8)).astype(np.float32), rng.normal(size=(20, 6, 8)).astype(np.float32)
@@ -267,7 +267,8 @@ def test_heads_fitted_side_by_side_match_one_after_another(monkeypatch):
     def fits() -> dict:
         def counted(fit):
             return lambda: (threads.append(torch.get_num_threads()), fit())[1]
-        jobs = {(seed, "clip"): counted(lambda seed=seed: clip_probe(x, y, x_test, y_test, pooling="attention", steps=40, seed=seed))
+        jobs = {(seed, "clip"): counted(lambda seed=seed: clip_probe(x, y, x_test, y_test,
+                                                                     ClipProbeSettings(pooling="attention", steps=40, seed=seed)))
                 for seed in range(3)}
         jobs |= {(seed, "frame"): counted(lambda seed=seed: frame_probe(x, frames_y, x_test, frames_y_test, steps=40, seed=seed))
                  for seed in range(3)}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.evaluation.probes import clip_probe, frame_probe, segment_f1
+from trainer.evaluation.probes import ClipProbeSettings, clip_probe, frame_probe, segment_f1
 
 DIM, CLASSES = 16, 4
 
@@ -39,7 +39,7 @@ def split(rng, directions, frames=8, signal_frames=8, strength=1.5, n_train=240,
 @pytest.mark.parametrize("pooling", ["mean", "attention"])
 def test_separable_classes_are_found(pooling):
     rng = np.random.default_rng(0)
-    out = clip_probe(*split(rng, class_directions(rng)), pooling=pooling, steps=200)
+    out = clip_probe(*split(rng, class_directions(rng)), ClipProbeSettings(pooling=pooling, steps=200))
     assert out["top1_accuracy"] >= 0.97 and out["mean_average_precision"] >= 0.97
     assert out["classes_scored"] == CLASSES and out["test_clips"] == 160 and out["pooling"] == pooling
 
@@ -48,7 +48,7 @@ def test_random_labels_stay_at_chance():
     rng = np.random.default_rng(1)
     x_train, _, x_test, _ = split(rng, class_directions(rng))
     out = clip_probe(x_train, rng.integers(0, CLASSES, len(x_train)), x_test, rng.integers(0, CLASSES, len(x_test)),
-                     steps=200)
+                     ClipProbeSettings(steps=200))
     assert 0.1 <= out["top1_accuracy"] <= 0.4  # chance: 1 / 4
     assert out["mean_average_precision"] <= 0.4
 
@@ -56,8 +56,8 @@ def test_random_labels_stay_at_chance():
 def test_attention_pooling_finds_a_signal_in_a_few_frames():
     rng = np.random.default_rng(2)
     data = split(rng, class_directions(rng), frames=48, signal_frames=2, strength=2.0, n_train=400, n_test=200)
-    mean = clip_probe(*data, pooling="mean", steps=200)
-    attention = clip_probe(*data, pooling="attention", steps=200)
+    mean = clip_probe(*data, ClipProbeSettings(pooling="mean", steps=200))
+    attention = clip_probe(*data, ClipProbeSettings(pooling="attention", steps=200))
     assert attention["top1_accuracy"] >= 0.9
     assert attention["top1_accuracy"] >= mean["top1_accuracy"] + 0.15
 
@@ -66,7 +66,7 @@ def test_multi_label_targets_train_with_bce():
     rng = np.random.default_rng(3)
     x_train, y_train, x_test, y_test = split(rng, class_directions(rng))
     one_hot = np.eye(CLASSES, dtype=np.float32)
-    out = clip_probe(x_train, one_hot[y_train], x_test, one_hot[y_test], steps=200)
+    out = clip_probe(x_train, one_hot[y_train], x_test, one_hot[y_test], ClipProbeSettings(steps=200))
     assert out["top1_accuracy"] >= 0.97 and out["mean_average_precision"] >= 0.97
 
 
@@ -77,9 +77,9 @@ def test_padded_frames_are_ignored():
     valid_train[:, 5:], valid_test[:, 6:] = False, False
     garbage = lambda x, v: np.where(v[..., None], x, 1e3).astype(np.float32)  # noqa: E731
     for pooling in ("mean", "attention"):
-        trimmed = clip_probe(x_train[:, :5], y_train, x_test[:, :6], y_test, pooling=pooling, steps=50)
-        padded = clip_probe(garbage(x_train, valid_train), y_train, garbage(x_test, valid_test), y_test, pooling=pooling,
-                            train_valid=valid_train, test_valid=valid_test, steps=50)
+        trimmed = clip_probe(x_train[:, :5], y_train, x_test[:, :6], y_test, ClipProbeSettings(pooling=pooling, steps=50))
+        padded = clip_probe(garbage(x_train, valid_train), y_train, garbage(x_test, valid_test), y_test,
+                            ClipProbeSettings(pooling=pooling, steps=50), train_valid=valid_train, test_valid=valid_test)
         assert padded["top1_accuracy"] == trimmed["top1_accuracy"]
         assert padded["mean_average_precision"] == pytest.approx(trimmed["mean_average_precision"], abs=1e-6)
 
@@ -87,7 +87,7 @@ def test_padded_frames_are_ignored():
 def test_bad_inputs_are_refused():
     x = np.zeros((4, 3, DIM), np.float32)
     with pytest.raises(ValueError, match="pooling"):
-        clip_probe(x, [0, 1, 0, 1], x, [0, 1, 0, 1], pooling="max")
+        clip_probe(x, [0, 1, 0, 1], x, [0, 1, 0, 1], ClipProbeSettings(pooling="max"))
     with pytest.raises(ValueError, match=r"\(N, T, D\)"):
         clip_probe(x[:, 0], [0, 1, 0, 1], x, [0, 1, 0, 1])
     no_frames = np.ones((4, 3), bool)
@@ -99,13 +99,13 @@ def test_bad_inputs_are_refused():
 def test_same_seed_same_figures():
     rng = np.random.default_rng(5)
     data = split(rng, class_directions(rng), strength=0.3)  # hard enough that the figures vary with the seed
-    runs = [clip_probe(*data, pooling="attention", steps=60, batch_size=64, seed=s) for s in (7, 7, 8)]
+    runs = [clip_probe(*data, ClipProbeSettings(pooling="attention", steps=60, batch_clips=64, seed=s)) for s in (7, 7, 8)]
     assert runs[0] == runs[1]
     assert runs[0]["final_train_loss"] != runs[2]["final_train_loss"]
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)
-    clip_probe(*data, steps=5, seed=9)
+    clip_probe(*data, ClipProbeSettings(steps=5, seed=9))
     assert torch.equal(torch.rand(1), before)  # the global generator is left alone
 
 

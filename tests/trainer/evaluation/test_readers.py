@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.imports.dcase import read_dcase_tsv as import_dcase_tsv
 from pipeline.imports.audioset_strong import read as import_audioset_strong
+from pipeline.imports.dcase import read_dcase_tsv as import_dcase_tsv
 from pipeline.imports.urban_sed import read as import_urban_sed
 from tests.pipeline.imports.conftest import write_audioset_strong
 from trainer.evaluation.readers import (
