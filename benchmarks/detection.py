@@ -27,8 +27,20 @@ from pipeline.figures import pyplot, save_png
 
 # Scores a detector should reach on this test split (dashed in the picture).
 TARGETS = ((0.30, "PSDS1 target 0.30"), (0.50, "PSDS2 target 0.50"))
-COLUMNS = ("epoch", "step", "train_min", "psds1", "psds1_astat0", "psds2", "auroc", "f1", "zero_shot_accuracy",
-           "zero_shot_frame_accuracy", "probe_frame_auroc", "probe_segment_f1")
+COLUMNS = (
+    "epoch",
+    "step",
+    "train_min",
+    "psds1",
+    "psds1_astat0",
+    "psds2",
+    "auroc",
+    "f1",
+    "zero_shot_accuracy",
+    "zero_shot_frame_accuracy",
+    "probe_frame_auroc",
+    "probe_segment_f1",
+)
 
 
 class NoRunError(FileNotFoundError):
@@ -44,29 +56,55 @@ def run(params, out: Path, epochs: int, score_only: bool = False) -> list[dict]:
     out = Path(out)
     t = params.train
     run_dir = out / "finelap"
-    params = replace(params, train=replace(t, optim=replace(t.optim, epochs=epochs, max_steps=0), out_dir=str(run_dir),
-                                           keep_epoch_checkpoints=True, resume=False))
+    params = replace(
+        params,
+        train=replace(
+            t, optim=replace(t.optim, epochs=epochs, max_steps=0), out_dir=str(run_dir), keep_epoch_checkpoints=True, resume=False
+        ),
+    )
     if not score_only:
         train.run(params)
-    missing = [f"epoch{epoch:03d}.pt" for epoch in range(1, epochs + 1) if not (run_dir / "checkpoints" / f"epoch{epoch:03d}.pt").is_file()]
+    missing = [
+        f"epoch{epoch:03d}.pt"
+        for epoch in range(1, epochs + 1)
+        if not (run_dir / "checkpoints" / f"epoch{epoch:03d}.pt").is_file()
+    ]
     if missing or not (run_dir / "valid_log.csv").is_file():
-        raise NoRunError(f"bench detection: {run_dir} holds no run of {epochs} epochs to score (missing {(missing or ['valid_log.csv'])[0]}); "
-                         f"run `sedsynth bench detection --epochs {epochs} --out {out}` without --score-only first")
+        raise NoRunError(
+            f"bench detection: {run_dir} holds no run of {epochs} epochs to score (missing {(missing or ['valid_log.csv'])[0]}); "
+            f"run `sedsynth bench detection --epochs {epochs} --out {out}` without --score-only first"
+        )
     with (run_dir / "valid_log.csv").open() as f:
         log = {int(r["epoch"]): r for r in csv.DictReader(f)}
     scores: dict[int, dict] = {}
     for epoch in range(1, epochs + 1):
-        e = replace(params.evaluate, checkpoint=str(run_dir / "checkpoints" / f"epoch{epoch:03d}.pt"), untrained=epoch == 1,
-                    pictures=0, benchmarks={}, f1_threshold=0.5, f1_median_filter_frames=params.evaluate.median_filter_frames,
-                    out_dir=str(out / "evaluation" / f"epoch{epoch:03d}"))
+        e = replace(
+            params.evaluate,
+            checkpoint=str(run_dir / "checkpoints" / f"epoch{epoch:03d}.pt"),
+            untrained=epoch == 1,
+            pictures=0,
+            benchmarks={},
+            f1_threshold=0.5,
+            f1_median_filter_frames=params.evaluate.median_filter_frames,
+            out_dir=str(out / "evaluation" / f"epoch{epoch:03d}"),
+        )
         summary = evaluate.run(replace(params, evaluate=e))
         for model, at in (("trained", epoch), ("untrained", 0)):
             if model in summary["test"]:
                 frame = ((summary.get("probes") or {}).get(model) or {}).get("frame", {})
-                scores[at] = summary["test"][model] | {"probe_frame_auroc": frame.get("frame_auroc_macro", float("nan")),
-                                                       "probe_segment_f1": frame.get("segment_f1", float("nan"))}
-    rows = [{"epoch": epoch, "step": int(log[epoch]["step"]), "train_min": float(log[epoch]["wall_s"] or 0.0) / 60.0,
-             **{k: s.get(k, float("nan")) for k in COLUMNS[3:]}} for epoch, s in sorted(scores.items())]
+                scores[at] = summary["test"][model] | {
+                    "probe_frame_auroc": frame.get("frame_auroc_macro", float("nan")),
+                    "probe_segment_f1": frame.get("segment_f1", float("nan")),
+                }
+    rows = [
+        {
+            "epoch": epoch,
+            "step": int(log[epoch]["step"]),
+            "train_min": float(log[epoch]["wall_s"] or 0.0) / 60.0,
+            **{k: s.get(k, float("nan")) for k in COLUMNS[3:]},
+        }
+        for epoch, s in sorted(scores.items())
+    ]
     write_curve(rows, out)
     return rows
 
@@ -80,9 +118,13 @@ def write_curve(rows: list[dict], out: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     minutes = [r["train_min"] for r in rows]
-    for key, label, style in (("psds1", "PSDS1 (alpha_st 1)", "-"), ("psds1_astat0", "PSDS1 (alpha_st 0)", "-"), ("psds2", "PSDS2", "-"),
-                              ("zero_shot_frame_accuracy", "zero-shot (frame head)", ":"),
-                              ("probe_segment_f1", "encoder frame probe, segment F1", "--")):
+    for key, label, style in (
+        ("psds1", "PSDS1 (alpha_st 1)", "-"),
+        ("psds1_astat0", "PSDS1 (alpha_st 0)", "-"),
+        ("psds2", "PSDS2", "-"),
+        ("zero_shot_frame_accuracy", "zero-shot (frame head)", ":"),
+        ("probe_segment_f1", "encoder frame probe, segment F1", "--"),
+    ):
         ax.plot(minutes, [r[key] for r in rows], marker="o", ls=style, label=label)
     ax.set_xlabel("training minutes (held-out scoring after each epoch included)")
     ax.set_ylabel("score on the test split")
@@ -100,6 +142,8 @@ def print_figures(rows: list[dict]) -> None:
     print("bench detection: each epoch's checkpoint on the test split (epoch 0: untrained)")
     print("  epoch  step  minutes  PSDS1  PSDS1(a_st=0)  PSDS2  AUROC  F1@0.5  ZS clip  ZS frame  probe AUROC  probe seg F1")
     for r in rows:
-        print(f"  {r['epoch']:5d} {r['step']:5d} {r['train_min']:8.1f}  {r['psds1']:.3f}  {r['psds1_astat0']:13.3f}  "
-              f"{r['psds2']:.3f}  {r['auroc']:.3f}  {r['f1']:.3f}  {r['zero_shot_accuracy']:7.3f}  {r['zero_shot_frame_accuracy']:8.3f}  "
-              f"{r['probe_frame_auroc']:11.3f}  {r['probe_segment_f1']:12.3f}")
+        print(
+            f"  {r['epoch']:5d} {r['step']:5d} {r['train_min']:8.1f}  {r['psds1']:.3f}  {r['psds1_astat0']:13.3f}  "
+            f"{r['psds2']:.3f}  {r['auroc']:.3f}  {r['f1']:.3f}  {r['zero_shot_accuracy']:7.3f}  {r['zero_shot_frame_accuracy']:8.3f}  "
+            f"{r['probe_frame_auroc']:11.3f}  {r['probe_segment_f1']:12.3f}"
+        )

@@ -70,8 +70,12 @@ def bench_dynamic_mixing(params, rows: int = 200, scaper_python: str | None = No
     shards = next((s for s in d.sources if s.kind == "shards"), SourceParams())
     clusters = d.clusters or default_clusters_folder(shards.path)
     encoder = build_encoder(params.train.model.encoder)  # no weights needed: its rate, input length and frame times
-    builder = ItemBuilder(ItemParams(encoder.sample_rate_hz, encoder.input_samples(d.crop_s), d.num_phrases),
-                          encoder.frame_spans_s(), NegativeSampler(ClusterTables.read(clusters), d.negative_sampling), params.seed)
+    builder = ItemBuilder(
+        ItemParams(encoder.sample_rate_hz, encoder.input_samples(d.crop_s), d.num_phrases),
+        encoder.frame_spans_s(),
+        NegativeSampler(ClusterTables.read(clusters), d.negative_sampling),
+        params.seed,
+    )
 
     stored = ParquetSource(0, SourceParams(path=shards.path, split="train"))
     groups = stored.row_groups()
@@ -91,13 +95,24 @@ def bench_dynamic_mixing(params, rows: int = 200, scaper_python: str | None = No
 
     with tempfile.TemporaryDirectory(prefix="sedsynth-bench-banks-") as banks:
         figures = _mixing_figures(params, rows, builder, clusters, banks, python, max(1, repeat))
-    figures.update({"rows": rows, "encoder": params.train.model.encoder, "sample_rate_hz": encoder.sample_rate_hz,
-                    "shard_rows": n_shard, "shards_cold_items_per_s": shard_cold, "shards_warm_items_per_s": shard_warm,
-                    "shard_audio_bytes": stored_bytes, "ratio_warm_mixing_to_shards": figures["mixing_warm_items_per_s"] / shard_warm})
+    figures.update(
+        {
+            "rows": rows,
+            "encoder": params.train.model.encoder,
+            "sample_rate_hz": encoder.sample_rate_hz,
+            "shard_rows": n_shard,
+            "shards_cold_items_per_s": shard_cold,
+            "shards_warm_items_per_s": shard_warm,
+            "shard_audio_bytes": stored_bytes,
+            "ratio_warm_mixing_to_shards": figures["mixing_warm_items_per_s"] / shard_warm,
+        }
+    )
     if "scaper" in figures:
         peer = figures["scaper"]["mixtures_per_s"]
-        figures.update(ratio_warm_mixing_to_scaper=figures["mixing_warm_items_per_s"] / peer,
-                       ratio_cold_mixing_to_scaper=figures["mixing_cold_items_per_s"] / peer)
+        figures.update(
+            ratio_warm_mixing_to_scaper=figures["mixing_warm_items_per_s"] / peer,
+            ratio_cold_mixing_to_scaper=figures["mixing_cold_items_per_s"] / peer,
+        )
     return figures
 
 
@@ -128,12 +143,21 @@ def _mixing_figures(params, rows: int, builder, clusters: str, banks: str, scape
     for name, knobs in AUGMENTED.items():
         n = rows if name == "reverb" else max(1, rows // 4)
         mix = dataclasses.replace(params.mix, spec={**params.mix.spec, **knobs})
-        source = MixingSource(0, SourceParams(kind="mixing", split="train", epoch_size=n), dataclasses.replace(params, mix=mix), clusters, banks)
+        source = MixingSource(
+            0, SourceParams(kind="mixing", split="train", epoch_size=n), dataclasses.replace(params, mix=mix), clusters, banks
+        )
         _items_per_s(lambda: source.read(Piece(0, source.name, 0, 0, n)), builder, 0)  # rooms simulated
         source.set_epoch(1)
         augmented[name], _ = _items_per_s(lambda: source.read(Piece(0, source.name, 0, 0, n)), builder, 1)
-    figures = {"mixed_rows": n_mixed, "mixing_cold_items_per_s": mixing_cold, "mixing_warm_items_per_s": max(warm),
-               "mixing_warm_passes": warm, "mixing_open_s": open_s, "mixing_bytes": 0, "augmented_warm_items_per_s": augmented}
+    figures = {
+        "mixed_rows": n_mixed,
+        "mixing_cold_items_per_s": mixing_cold,
+        "mixing_warm_items_per_s": max(warm),
+        "mixing_warm_passes": warm,
+        "mixing_open_s": open_s,
+        "mixing_bytes": 0,
+        "augmented_warm_items_per_s": augmented,
+    }
     if peers:
         figures["scaper"] = max(peers, key=lambda p: p["mixtures_per_s"])
         figures["scaper_passes"] = [p["mixtures_per_s"] for p in peers]
@@ -141,15 +165,23 @@ def _mixing_figures(params, rows: int, builder, clusters: str, banks: str, scape
 
 
 def print_figures(f: dict) -> None:
-    print(f"bench mixing: {f['rows']} items per pass, one loader worker (this process), encoder {f['encoder']} "
-          f"at {f['sample_rate_hz']} Hz; warm and Scaper: best of {len(f['mixing_warm_passes'])} interleaved rounds")
+    print(
+        f"bench mixing: {f['rows']} items per pass, one loader worker (this process), encoder {f['encoder']} "
+        f"at {f['sample_rate_hz']} Hz; warm and Scaper: best of {len(f['mixing_warm_passes'])} interleaved rounds"
+    )
     print(f"  shards, cold (row groups read)         {f['shards_cold_items_per_s']:8.1f} items/s   <- peer")
-    print(f"  shards, warm (row group cached)        {f['shards_warm_items_per_s']:8.1f} items/s   <- peer; "
-          f"{f['shard_audio_bytes'] / 2**20:.1f} MiB of FLAC stored")
-    print(f"  mixing, cold (bank built first)        {f['mixing_cold_items_per_s']:8.1f} items/s   "
-          f"(opening the source: {f['mixing_open_s']:.2f} s)")
-    print(f"  mixing, warm (next epoch, from bank)   {f['mixing_warm_items_per_s']:8.1f} items/s   0 bytes stored  "
-          f"(passes: {', '.join(f'{v:.1f}' for v in f['mixing_warm_passes'])})")
+    print(
+        f"  shards, warm (row group cached)        {f['shards_warm_items_per_s']:8.1f} items/s   <- peer; "
+        f"{f['shard_audio_bytes'] / 2**20:.1f} MiB of FLAC stored"
+    )
+    print(
+        f"  mixing, cold (bank built first)        {f['mixing_cold_items_per_s']:8.1f} items/s   "
+        f"(opening the source: {f['mixing_open_s']:.2f} s)"
+    )
+    print(
+        f"  mixing, warm (next epoch, from bank)   {f['mixing_warm_items_per_s']:8.1f} items/s   0 bytes stored  "
+        f"(passes: {', '.join(f'{v:.1f}' for v in f['mixing_warm_passes'])})"
+    )
     for name, v in f["augmented_warm_items_per_s"].items():
         print(f"  mixing + {name:<30}{v:8.1f} items/s   (warm)")
     print(f"  mixing warm / shards warm              {f['ratio_warm_mixing_to_shards']:8.2f}")
@@ -157,10 +189,14 @@ def print_figures(f: dict) -> None:
         print(f"  {NO_SCAPER}")
         return
     s = f["scaper"]
-    print(f"  Scaper 1.6.5 (1 process, 1 core)       {s['mixtures_per_s']:8.1f} mixtures/s   <- peer; {s['mixtures']} mixtures "
-          f"in {s['seconds']:.1f} s, each written as WAV + JAMS + txt (the mixing source writes nothing)  "
-          f"(passes: {', '.join(f'{v:.1f}' for v in f['scaper_passes'])})")
+    print(
+        f"  Scaper 1.6.5 (1 process, 1 core)       {s['mixtures_per_s']:8.1f} mixtures/s   <- peer; {s['mixtures']} mixtures "
+        f"in {s['seconds']:.1f} s, each written as WAV + JAMS + txt (the mixing source writes nothing)  "
+        f"(passes: {', '.join(f'{v:.1f}' for v in f['scaper_passes'])})"
+    )
     rounds = [w / p for w, p in zip(f["mixing_warm_passes"], f["scaper_passes"])]
-    print(f"  mixing warm / Scaper (per core)        {f['ratio_warm_mixing_to_scaper']:8.1f}x  (target >= {TARGET_SCAPER_RATIO}x; "
-          f"round by round: {', '.join(f'{r:.1f}x' for r in rounds)})")
+    print(
+        f"  mixing warm / Scaper (per core)        {f['ratio_warm_mixing_to_scaper']:8.1f}x  (target >= {TARGET_SCAPER_RATIO}x; "
+        f"round by round: {', '.join(f'{r:.1f}x' for r in rounds)})"
+    )
     print(f"  mixing cold / Scaper (per core)        {f['ratio_cold_mixing_to_scaper']:8.1f}x")

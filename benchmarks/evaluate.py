@@ -61,27 +61,47 @@ def run(clips: int = 10000, classes: int = 20, write_scores: bool = True) -> dic
     made = time.perf_counter() - started
     timer = M.Timer()
     with tempfile.TemporaryDirectory() as tmp:
-        result = detection(scored, 0, truth, durations, names, _Settings, timer, folder=Path(tmp) if write_scores else None, model="bench")
-    own = {i: [(c, [(on, off) for on, off, cc in truth[i] if cc == c]) for c in sorted({e[2] for e in truth[i]})] for i in scored.ids}
+        result = detection(
+            scored, 0, truth, durations, names, _Settings, timer, folder=Path(tmp) if write_scores else None, model="bench"
+        )
+    own = {
+        i: [(c, [(on, off) for on, off, cc in truth[i] if cc == c]) for c in sorted({e[2] for e in truth[i]})] for i in scored.ids
+    }
     result |= grounding(scored, 1, lambda i: own[i], timer)
     rng = np.random.default_rng(1)
     audio = rng.standard_normal((clips, 128)).astype(np.float32)
     text = audio + rng.standard_normal((clips, 128)).astype(np.float32) * 2.0
     with timer("retrieval"):
-        result |= retrieval(audio / np.linalg.norm(audio, axis=1, keepdims=True), text / np.linalg.norm(text, axis=1, keepdims=True),
-                              [(k, k) for k in range(clips)])
-    return {"clips": clips, "classes": classes, "synthesis_s": made, "psds1": result["psds1"], "psds2": result["psds2"],
-            "auroc": result["auroc"], "alignment": result["alignment"], "t2a_r1": result["t2a_r1"], **timer.summary()}
+        result |= retrieval(
+            audio / np.linalg.norm(audio, axis=1, keepdims=True),
+            text / np.linalg.norm(text, axis=1, keepdims=True),
+            [(k, k) for k in range(clips)],
+        )
+    return {
+        "clips": clips,
+        "classes": classes,
+        "synthesis_s": made,
+        "psds1": result["psds1"],
+        "psds2": result["psds2"],
+        "auroc": result["auroc"],
+        "alignment": result["alignment"],
+        "t2a_r1": result["t2a_r1"],
+        **timer.summary(),
+    }
 
 
 def print_figures(f: dict) -> None:
-    print(f"bench evaluate: {f['clips']} clips x {f['classes']} classes, 125 frames each (synthetic scores, "
-          f"PSDS1 {f['psds1']:.3f}, PSDS2 {f['psds2']:.3f}, AUROC {f['auroc']:.3f}, alignment {f['alignment']:.3f}, "
-          f"T2A R@1 {f['t2a_r1']:.3f})")
+    print(
+        f"bench evaluate: {f['clips']} clips x {f['classes']} classes, 125 frames each (synthetic scores, "
+        f"PSDS1 {f['psds1']:.3f}, PSDS2 {f['psds2']:.3f}, AUROC {f['auroc']:.3f}, alignment {f['alignment']:.3f}, "
+        f"T2A R@1 {f['t2a_r1']:.3f})"
+    )
     for k, v in f.items():
         if k.endswith("_s") and k not in ("total_s", "metrics_s", "sed_scores_eval_s", "synthesis_s"):
             print(f"  {k.removesuffix('_s'):<22}{v:9.2f} s")
     print(f"  metrics in all         {f['metrics_s']:9.2f} s")
     print(f"  inside sed_scores_eval {f['sed_scores_eval_s']:9.2f} s   <- peer (the reference implementation)")
-    print(f"  outside it             {f['metrics_s'] - f['sed_scores_eval_s']:9.2f} s   "
-          f"({100 * f['outside_sed_scores_eval_share']:.1f}% of the metric time; target < 20%)")
+    print(
+        f"  outside it             {f['metrics_s'] - f['sed_scores_eval_s']:9.2f} s   "
+        f"({100 * f['outside_sed_scores_eval_share']:.1f}% of the metric time; target < 20%)"
+    )

@@ -27,7 +27,6 @@ the corpus's phrases, the shards and the card are timed):
   and our whole import's rows/s over it.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +50,23 @@ FORMATS = {  # name -> (source file, sample rate in Hz, channels)
     "44.1 kHz stereo WAV": ("d.wav", 44100, 2),
 }
 PER_FORMAT = ("16 kHz mono FLAC", "16 kHz mono WAV", "44.1 kHz stereo WAV")
-MIDS = ("/m/09x0r", "/m/05tny_", "/m/07yv9", "/m/0jbk", "/m/04rlf", "/m/0k4j", "/m/01g50p", "/m/06mb1", "/m/0838f", "/m/07pbtc8",
-        "/m/03m9d0z", "/m/02zsn", "/m/01j3sz", "/m/015lz1", "/m/07qfr4h")
+MIDS = (
+    "/m/09x0r",
+    "/m/05tny_",
+    "/m/07yv9",
+    "/m/0jbk",
+    "/m/04rlf",
+    "/m/0k4j",
+    "/m/01g50p",
+    "/m/06mb1",
+    "/m/0838f",
+    "/m/07pbtc8",
+    "/m/03m9d0z",
+    "/m/02zsn",
+    "/m/01j3sz",
+    "/m/015lz1",
+    "/m/07qfr4h",
+)
 
 
 def _sources(folder: Path, formats: tuple[str, ...]) -> list[Path]:
@@ -63,7 +77,13 @@ def _sources(folder: Path, formats: tuple[str, ...]) -> list[Path]:
         t = np.arange(10 * rate) / rate
         x = 0.1 * np.sin(2 * np.pi * 440 * t) + 0.05 * np.sin(2 * np.pi * 1234 * t) + 0.02 * rng.standard_normal(len(t))
         samples = np.stack([x, 0.8 * x], axis=1) if channels == 2 else x
-        sf.write(str(folder / name), samples.astype(np.float32), rate, subtype="PCM_16", format="FLAC" if name.endswith(".flac") else "WAV")
+        sf.write(
+            str(folder / name),
+            samples.astype(np.float32),
+            rate,
+            subtype="PCM_16",
+            format="FLAC" if name.endswith(".flac") else "WAV",
+        )
         out.append(folder / name)
     return out
 
@@ -102,8 +122,11 @@ def _rss_mib() -> float:
 
 def _cpu_s() -> float:
     """User + system seconds of this process and of its finished children (the dask workers)."""
-    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-               for f in ("ru_utime", "ru_stime"))
+    return sum(
+        getattr(resource.getrusage(who), f)
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        for f in ("ru_utime", "ru_stime")
+    )
 
 
 class _PeakRss:
@@ -142,16 +165,30 @@ def _import(params, root: Path, out: Path, workers: int, index, keep_flac: bool 
     from pipeline.imports.audioset_strong import read
     from pipeline.imports.writer import write_import
 
-    p = dataclasses.replace(params, compute=ComputeParams(workers=workers, chunk_size=32),
-                            imports=dataclasses.replace(params.imports, keep_flac=keep_flac))
+    p = dataclasses.replace(
+        params,
+        compute=ComputeParams(workers=workers, chunk_size=32),
+        imports=dataclasses.replace(params.imports, keep_flac=keep_flac),
+    )
     cpu, t = _cpu_s(), time.perf_counter()
     with _PeakRss() as rss:
         clips, skips = read(root, {})
         summary = write_import(clips, skips, root, out, p, "audioset-strong", index=index)
     wall = time.perf_counter() - t
     listed = summary["inputs"]
-    return {"wall_s": wall, "cpu_s": _cpu_s() - cpu, "peak_rss_mib": rss.peak_mib, "rss_rise_mib": rss.peak_mib - rss.start_mib, "worker_peak_rss_mib": rss.worker_peak_mib, "clips": listed, "workers": workers,
-            "rows": summary["outputs"], "summary": summary, "per_core": listed / wall / workers, "per_cpu_s": listed / (_cpu_s() - cpu)}
+    return {
+        "wall_s": wall,
+        "cpu_s": _cpu_s() - cpu,
+        "peak_rss_mib": rss.peak_mib,
+        "rss_rise_mib": rss.peak_mib - rss.start_mib,
+        "worker_peak_rss_mib": rss.worker_peak_mib,
+        "clips": listed,
+        "workers": workers,
+        "rows": summary["outputs"],
+        "summary": summary,
+        "per_core": listed / wall / workers,
+        "per_cpu_s": listed / (_cpu_s() - cpu),
+    }
 
 
 def _audio_only(params, root: Path, scratch: Path) -> dict:
@@ -161,8 +198,14 @@ def _audio_only(params, root: Path, scratch: Path) -> dict:
 
     clips, _ = read(root, {})
     scratch.mkdir(parents=True)
-    work = functools.partial(prepare_audio, root=root, scratch=scratch, sample_rate_hz=params.sample_rate_hz,
-                             silence_dbfs=params.imports.silence_dbfs, keep_flac=params.imports.keep_flac)
+    work = functools.partial(
+        prepare_audio,
+        root=root,
+        scratch=scratch,
+        sample_rate_hz=params.sample_rate_hz,
+        silence_dbfs=params.imports.silence_dbfs,
+        keep_flac=params.imports.keep_flac,
+    )
     t = time.perf_counter()
     for task in enumerate(clips):
         work(task)
@@ -201,8 +244,10 @@ def bench_import(params, n_clips: int = 10000, index=None, workers: tuple[int, .
         for name in PER_FORMAT:
             root = tmp / f"format{PER_FORMAT.index(name)}"
             make_corpus(root, small_n, formats=(name,))
-            figures["per_format"][name] = {"audio": _audio_only(params, root, tmp / f"scratch{PER_FORMAT.index(name)}"),
-                                           "import": _import(params, root, root / "out", 1, index)}
+            figures["per_format"][name] = {
+                "audio": _audio_only(params, root, tmp / f"scratch{PER_FORMAT.index(name)}"),
+                "import": _import(params, root, root / "out", 1, index),
+            }
         flac = tmp / f"format{PER_FORMAT.index('16 kHz mono FLAC')}"
         figures["flac_reencoded"] = _import(params, flac, flac / "out_reencoded", 1, index, keep_flac=False)
         out = tmp / f"out{workers[0]}"
@@ -235,12 +280,16 @@ def _verdict(rate: float) -> str:
 def print_figures(f: dict) -> None:
     c = f["corpus"]
     target = f["target"]
-    print(f"bench import: AudioSet-Strong-style corpus, {c['clips']} clips, {c['rows']} TSV rows, {c['missing']} clips without audio; "
-          f"{f['rows_written']} rows written; mix: {', '.join(f['mix'])} in equal shares; target >= {target} clips/s per core")
+    print(
+        f"bench import: AudioSet-Strong-style corpus, {c['clips']} clips, {c['rows']} TSV rows, {c['missing']} clips without audio; "
+        f"{f['rows_written']} rows written; mix: {', '.join(f['mix'])} in equal shares; target >= {target} clips/s per core"
+    )
     print(f"  reader (TSVs -> clips, audio listed)   {f['read_s']:7.2f} s  {c['rows'] / f['read_s']:9.0f} TSV rows/s")
     for w, r in f["runs"].items():
-        print(f"  import mix, {w} worker{'s' if w > 1 else ' '}                    {r['wall_s']:7.2f} s  {r['per_core']:9.0f} clips/s per core "
-              f"({r['clips'] / r['wall_s']:.0f} clips/s; {r['per_cpu_s']:.0f} clips per CPU second)  {_verdict(r['per_core'])} the target")
+        print(
+            f"  import mix, {w} worker{'s' if w > 1 else ' '}                    {r['wall_s']:7.2f} s  {r['per_core']:9.0f} clips/s per core "
+            f"({r['clips'] / r['wall_s']:.0f} clips/s; {r['per_cpu_s']:.0f} clips per CPU second)  {_verdict(r['per_core'])} the target"
+        )
     n = f["small"]["clips"]
     print(f"  per format, {n} clips, 1 worker: audio work alone / whole import (clustering and card included), clips/s per core")
     for name, r in f["per_format"].items():
@@ -248,13 +297,19 @@ def print_figures(f: dict) -> None:
         print(f"    {name:22s} {a:7.0f} / {i:5.0f}   audio {_verdict(a)}, import {_verdict(i)} the target")
     re = f["flac_reencoded"]
     kept = f["per_format"]["16 kHz mono FLAC"]["import"]
-    print(f"    16 kHz mono FLAC, keep_flac off (re-encoded): import {re['per_core']:5.0f} clips/s per core "
-          f"({re['wall_s'] / kept['wall_s']:.2f}x the time of keeping the bytes)")
-    print(f"  peak RSS, main process during the import: {f['small_run']['peak_rss_mib']:.0f} MiB at {n} clips, "
-          f"{f['runs'][min(f['runs'])]['peak_rss_mib']:.0f} MiB at {c['clips']} (1 worker, the SentenceBERT model and libraries included); "
-          f"largest worker {max(r['worker_peak_rss_mib'] for r in f['runs'].values()):.0f} MiB")
+    print(
+        f"    16 kHz mono FLAC, keep_flac off (re-encoded): import {re['per_core']:5.0f} clips/s per core "
+        f"({re['wall_s'] / kept['wall_s']:.2f}x the time of keeping the bytes)"
+    )
+    print(
+        f"  peak RSS, main process during the import: {f['small_run']['peak_rss_mib']:.0f} MiB at {n} clips, "
+        f"{f['runs'][min(f['runs'])]['peak_rss_mib']:.0f} MiB at {c['clips']} (1 worker, the SentenceBERT model and libraries included); "
+        f"largest worker {max(r['worker_peak_rss_mib'] for r in f['runs'].values()):.0f} MiB"
+    )
     peer = f["peer_rows"] / f["peer_s"]
     one = f["runs"][min(f["runs"])]
     ours = one["rows"] / one["wall_s"]
-    print(f"  peer: datasets from_dict + cast Audio + to_parquet of {f['peer_rows']} written rows  {f['peer_s']:7.2f} s  {peer:9.0f} rows/s")
+    print(
+        f"  peer: datasets from_dict + cast Audio + to_parquet of {f['peer_rows']} written rows  {f['peer_s']:7.2f} s  {peer:9.0f} rows/s"
+    )
     print(f"  import (1 worker, decoding and encoding included) / peer (rows ready) throughput  {ours / peer:6.2f}")

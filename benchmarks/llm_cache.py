@@ -26,9 +26,11 @@ from pipeline.text.llm import CACHE_HEADER, ResponseCache
 
 
 def _entry(i: int) -> tuple[str, str]:
-    prompt = (f"Write one caption for a {10.0:.1f} s recording, naming the events in the order they happen.\n"
-              f"Events: a dog barking 0.{i % 10}-2.1, 6.3-7.0; rain 0.0-10.0; a car horn {i % 7}.4-{i % 7 + 1}.2 ({i})\n"
-              "Answer with: Caption: <one sentence>")
+    prompt = (
+        f"Write one caption for a {10.0:.1f} s recording, naming the events in the order they happen.\n"
+        f"Events: a dog barking 0.{i % 10}-2.1, 6.3-7.0; rain 0.0-10.0; a car horn {i % 7}.4-{i % 7 + 1}.2 ({i})\n"
+        "Answer with: Caption: <one sentence>"
+    )
     return prompt, f"Caption: A dog barks twice over steady rain while a car horn sounds ({i})."
 
 
@@ -47,14 +49,18 @@ def bench_llm_cache(sizes: tuple[int, ...] = (5_000, 100_000), appends: int = 20
             lines = []
             for i in range(size):
                 prompt, response = _entry(i)
-                lines.append(ResponseCache.line(ResponseCache.key("m", prompt), {"model": "m", "prompt": prompt, "response": response}))
+                lines.append(
+                    ResponseCache.line(ResponseCache.key("m", prompt), {"model": "m", "prompt": prompt, "response": response})
+                )
             path.write_bytes(CACHE_HEADER + b"".join(lines))
             t0 = time.perf_counter()
             cache = ResponseCache(path)
             load_s = time.perf_counter() - t0
 
             new = [_entry(size + k) for k in range(appends)]
-            append_bytes = sum(len(ResponseCache.line(ResponseCache.key("m", p), {"model": "m", "prompt": p, "response": r})) for p, r in new)
+            append_bytes = sum(
+                len(ResponseCache.line(ResponseCache.key("m", p), {"model": "m", "prompt": p, "response": r})) for p, r in new
+            )
             t0 = time.perf_counter()
             for prompt, response in new:
                 cache.put("m", prompt, response)
@@ -88,10 +94,14 @@ def bench_llm_cache(sizes: tuple[int, ...] = (5_000, 100_000), appends: int = 20
 
 def print_figures(f: dict) -> None:
     print("bench llm-cache: storing one completion (timeline-caption entries, ~400 bytes a line)")
-    print(f"  {'entries':>8}  {'append (cache)':>15}  {'rewrite (peer)':>15}  {'speedup':>8}  {'bytes/entry append':>18}  "
-          f"{'bytes/entry rewrite':>19}  {'load':>7}  {'run total append / rewrite':>26}")
+    print(
+        f"  {'entries':>8}  {'append (cache)':>15}  {'rewrite (peer)':>15}  {'speedup':>8}  {'bytes/entry append':>18}  "
+        f"{'bytes/entry rewrite':>19}  {'load':>7}  {'run total append / rewrite':>26}"
+    )
     for size, s in f["sizes"].items():
-        print(f"  {size:>8,}  {s['append_s_per_entry'] * 1e3:>12.3f} ms  {s['rewrite_s_per_entry'] * 1e3:>12.1f} ms  "
-              f"{s['speedup']:>7.0f}x  {s['append_bytes_per_entry']:>18,.0f}  {s['rewrite_bytes_per_entry']:>19,.0f}  "
-              f"{s['load_s']:>5.2f} s  {s['run_total_append_s']:>10.1f} s / {s['run_total_rewrite_s']:>9,.0f} s")
+        print(
+            f"  {size:>8,}  {s['append_s_per_entry'] * 1e3:>12.3f} ms  {s['rewrite_s_per_entry'] * 1e3:>12.1f} ms  "
+            f"{s['speedup']:>7.0f}x  {s['append_bytes_per_entry']:>18,.0f}  {s['rewrite_bytes_per_entry']:>19,.0f}  "
+            f"{s['load_s']:>5.2f} s  {s['run_total_append_s']:>10.1f} s / {s['run_total_rewrite_s']:>9,.0f} s"
+        )
     print("  append: one line, one write and an fsync; rewrite: the whole cache as one JSON document per entry (no fsync)")

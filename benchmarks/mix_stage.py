@@ -111,8 +111,10 @@ def find_scaper_python(flag: str | None) -> str | None:
     ``.venv-scaper/bin/python`` when it exists, else None (no Scaper peer: print :data:`NO_SCAPER`).
     A ``flag`` that names no file raises :class:`FileNotFoundError` saying how to make one."""
     if flag and not Path(flag).is_file():
-        raise FileNotFoundError(f"--scaper-python {flag}: no such file; make Scaper's environment with "
-                                "`bash configs/scaper-env.sh` (it writes .venv-scaper/bin/python) or leave the flag out")
+        raise FileNotFoundError(
+            f"--scaper-python {flag}: no such file; make Scaper's environment with "
+            "`bash configs/scaper-env.sh` (it writes .venv-scaper/bin/python) or leave the flag out"
+        )
     default = Path(".venv-scaper/bin/python")
     return flag or (str(default) if default.exists() else None)
 
@@ -131,16 +133,25 @@ def run_scaper(python: str, events_dir: Path, backgrounds_dir: Path, params: Par
     config = {
         "events": [[e["label"], str((events_dir / e["audio_path"]).resolve()), e["duration_s"]] for e in ev],
         "backgrounds": [str((backgrounds_dir / b["audio_path"]).resolve()) for b in bg],
-        "mixtures": n, "seed": params.seed, "sample_rate_hz": spec.sample_rate_hz,
-        "duration_s": spec.duration_s.bounds()[1], "snr_db": list(spec.snr_db.bounds()),
+        "mixtures": n,
+        "seed": params.seed,
+        "sample_rate_hz": spec.sample_rate_hz,
+        "duration_s": spec.duration_s.bounds()[1],
+        "snr_db": list(spec.snr_db.bounds()),
         "events_per_mixture": [int(v) for v in spec.events_per_mixture.values],
-        "repeat_below_s": spec.repetition.max_clip_s or 1e9, "repeat_counts": [int(v) for v in spec.repetition.count.values],
-        "fade_s": spec.fade_in_s.bounds()[1], "out_dir": str(tmp / "scaper"),
+        "repeat_below_s": spec.repetition.max_clip_s or 1e9,
+        "repeat_counts": [int(v) for v in spec.repetition.count.values],
+        "fade_s": spec.fade_in_s.bounds()[1],
+        "out_dir": str(tmp / "scaper"),
     }
     (tmp / "scaper.json").write_text(json.dumps(config))
     script = Path(__file__).with_name("scaper_peer.py")
-    done = subprocess.run([python, str(script), str(tmp / "scaper.json")], capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [python, str(script), str(tmp / "scaper.json")],
+        capture_output=True,
+        text=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"Scaper peer failed:\n{done.stderr[-2000:]}")
     peer = json.loads(done.stdout.strip().splitlines()[-1])
@@ -171,8 +182,13 @@ def floor_inputs(out: Path, events_dir: Path, backgrounds_dir: Path) -> FloorInp
     occurrences = by_mixture(from_table(read_parquet(out / OCCURRENCES), EventOccurrence))
     events, backgrounds = read_sources(events_dir, backgrounds_dir)
     rate = recipes[0].sample_rate_hz
-    sources = FileSources(events_dir, backgrounds_dir, rate, {e.clip_id: e.audio_path for e in events},
-                          {b.segment_id: b.audio_path for b in backgrounds})
+    sources = FileSources(
+        events_dir,
+        backgrounds_dir,
+        rate,
+        {e.clip_id: e.audio_path for e in events},
+        {b.segment_id: b.audio_path for b in backgrounds},
+    )
     mixtures = [(r, sorted(occurrences.get(r.mixture_id, []), key=lambda o: o.occurrence_index)) for r in recipes]
     for recipe, occ in mixtures:  # decode before timing: the floor's sources are in memory, as the stage's bank is
         sources.background(recipe.background_id)
@@ -222,7 +238,12 @@ PARTS = (
     ("pipeline.stages.mix", "fill_bank", "source bank (decoding every source once)", "stage"),
     ("pipeline.mix.partitions", "render_partition", "partitions (every mixture's work)", "stage"),
     ("pipeline.mix.instantiate", "draw_mixture", "drawing (RNG, placement, levels, recipe)", "partitions (every mixture's work)"),
-    ("pipeline.mix.instantiate", "_render", "rendering (sum, realised SNR, normalisation, int16)", "partitions (every mixture's work)"),
+    (
+        "pipeline.mix.instantiate",
+        "_render",
+        "rendering (sum, realised SNR, normalisation, int16)",
+        "partitions (every mixture's work)",
+    ),
     ("pipeline.mix.instantiate", "relabel_mixture", "relabeling", "partitions (every mixture's work)"),
     ("pipeline.mix.partitions", "encode_mixture", "FLAC encode", "partitions (every mixture's work)"),
     ("pipeline.mix.exports", "write_partition_files", "tables and DCASE rows", "partitions (every mixture's work)"),
@@ -255,6 +276,7 @@ class PartTimes:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
+
         return timed
 
     def __exit__(self, *exc) -> None:
@@ -262,7 +284,9 @@ class PartTimes:
             setattr(module, name, fn)
 
 
-def profile_pass(run, params: Params, events_dir: Path, backgrounds_dir: Path, out: Path, mixtures: int) -> list[tuple[int, str, float]]:
+def profile_pass(
+    run, params: Params, events_dir: Path, backgrounds_dir: Path, out: Path, mixtures: int
+) -> list[tuple[int, str, float]]:
     """One more 1-worker pass of the stage with :class:`PartTimes`: ``[(depth, part, ms per mixture)]``,
     each parent followed by its parts and ``the rest`` (its time outside them)."""
     with PartTimes() as parts:
@@ -304,8 +328,15 @@ def keep_or_remove(kept: list[Path], tmp: Path) -> bool:
     return True
 
 
-def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: str | None, scaper_mixtures: int,
-              repeat: int = 1, profile: bool = False) -> dict:
+def bench_mix(
+    params: Params,
+    mixtures: int,
+    workers: list[int],
+    scaper_python: str | None,
+    scaper_mixtures: int,
+    repeat: int = 1,
+    profile: bool = False,
+) -> dict:
     """Time the mix stage ``repeat`` times per worker count, the counts interleaved (1, 2, 1, 2, ...),
     and keep each count's fastest pass: this VM's speed drifts within minutes, and interleaving
     exposes both counts to the same drift. The dirty pages of a pass are flushed (``os.sync``)
@@ -320,10 +351,15 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
     with tempfile.TemporaryDirectory(prefix="sedsynth-bench-mix-") as tmp_name:
         tmp = Path(tmp_name)
         events_dir, backgrounds_dir = _sources(params, tmp)
-        mix = dataclasses.replace(params.mix, mixtures=MixtureCounts(train=mixtures, valid=0, test=0),
-                                  export=dataclasses.replace(params.mix.export, jams=False, timelines=0))
-        configs = {w: dataclasses.replace(params, compute=dataclasses.replace(params.compute, workers=w), mix=mix)
-                   for w in sorted(set(workers) | ({1} if profile else set()))}
+        mix = dataclasses.replace(
+            params.mix,
+            mixtures=MixtureCounts(train=mixtures, valid=0, test=0),
+            export=dataclasses.replace(params.mix.export, jams=False, timelines=0),
+        )
+        configs = {
+            w: dataclasses.replace(params, compute=dataclasses.replace(params.compute, workers=w), mix=mix)
+            for w in sorted(set(workers) | ({1} if profile else set()))
+        }
         passes: dict[int, list[tuple[float, float]]] = {w: [] for w in workers}  # worker count -> [(seconds, peak MiB)]
         floor: FloorInputs | None = None
         floor_passes: list[tuple[float, float]] = []  # (arithmetic s, encode s)
@@ -357,15 +393,24 @@ def bench_mix(params: Params, mixtures: int, workers: list[int], scaper_python: 
             figures["profile"] = profile_pass(run, configs[1], events_dir, backgrounds_dir, tmp / "mix-profile", mixtures)
         if floor_passes:
             arithmetic, encode = min(floor_passes, key=sum)
-            figures["floor"] = {"seconds": arithmetic + encode, "mixtures_per_s": mixtures / (arithmetic + encode),
-                                "arithmetic_ms": arithmetic / mixtures * 1e3, "encode_ms": encode / mixtures * 1e3,
-                                "pass_seconds": [sum(f) for f in floor_passes]}
+            figures["floor"] = {
+                "seconds": arithmetic + encode,
+                "mixtures_per_s": mixtures / (arithmetic + encode),
+                "arithmetic_ms": arithmetic / mixtures * 1e3,
+                "encode_ms": encode / mixtures * 1e3,
+                "pass_seconds": [sum(f) for f in floor_passes],
+            }
         if storing:
             figures["storing_ms"] = min(storing) * 1e3
         for w, timed in passes.items():
             wall = min(s for s, _ in timed)
-            figures["runs"][w] = {"seconds": wall, "mixtures_per_s": mixtures / wall, "mixtures_per_s_per_core": mixtures / wall / w,
-                                  "peak_rss_mib": max(m for _, m in timed), "pass_seconds": [s for s, _ in timed]}
+            figures["runs"][w] = {
+                "seconds": wall,
+                "mixtures_per_s": mixtures / wall,
+                "mixtures_per_s_per_core": mixtures / wall / w,
+                "peak_rss_mib": max(m for _, m in timed),
+                "pass_seconds": [s for s, _ in timed],
+            }
         python = find_scaper_python(scaper_python)
         if python:
             figures["scaper"] = run_scaper(python, events_dir, backgrounds_dir, params, scaper_mixtures, tmp)
@@ -378,29 +423,37 @@ def print_figures(f: dict) -> None:
     print(f"bench mix: {f['mixtures']} mixtures, preset {f['preset']}, whole stage (bank, FLAC, tables, DCASE metadata){best}")
     for w, r in f["runs"].items():
         each = ", ".join(f"{s:.1f}" for s in r.get("pass_seconds", [])) if repeat > 1 else ""
-        print(f"  {w} worker(s): {r['seconds']:7.1f} s  {r['mixtures_per_s']:7.1f} mixtures/s  "
-              f"{r['mixtures_per_s_per_core']:7.1f} per core  peak memory {r['peak_rss_mib']:7.0f} MiB"
-              + (f"  (passes: {each} s)" if each else ""))
+        print(
+            f"  {w} worker(s): {r['seconds']:7.1f} s  {r['mixtures_per_s']:7.1f} mixtures/s  "
+            f"{r['mixtures_per_s_per_core']:7.1f} per core  peak memory {r['peak_rss_mib']:7.0f} MiB"
+            + (f"  (passes: {each} s)" if each else "")
+        )
     if f.get("removed_between_passes"):
-        print("  note: the disk could not hold every pass, so passes were removed between them; file creation "
-              "right after removing files is slower on ext4 (docs/benchmarks.md, 'Against the floor')")
+        print(
+            "  note: the disk could not hold every pass, so passes were removed between them; file creation "
+            "right after removing files is slower on ext4 (docs/benchmarks.md, 'Against the floor')"
+        )
     one_workers = 1 if 1 in f["runs"] else next(iter(f["runs"]))
     one = f["runs"][one_workers]
     print(f"  target: >= 150 mixtures/s per core -> {'met' if one['mixtures_per_s_per_core'] >= 150 else 'NOT met'}")
     if "floor" in f:
         fl = f["floor"]
         each = ", ".join(f"{s:.1f}" for s in fl.get("pass_seconds", [])) if repeat > 1 else ""
-        print(f"  floor (the same recipes rendered + FLAC-encoded in memory, 1 core): {fl['seconds']:7.1f} s  "
-              f"{fl['mixtures_per_s']:7.1f} mixtures/s  (arithmetic {fl['arithmetic_ms']:.2f} ms + FLAC {fl['encode_ms']:.2f} ms "
-              f"per mixture; stage {1e3 / one['mixtures_per_s_per_core']:.2f} ms)" + (f"  (passes: {each} s)" if each else ""))
+        print(
+            f"  floor (the same recipes rendered + FLAC-encoded in memory, 1 core): {fl['seconds']:7.1f} s  "
+            f"{fl['mixtures_per_s']:7.1f} mixtures/s  (arithmetic {fl['arithmetic_ms']:.2f} ms + FLAC {fl['encode_ms']:.2f} ms "
+            f"per mixture; stage {1e3 / one['mixtures_per_s_per_core']:.2f} ms)" + (f"  (passes: {each} s)" if each else "")
+        )
         ratio = one["mixtures_per_s_per_core"] / fl["mixtures_per_s"]
         per = "1 worker" if one_workers == 1 else f"{one_workers} workers, per core"
         print(f"  stage / floor ({per}): {ratio:.2f} of the floor's rate (target >= {TARGET_STAGE_TO_FLOOR})")
         if "storing_ms" in f:
             stage_ms, floor_ms = 1e3 / one["mixtures_per_s_per_core"], fl["arithmetic_ms"] + fl["encode_ms"]
-            print(f"  storing the stage's files again (create + write, no fsync, 1 core): {f['storing_ms']:.2f} ms per mixture; "
-                  f"the stage's {stage_ms:.2f} ms = floor {floor_ms:.2f} + storing {f['storing_ms']:.2f} + "
-                  f"the rest {stage_ms - floor_ms - f['storing_ms']:.2f} (drawing, relabeling, tables; --profile splits it)")
+            print(
+                f"  storing the stage's files again (create + write, no fsync, 1 core): {f['storing_ms']:.2f} ms per mixture; "
+                f"the stage's {stage_ms:.2f} ms = floor {floor_ms:.2f} + storing {f['storing_ms']:.2f} + "
+                f"the rest {stage_ms - floor_ms - f['storing_ms']:.2f} (drawing, relabeling, tables; --profile splits it)"
+            )
     if "profile" in f:
         floor = f.get("floor", {})
         beside = {"rendering (sum, realised SNR, normalisation, int16)": "arithmetic_ms", "FLAC encode": "encode_ms"}
@@ -416,9 +469,13 @@ def print_figures(f: dict) -> None:
         print(f"  100k mixtures on 2 workers at this rate: {eta:.1f} min (target <= {TARGET_100K_MIN_2_WORKERS})")
     if "scaper" in f and f["scaper"]["mixtures"] and f["scaper"]["mixtures_per_s"] > 0:
         s = f["scaper"]
-        print(f"  Scaper 1.6.5 (peer, 1 core, WAV+JAMS+txt): {s['mixtures']} mixtures in {s['seconds']:.1f} s = "
-              f"{s['mixtures_per_s']:.1f} mixtures/s")
-        print(f"  ratio per core: {one['mixtures_per_s_per_core'] / s['mixtures_per_s']:.1f}x Scaper (target >= {TARGET_SCAPER_RATIO}x)")
+        print(
+            f"  Scaper 1.6.5 (peer, 1 core, WAV+JAMS+txt): {s['mixtures']} mixtures in {s['seconds']:.1f} s = "
+            f"{s['mixtures_per_s']:.1f} mixtures/s"
+        )
+        print(
+            f"  ratio per core: {one['mixtures_per_s_per_core'] / s['mixtures_per_s']:.1f}x Scaper (target >= {TARGET_SCAPER_RATIO}x)"
+        )
     elif "scaper" in f:
         print("  Scaper peer: not run (--scaper-mixtures 0)")
     else:

@@ -102,7 +102,9 @@ def bench_clip(params: Params, corpus: Path | None, n_clips: int, repeat: int) -
                 r = kept.get(t.clip.clip_id)
                 if r is not None:
                     a, b = round(r.onset_in_source_s * sr), round(r.offset_in_source_s * sr)
-                    write_flac(floor_dir / f"{r.clip_id}.flac", quantize_int16(resample(downmix(x[a:b]), sr, target_hz)), target_hz)
+                    write_flac(
+                        floor_dir / f"{r.clip_id}.flac", quantize_int16(resample(downmix(x[a:b]), sr, target_hz)), target_hz
+                    )
 
         passes = {"decode": decode, "decode_resample": decode_resample, "output_floor": output_floor, "clip": clipping}
         best = {name: float("inf") for name in passes}
@@ -130,7 +132,9 @@ def _clip(args: argparse.Namespace, params: Params) -> dict:
     print(f"    decode (soundfile.read, float32)        {f['decode_source_s_per_s']:8.0f}   <- peer")
     print(f"    decode + resample to {params.sample_rate_hz} Hz           {f['decode_resample_source_s_per_s']:8.0f}")
     print(f"    output floor (decode, resample + FLAC)  {f['output_floor_source_s_per_s']:8.0f}")
-    print(f"    clipping stage                          {f['clip_source_s_per_s']:8.0f}   ({f['clip_files_per_s']:.0f} files/s, {f['kept_clips']} kept)")
+    print(
+        f"    clipping stage                          {f['clip_source_s_per_s']:8.0f}   ({f['clip_files_per_s']:.0f} files/s, {f['kept_clips']} kept)"
+    )
     print(f"  clipping / decode              {f['ratio_clip_to_decode']:6.2f}   (target >= 0.70)")
     print(f"  output floor / decode          {f['ratio_floor_to_decode']:6.2f}")
     print(f"  clipping / (decode + resample) {f['ratio_clip_to_decode_resample']:6.2f}")
@@ -212,8 +216,18 @@ def _scale(args: argparse.Namespace, params: Params) -> dict | list:
 
 
 # ``sedsynth bench NAME`` -> the function that runs it with its flags and prints its figures
-BENCHMARKS = {"clip": _clip, "mix": _mix, "shards": _shards, "import": _import, "mixing": _mixing, "train": _train,
-              "evaluate": _evaluate, "detection": _detection, "llm-cache": _llm_cache, "scale": _scale}
+BENCHMARKS = {
+    "clip": _clip,
+    "mix": _mix,
+    "shards": _shards,
+    "import": _import,
+    "mixing": _mixing,
+    "train": _train,
+    "evaluate": _evaluate,
+    "detection": _detection,
+    "llm-cache": _llm_cache,
+    "scale": _scale,
+}
 
 
 # parsed arguments every ``sedsynth`` command has, or that say which command ran: not a benchmark's flags
@@ -254,7 +268,9 @@ def commit() -> str | None:
     """The checkout's commit, ``+modified`` when its tracked files differ from it; None outside git."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode:
@@ -296,8 +312,14 @@ class _Tee(io.TextIOBase):
 def save_result(path: Path, args: argparse.Namespace, figures, printed: str) -> None:
     """Write one run as a result file (the format of ``benchmarks/results/``): the benchmark, the
     command, the commit, the machine, its figures as the benchmark returned them and the lines it printed."""
-    result = {"benchmark": args.what, "command": command_line(args), "commit": commit(), "machine": machine(),
-              "figures": jsonable(figures), "printed": printed.splitlines()}
+    result = {
+        "benchmark": args.what,
+        "command": command_line(args),
+        "commit": commit(),
+        "machine": machine(),
+        "figures": jsonable(figures),
+        "printed": printed.splitlines(),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 

@@ -59,8 +59,18 @@ FULL_MIXTURES = 100_000  # FineLAP-100k
 FULL_AMBIENCE_RECORDINGS = 180  # ~1,800 ten-second segments at full size (FineLAP 4.2: 1,765)
 TRAIN_STAGES = ("train", "evaluate")  # run with --train only
 LEFT_OUT = ("pretrain",)
-COLUMNS = ("size", "stage", "items", "wall_s", "cpu_s", "peak_rss_mib", "peak_anon_mib", "peak_pss_mib", "max_proc_rss_mib",
-           "output_bytes")
+COLUMNS = (
+    "size",
+    "stage",
+    "items",
+    "wall_s",
+    "cpu_s",
+    "peak_rss_mib",
+    "peak_anon_mib",
+    "peak_pss_mib",
+    "max_proc_rss_mib",
+    "output_bytes",
+)
 SAMPLE_INTERVAL_S = 0.1
 
 # Targets on two cores (docs/benchmarks.md, "Full scale"): minutes at full size for these stages together
@@ -111,13 +121,18 @@ def stage_items(stage: str, clips: int, mixtures: int, recordings: int) -> int:
 
 def overrides(folder: Path, clips: int, params: Params) -> dict:
     """Params over the given ones that put every folder under ``folder`` and size the data for ``clips``."""
-    mixtures = mixture_counts(clips, {"train": params.mix.mixtures.train, "valid": params.mix.mixtures.valid,
-                                      "test": params.mix.mixtures.test})
+    mixtures = mixture_counts(
+        clips, {"train": params.mix.mixtures.train, "valid": params.mix.mixtures.valid, "test": params.mix.mixtures.test}
+    )
     recordings = max(params.corpus.ambience_recordings, round(FULL_AMBIENCE_RECORDINGS * clips / FULL_CLIPS))
     f = lambda name: str(folder / name)  # noqa: E731
     return {
-        "corpus": {"fsd50k_clips": clips, "ambience_recordings": recordings, "fsd50k_dir": f("sources/fsd50k"),
-                   "ambience_dir": f("sources/ambience")},
+        "corpus": {
+            "fsd50k_clips": clips,
+            "ambience_recordings": recordings,
+            "fsd50k_dir": f("sources/fsd50k"),
+            "ambience_dir": f("sources/ambience"),
+        },
         "sources": {"fsd50k_dir": f("sources/fsd50k"), "ambience_dir": f("sources/ambience")},
         "clip": {"out_dir": f("events")},
         "ambience": {"out_dir": f("backgrounds")},
@@ -126,12 +141,25 @@ def overrides(folder: Path, clips: int, params: Params) -> dict:
         "clusters": {"out_dir": f("clusters")},
         "shards": {"out_dir": f("dataset")},
         "imports": {"out_dir": f("imports/{kind}")},
-        "pretrain": {"audio": [f("events"), f("backgrounds"), f("mixtures")], "heldout_mix": f("mixtures"), "out_dir": f("pretrain")},
-        "train": {"data": {"sources": [{"kind": "shards", "path": f("dataset"), "split": "train", "weight": 1.0}],
-                           "valid": {"kind": "shards", "path": f("dataset"), "split": "valid"}},
-                  "optim": {"epochs": 1, "max_steps": 0}, "out_dir": f("finelap")},
-        "evaluate": {"checkpoint": f("finelap/checkpoints/best.pt"), "shards": f("dataset"), "event_clips": f("events"),
-                     "out_dir": f("finelap/evaluation")},
+        "pretrain": {
+            "audio": [f("events"), f("backgrounds"), f("mixtures")],
+            "heldout_mix": f("mixtures"),
+            "out_dir": f("pretrain"),
+        },
+        "train": {
+            "data": {
+                "sources": [{"kind": "shards", "path": f("dataset"), "split": "train", "weight": 1.0}],
+                "valid": {"kind": "shards", "path": f("dataset"), "split": "valid"},
+            },
+            "optim": {"epochs": 1, "max_steps": 0},
+            "out_dir": f("finelap"),
+        },
+        "evaluate": {
+            "checkpoint": f("finelap/checkpoints/best.pt"),
+            "shards": f("dataset"),
+            "event_clips": f("events"),
+            "out_dir": f("finelap/evaluation"),
+        },
         "ablations": {"out_dir": f("ablations")},
     }
 
@@ -205,8 +233,9 @@ def run_stage(command: list[str], log_path: Path) -> tuple[float, float, float, 
         child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
         tail = log_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"bench scale: `{' '.join(command)}` failed with status {child.returncode}; its log "
-                           f"({log_path}) ends:\n{tail}")
+        raise RuntimeError(
+            f"bench scale: `{' '.join(command)}` failed with status {child.returncode}; its log ({log_path}) ends:\n{tail}"
+        )
     return wall, usage.ru_utime + usage.ru_stime, peak / 2**20, peak_anon / 2**20, peak_pss / 2**20, usage.ru_maxrss / 1024
 
 
@@ -218,7 +247,9 @@ def stages_to_run(args: argparse.Namespace) -> list[str]:
     named = {s.strip() for s in args.stages.split(",") if s.strip()}
     unknown = named - set(PIPELINE)
     if unknown:
-        raise ValueError(f"bench scale: --stages {args.stages!r}: no stage {', '.join(sorted(unknown))}; the stages are {', '.join(PIPELINE)}")
+        raise ValueError(
+            f"bench scale: --stages {args.stages!r}: no stage {', '.join(sorted(unknown))}; the stages are {', '.join(PIPELINE)}"
+        )
     return [s for s in PIPELINE if s in named]
 
 
@@ -258,7 +289,9 @@ def bench_size(args: argparse.Namespace, params: Params, clips: int, out: Path) 
             command += ["--set", text]
         wall, cpu, peak, anon, pss, max_proc = run_stage(command, folder / "logs" / f"{stage}.log")
         items = stage_items(stage, clips, mixtures, config["corpus"]["ambience_recordings"])
-        run = StageRun(stage, items, wall, cpu, peak, anon, pss, max_proc, sum(folder_bytes(f) for f in stage_folders(stage, config)))
+        run = StageRun(
+            stage, items, wall, cpu, peak, anon, pss, max_proc, sum(folder_bytes(f) for f in stage_folders(stage, config))
+        )
         print(f"  {clips} clips: {stage} done in {wall:.1f} s", file=sys.stderr, flush=True)
         runs.append(run)
         free_after(stage, config)
@@ -300,8 +333,20 @@ def write_csv(figures: dict, path: Path) -> None:
         writer.writerow(COLUMNS)
         for clips, runs in figures["sizes"].items():
             for r in runs:
-                writer.writerow([clips, r.stage, r.items, f"{r.wall_s:.3f}", f"{r.cpu_s:.3f}", f"{r.peak_rss_mib:.1f}",
-                                 f"{r.peak_anon_mib:.1f}", f"{r.peak_pss_mib:.1f}", f"{r.max_proc_rss_mib:.1f}", r.output_bytes])
+                writer.writerow(
+                    [
+                        clips,
+                        r.stage,
+                        r.items,
+                        f"{r.wall_s:.3f}",
+                        f"{r.cpu_s:.3f}",
+                        f"{r.peak_rss_mib:.1f}",
+                        f"{r.peak_anon_mib:.1f}",
+                        f"{r.peak_pss_mib:.1f}",
+                        f"{r.max_proc_rss_mib:.1f}",
+                        r.output_bytes,
+                    ]
+                )
 
 
 def plot(figures: dict, path: Path) -> None:
@@ -344,8 +389,9 @@ def _bytes(n: int) -> str:
     return str(n)
 
 
-def extrapolate(runs_small: list[StageRun], runs_large: list[StageRun], clips_small: int, clips_large: int,
-                clips_target: int) -> dict[str, tuple[float, float, float]]:
+def extrapolate(
+    runs_small: list[StageRun], runs_large: list[StageRun], clips_small: int, clips_large: int, clips_target: int
+) -> dict[str, tuple[float, float, float]]:
     """Per stage: (wall s, peak RSS MiB, peak anon MiB) at ``clips_target``, each the larger of the straight line through the
     two sizes (a fixed start-up cost plus a cost per item) and the power law through them (which a growth
     faster than linear follows); memory is never put below the larger size's."""
@@ -356,8 +402,14 @@ def extrapolate(runs_small: list[StageRun], runs_large: list[StageRun], clips_sm
         power = b * (clips_target / clips_large) ** (math.log(max(b, 1e-9) / max(a, 1e-9)) / math.log(clips_large / clips_small))
         return max(line, power)
 
-    return {b.stage: (grown(a.wall_s, b.wall_s), max(b.peak_rss_mib, grown(a.peak_rss_mib, b.peak_rss_mib)),
-                      max(b.peak_anon_mib, grown(a.peak_anon_mib, b.peak_anon_mib))) for a, b in zip(runs_small, runs_large)}
+    return {
+        b.stage: (
+            grown(a.wall_s, b.wall_s),
+            max(b.peak_rss_mib, grown(a.peak_rss_mib, b.peak_rss_mib)),
+            max(b.peak_anon_mib, grown(a.peak_anon_mib, b.peak_anon_mib)),
+        )
+        for a, b in zip(runs_small, runs_large)
+    }
 
 
 def print_figures(f: dict) -> None:
@@ -366,34 +418,48 @@ def print_figures(f: dict) -> None:
     for clips, runs in f["sizes"].items():
         mixtures = next((r.items for r in runs if r.stage == "mix"), 0)
         print(f"\n  {clips} clips, {mixtures} mixtures")
-        print(f"    {'stage':<10} {'items':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'ms/item':>8} "
-              f"{'peak RSS':>9} {'anon':>9} {'PSS':>9} {'max proc':>9} {'output':>10}")
+        print(
+            f"    {'stage':<10} {'items':>7} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'ms/item':>8} "
+            f"{'peak RSS':>9} {'anon':>9} {'PSS':>9} {'max proc':>9} {'output':>10}"
+        )
         for r in runs:
-            print(f"    {r.stage:<10} {r.items:7d} {r.wall_s:8.1f} {r.cpu_s:8.1f} {r.cpu_s / max(r.wall_s, 1e-9):8.2f} "
-                  f"{r.wall_s / max(r.items, 1) * 1e3:8.2f} {r.peak_rss_mib:5.0f} MiB {r.peak_anon_mib:5.0f} MiB {r.peak_pss_mib:5.0f} MiB {r.max_proc_rss_mib:5.0f} MiB "
-                  f"{_bytes(r.output_bytes):>10}")
+            print(
+                f"    {r.stage:<10} {r.items:7d} {r.wall_s:8.1f} {r.cpu_s:8.1f} {r.cpu_s / max(r.wall_s, 1e-9):8.2f} "
+                f"{r.wall_s / max(r.items, 1) * 1e3:8.2f} {r.peak_rss_mib:5.0f} MiB {r.peak_anon_mib:5.0f} MiB {r.peak_pss_mib:5.0f} MiB {r.max_proc_rss_mib:5.0f} MiB "
+                f"{_bytes(r.output_bytes):>10}"
+            )
         print(f"    {'total':<10} {'':7} {sum(r.wall_s for r in runs):8.1f} {sum(r.cpu_s for r in runs):8.1f}")
     sizes = list(f["sizes"])
     for small, large in zip(sizes, sizes[1:]):
-        print(f"\n  growth {small} -> {large} clips ({large / small:.1f}x the items): larger over smaller, "
-              f"1.00 = linear time, flat memory")
+        print(
+            f"\n  growth {small} -> {large} clips ({large / small:.1f}x the items): larger over smaller, "
+            f"1.00 = linear time, flat memory"
+        )
         print(f"    {'stage':<10} {'time/item':>10} {'peak RSS':>9} {'anon':>9} {'PSS':>9}")
         for a, b in zip(f["sizes"][small], f["sizes"][large]):
             per_item = (b.wall_s / max(b.items, 1)) / max(a.wall_s / max(a.items, 1), 1e-12)
-            print(f"    {b.stage:<10} {per_item:10.2f} {b.peak_rss_mib / max(a.peak_rss_mib, 1e-9):9.2f} "
-                  f"{b.peak_anon_mib / max(a.peak_anon_mib, 1e-9):9.2f} {b.peak_pss_mib / max(a.peak_pss_mib, 1e-9):9.2f}")
+            print(
+                f"    {b.stage:<10} {per_item:10.2f} {b.peak_rss_mib / max(a.peak_rss_mib, 1e-9):9.2f} "
+                f"{b.peak_anon_mib / max(a.peak_anon_mib, 1e-9):9.2f} {b.peak_pss_mib / max(a.peak_pss_mib, 1e-9):9.2f}"
+            )
     if len(sizes) > 1 and sizes[-1] < FULL_CLIPS:
         small, large = sizes[-2], sizes[-1]
         full = extrapolate(f["sizes"][small], f["sizes"][large], small, large, FULL_CLIPS)
-        print(f"\n  full size ({FULL_CLIPS} clips, {FULL_MIXTURES} mixtures), the larger of the line and the power law through {small} and {large}:")
+        print(
+            f"\n  full size ({FULL_CLIPS} clips, {FULL_MIXTURES} mixtures), the larger of the line and the power law through {small} and {large}:"
+        )
         for stage, (wall, peak, anon) in full.items():
             print(f"    {stage:<10} {wall / 60:7.1f} min  peak RSS {peak:6.0f} MiB  anon {anon:6.0f} MiB")
         for group, minutes in TARGET_MINUTES.items():
             if all(s in full for s in group):
                 got = sum(full[s][0] for s in group) / 60
-                print(f"    target: {' + '.join(group)} <= {minutes:g} min -> {got:.1f} min, {'met' if got <= minutes else 'NOT met'}")
+                print(
+                    f"    target: {' + '.join(group)} <= {minutes:g} min -> {got:.1f} min, {'met' if got <= minutes else 'NOT met'}"
+                )
         worst = max(full.items(), key=lambda kv: kv[1][1])
-        print(f"    target: every stage <= {TARGET_PEAK_RSS_GIB:g} GiB peak RSS -> largest {worst[0]} {worst[1][1]:.0f} MiB, "
-              f"{'met' if worst[1][1] <= TARGET_PEAK_RSS_GIB * 1024 else 'NOT met'}")
+        print(
+            f"    target: every stage <= {TARGET_PEAK_RSS_GIB:g} GiB peak RSS -> largest {worst[0]} {worst[1][1]:.0f} MiB, "
+            f"{'met' if worst[1][1] <= TARGET_PEAK_RSS_GIB * 1024 else 'NOT met'}"
+        )
     after = ", ".join(f"{v:.2f}" for v in f.get("load_average_after", f["load_average"]))
     print(f"\n  load average at the end: {after}")

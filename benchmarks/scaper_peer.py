@@ -59,19 +59,37 @@ def main(config_path: str) -> None:
     for i in range(cfg["mixtures"]):
         sc.reset_bg_event_spec()
         sc.reset_fg_event_spec()
-        sc.add_background(label=("const", "ambience"), source_file=("const", backgrounds[rng.integers(len(backgrounds))]),
-                          source_time=("const", 0))
+        sc.add_background(
+            label=("const", "ambience"),
+            source_file=("const", backgrounds[rng.integers(len(backgrounds))]),
+            source_time=("const", 0),
+        )
         k = int(rng.choice(cfg["events_per_mixture"]))
         for j in rng.choice(len(events), size=min(k, len(events)), replace=False):
             label, path, dur = events[int(j)]
             reps = int(rng.choice(cfg["repeat_counts"])) if dur < cfg["repeat_below_s"] else 1
             for _ in range(reps):
-                sc.add_event(label=("const", label), source_file=("const", path), source_time=("const", 0),
-                             event_time=("uniform", 0, max(duration - dur, 0)), event_duration=("const", dur),
-                             snr=("uniform", lo, hi), pitch_shift=None, time_stretch=None)
+                sc.add_event(
+                    label=("const", label),
+                    source_file=("const", path),
+                    source_time=("const", 0),
+                    event_time=("uniform", 0, max(duration - dur, 0)),
+                    event_duration=("const", dur),
+                    snr=("uniform", lo, hi),
+                    pitch_shift=None,
+                    time_stretch=None,
+                )
         base = os.path.join(out, "soundscapes", f"{i:07d}")
-        sc.generate(base + ".wav", base + ".jams", txt_path=base + ".txt", reverb=None, allow_repeated_label=True,
-                    allow_repeated_source=True, disable_instantiation_warnings=True, disable_sox_warnings=True)
+        sc.generate(
+            base + ".wav",
+            base + ".jams",
+            txt_path=base + ".txt",
+            reverb=None,
+            allow_repeated_label=True,
+            allow_repeated_source=True,
+            disable_instantiation_warnings=True,
+            disable_sox_warnings=True,
+        )
     print(json.dumps({"mixtures": cfg["mixtures"], "seconds": time.perf_counter() - t0}))
 
 

@@ -92,8 +92,18 @@ def bench_shards(params, repeat: int = 3) -> dict:
                     pass
 
         t_load = _best(load, repeat)
-    return {"rows": rows, "mb": size / 1e6, "captions_s": t_captions, "clusters_s": t_clusters, "shards_s": t_shards, "card_s": t_card,
-            "peer_s": t_peer, "validate_s": t_validate, "validate_decode_s": t_decode, "load_s": t_load}
+    return {
+        "rows": rows,
+        "mb": size / 1e6,
+        "captions_s": t_captions,
+        "clusters_s": t_clusters,
+        "shards_s": t_shards,
+        "card_s": t_card,
+        "peer_s": t_peer,
+        "validate_s": t_validate,
+        "validate_decode_s": t_decode,
+        "load_s": t_load,
+    }
 
 
 def print_figures(f: dict) -> None:
@@ -101,11 +111,15 @@ def print_figures(f: dict) -> None:
     print(f"bench shards: {n} mixtures, {mb:.1f} MB of FLAC, one core, best of passes")
     print(f"  captions stage                 {f['captions_s']:7.2f} s  {n / f['captions_s']:9.0f} mixtures/s")
     print(f"  clusters stage (model loaded)  {f['clusters_s']:7.2f} s")
-    print(f"  shards stage                   {f['shards_s']:7.2f} s  {n / f['shards_s']:9.0f} rows/s  {mb / f['shards_s']:7.0f} MB/s")
+    print(
+        f"  shards stage                   {f['shards_s']:7.2f} s  {n / f['shards_s']:9.0f} rows/s  {mb / f['shards_s']:7.0f} MB/s"
+    )
     print(f"    of which the dataset card and its plot {f['card_s']:7.2f} s")
     rows_s = f["shards_s"] - f["card_s"]
     print(f"  shards without the card        {rows_s:7.2f} s  {n / rows_s:9.0f} rows/s  {mb / rows_s:7.0f} MB/s")
-    print(f"  datasets from_generator + to_parquet (peer) {f['peer_s']:7.2f} s  {n / f['peer_s']:9.0f} rows/s  {mb / f['peer_s']:7.0f} MB/s")
+    print(
+        f"  datasets from_generator + to_parquet (peer) {f['peer_s']:7.2f} s  {n / f['peer_s']:9.0f} rows/s  {mb / f['peer_s']:7.0f} MB/s"
+    )
     print(f"  shards (without card) / peer throughput {f['peer_s'] / rows_s:7.2f}x")
     print(f"  validate                       {f['validate_s']:7.2f} s")
     print(f"  validate --decode              {f['validate_decode_s']:7.2f} s  {n / f['validate_decode_s']:9.0f} rows/s")

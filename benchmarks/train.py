@@ -43,8 +43,15 @@ def _peak_tflops(name: str, override: float | None) -> float | None:
 
 def gpu_preset(params):
     t = params.train
-    model = replace(t.model, encoder="eat-base", embed_dim=1024, adapter_ffn=4096, text_model="random:bert-base", freeze_text=False,
-                    text_pad_rows=64)
+    model = replace(
+        t.model,
+        encoder="eat-base",
+        embed_dim=1024,
+        adapter_ffn=4096,
+        text_model="random:bert-base",
+        freeze_text=False,
+        text_pad_rows=64,
+    )
     data = replace(t.data, batch_size=128)
     return replace(params, train=replace(t, model=model, data=data, precision="bf16"))
 
@@ -119,8 +126,12 @@ def profile_steps(step, steps: int = 3) -> dict:
             kind = kernel_kind(e.key)
             kinds[kind] = kinds.get(kind, 0.0) + us / steps / 1000
             kernels.append((us / steps / 1000, e.key))
-    return {"wall_ms": wall_ms, "busy_ms": sum(kinds.values()), "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
-            "top": sorted(kernels, reverse=True)[:8]}
+    return {
+        "wall_ms": wall_ms,
+        "busy_ms": sum(kinds.values()),
+        "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+        "top": sorted(kernels, reverse=True)[:8],
+    }
 
 
 def bench_step(params, model, items, steps: int, peak_override: float | None, profile: bool = False, batches: int = 2) -> dict:
@@ -143,7 +154,7 @@ def bench_step(params, model, items, steps: int, peak_override: float | None, pr
     # ``batches`` batches of different rows, taken in turn as the loop's batches come (their texts, and
     # so the text tower's shapes, differ); fewer rows than that: repeated (fewer distinct texts)
     pool = [items[i % len(items)] for i in range(b * batches)]
-    prepared = [collate(pool[k * b:(k + 1) * b]).to(device) for k in range(batches)]
+    prepared = [collate(pool[k * b : (k + 1) * b]).to(device) for k in range(batches)]
     taken = [0]
 
     def loss_backward() -> torch.Tensor:
@@ -187,10 +198,20 @@ def bench_step(params, model, items, steps: int, peak_override: float | None, pr
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / steps
-    out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
-           "batch": b, "batches": batches, "distinct_rows": min(b * batches, len(items)), "step_s": seconds, "clips_per_s": b / seconds, "passes_per_step": passes_per_step(optimizer),
-           "params_m": sum(p.numel() for p in objective.parameters() if p.requires_grad) / 1e6,
-           "gflop_per_step": flops / 1e9, "tflops": flops / seconds / 1e12, "compiled": t.compile, "compile_s": compile_s}
+    out = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+        "batch": b,
+        "batches": batches,
+        "distinct_rows": min(b * batches, len(items)),
+        "step_s": seconds,
+        "clips_per_s": b / seconds,
+        "passes_per_step": passes_per_step(optimizer),
+        "params_m": sum(p.numel() for p in objective.parameters() if p.requires_grad) / 1e6,
+        "gflop_per_step": flops / 1e9,
+        "tflops": flops / seconds / 1e12,
+        "compiled": t.compile,
+        "compile_s": compile_s,
+    }
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         peak = _peak_tflops(out["device"], peak_override)
@@ -200,8 +221,16 @@ def bench_step(params, model, items, steps: int, peak_override: float | None, pr
     return out
 
 
-def run(params, rows: int | None = None, steps: int = 5, preset: str = "default", peak_tflops: float | None = None,
-        profile: bool = False, batch: int | None = None, batches: int = 2) -> dict:
+def run(
+    params,
+    rows: int | None = None,
+    steps: int = 5,
+    preset: str = "default",
+    peak_tflops: float | None = None,
+    profile: bool = False,
+    batch: int | None = None,
+    batches: int = 2,
+) -> dict:
     from trainer.model import build_model
 
     if preset == "gpu":
@@ -218,27 +247,37 @@ def run(params, rows: int | None = None, steps: int = 5, preset: str = "default"
 def print_figures(f: dict) -> None:
     lo, st = f["loader"], f["step"]
     repeated = " (rows repeated to fill them)" if st["distinct_rows"] < st["batch"] * st["batches"] else ""
-    print(f"bench train: {lo['rows']} {lo['kind']} rows, encoder {f['model']}, {st['batches']} batches of {st['batch']} in turn{repeated}")
+    print(
+        f"bench train: {lo['rows']} {lo['kind']} rows, encoder {f['model']}, {st['batches']} batches of {st['batch']} in turn{repeated}"
+    )
     if "decode_clips_per_s" in lo:
         print("  loader, one worker (decode, crop, frame labels, negatives):")
-        print(f"    FLAC decode alone (soundfile)     {lo['decode_clips_per_s']:8.0f} clips/s  ({lo['decode_ms']:.2f} ms)   <- peer")
-        print(f"    loader items                      {lo['loader_clips_per_s']:8.0f} clips/s  ({lo['loader_ms']:.2f} ms)   (target >= 300)")
+        print(
+            f"    FLAC decode alone (soundfile)     {lo['decode_clips_per_s']:8.0f} clips/s  ({lo['decode_ms']:.2f} ms)   <- peer"
+        )
+        print(
+            f"    loader items                      {lo['loader_clips_per_s']:8.0f} clips/s  ({lo['loader_ms']:.2f} ms)   (target >= 300)"
+        )
         print(f"    loader / decode                   {lo['loader_clips_per_s'] / lo['decode_clips_per_s']:8.2f}")
     else:  # a mixing source: nothing is decoded per row, so there is no decoding peer
         print(f"  loader, one worker, {lo['kind']} source, warm (mix, relabel, crop, frame labels, negatives):")
         print(f"    loader items                      {lo['loader_clips_per_s']:8.0f} clips/s  ({lo['loader_ms']:.2f} ms)")
     print(f"  training step on {st['device']} ({st['params_m']:.1f} M trainable parameters):")
-    print(f"    {st['step_s'] * 1000:.0f} ms/step, {st['clips_per_s']:.1f} clips/s, {st['gflop_per_step']:.0f} GFLOP/step "
-          f"({1000 * st['tflops']:.0f} GFLOP/s), {st['passes_per_step']} forward/backward pass(es) per step"
-          + (" (SAM)" if st["passes_per_step"] == 2 else ""))
+    print(
+        f"    {st['step_s'] * 1000:.0f} ms/step, {st['clips_per_s']:.1f} clips/s, {st['gflop_per_step']:.0f} GFLOP/step "
+        f"({1000 * st['tflops']:.0f} GFLOP/s), {st['passes_per_step']} forward/backward pass(es) per step"
+        + (" (SAM)" if st["passes_per_step"] == 2 else "")
+    )
     if st["compiled"]:
         print(f"    torch.compile (encoder, text tower when it trains, frame adapter) took {st['compile_s']:.0f} s before timing")
     if "mfu" in st:
         print(f"    MFU {100 * st['mfu']:.1f}% (target >= 40%), peak memory {st['peak_mem_gib']:.1f} GiB")
     if "profile" in st:
         pr = st["profile"]
-        print(f"  where the step's time goes (torch.profiler, 3 steps): {pr['wall_ms']:.0f} ms/step, GPU busy {pr['busy_ms']:.0f} ms "
-              f"({100 * pr['busy_ms'] / pr['wall_ms']:.0f}%)")
+        print(
+            f"  where the step's time goes (torch.profiler, 3 steps): {pr['wall_ms']:.0f} ms/step, GPU busy {pr['busy_ms']:.0f} ms "
+            f"({100 * pr['busy_ms'] / pr['wall_ms']:.0f}%)"
+        )
         for kind, ms in pr["kinds"].items():
             print(f"    {kind:26s} {ms:7.1f} ms/step")
         print("    longest kernels:")

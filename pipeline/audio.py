@@ -175,8 +175,11 @@ def open_encoded(source: str | Path | bytes, max_s: float | None = None) -> Iter
             raise AudioError("unreadable", f"invalid sample rate {f.samplerate}")
         if max_s is not None and f.frames > frame_limit(max_s, f.samplerate):
             stated = "no length" if f.frames >= ENDLESS_FRAMES else f"{f.frames} frames ({f.frames / f.samplerate:.1f} s)"
-            raise AudioError("too-long", f"the audio header states {stated} at {f.samplerate} Hz, more than the "
-                                         f"{max_s:g} s ({frame_limit(max_s, f.samplerate)} frames) it may hold; nothing was decoded")
+            raise AudioError(
+                "too-long",
+                f"the audio header states {stated} at {f.samplerate} Hz, more than the "
+                f"{max_s:g} s ({frame_limit(max_s, f.samplerate)} frames) it may hold; nothing was decoded",
+            )
         yield f
 
 
@@ -184,8 +187,10 @@ def _frames(f: sf.SoundFile) -> int:
     """The frames ``f``'s header states; a header that gives no length is ``unreadable``: libsndfile
     can neither size an array for such a stream nor tell its position in it."""
     if f.frames >= ENDLESS_FRAMES:
-        raise AudioError("unreadable", "the audio header states no length (libsndfile cannot read such a stream); "
-                                       "write the file again with its length")
+        raise AudioError(
+            "unreadable",
+            "the audio header states no length (libsndfile cannot read such a stream); write the file again with its length",
+        )
     return f.frames
 
 
@@ -218,8 +223,9 @@ def resampled_length(frames: int, from_hz: int, to_hz: int) -> int:
 CROP_MARGIN_S = 0.1  # decoded on each side of a crop that is resampled: the resampler's filter settles inside it
 
 
-def decode_crop(source: str | Path | bytes, sample_rate_hz: int, samples: int, pick: Callable[[int], int],
-                max_s: float | None = None) -> tuple[np.ndarray, int]:
+def decode_crop(
+    source: str | Path | bytes, sample_rate_hz: int, samples: int, pick: Callable[[int], int], max_s: float | None = None
+) -> tuple[np.ndarray, int]:
     """``samples`` samples of a file path or encoded bytes, decoding only those frames.
 
     ``pick(total)`` gets the length :func:`decode_mono` would give (from the header) and returns
@@ -254,7 +260,7 @@ def decode_crop(source: str | Path | bytes, sample_rate_hz: int, samples: int, p
         x = _read(f, source, stop - first)
     if len(x) < stop - first:
         raise AudioError("unreadable", f"the stream ends at frame {first + len(x)}, its header says {frames}")
-    return mono_at(x, rate, sample_rate_hz)[skip:skip + samples], start
+    return mono_at(x, rate, sample_rate_hz)[skip : skip + samples], start
 
 
 def decoded_frames(source: str | Path | bytes, max_s: float | None = None, block_frames: int = 1 << 16) -> int:
@@ -292,8 +298,9 @@ def mono_at(samples: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
 BLOCK_FRAMES = 1 << 17  # frames read at a time (about 3 s at 44.1 kHz): large enough that copying stays cheap
 
 
-def read_blocks(source: str | Path | bytes, sample_rate_hz: int, block_frames: int = BLOCK_FRAMES,
-                max_s: float | None = None) -> Iterator[np.ndarray]:
+def read_blocks(
+    source: str | Path | bytes, sample_rate_hz: int, block_frames: int = BLOCK_FRAMES, max_s: float | None = None
+) -> Iterator[np.ndarray]:
     """A file path or encoded bytes -> mono float32 blocks at ``sample_rate_hz``, read ``block_frames`` at a time.
 
     The blocks joined are exactly :func:`decode_mono`'s samples (channel mean, then libsoxr at

@@ -85,8 +85,10 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
         # off glibc's adaptive mmap threshold: every large numpy temporary is then mapped and
         # unmapped afresh, and page faults tripled the system time of the stages. Keep the
         # one-thread-per-library settings only.
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": SINGLE_THREADED_LIBRARIES, **QUIET_WORKERS}), \
-                _environ_kept(NANNY_ENVIRON):
+        with (
+            dask.config.set({"distributed.nanny.pre-spawn-environ": SINGLE_THREADED_LIBRARIES, **QUIET_WORKERS}),
+            _environ_kept(NANNY_ENVIRON),
+        ):
             cluster = LocalCluster(
                 n_workers=compute.workers,
                 threads_per_worker=1,
@@ -106,8 +108,9 @@ def dask_client(compute: ComputeParams) -> Iterator["object"]:
         try:
             client = Client(compute.scheduler, timeout=CONNECT_TIMEOUT_S)
         except OSError as e:  # it went away between the check and the connection
-            raise ComputeError(f"compute.scheduler {compute.scheduler}: {e}; start the scheduler there, or set "
-                               "compute.scheduler: local") from None
+            raise ComputeError(
+                f"compute.scheduler {compute.scheduler}: {e}; start the scheduler there, or set compute.scheduler: local"
+            ) from None
         with client:
             _check_kernels(client, compute.scheduler)
             _warn_slow_settings(client, compute.scheduler)
@@ -126,27 +129,34 @@ def check_scheduler(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     async def handshake() -> None:
         # connect() gives up on a closed port after timeout_s; the margin lets that error, not this
         # deadline, name a closed port, while the deadline ends a handshake nobody answers
-        comm = await asyncio.wait_for(connect(address, timeout=timeout_s, **Security().get_connection_args("client")),
-                                      timeout_s + 2)
+        comm = await asyncio.wait_for(
+            connect(address, timeout=timeout_s, **Security().get_connection_args("client")), timeout_s + 2
+        )
         await comm.close()
 
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # a loop of its own, even where the caller runs one
             pool.submit(asyncio.run, handshake()).result()
     except (asyncio.TimeoutError, TimeoutError):  # one class from Python 3.11
-        raise ComputeError(f"compute.scheduler {address}: something accepts connections there but no dask scheduler "
-                           f"answered within {timeout_s + 2:g} s; point compute.scheduler at the scheduler's address "
-                           "(tcp://host:8786), or set compute.scheduler: local") from None
+        raise ComputeError(
+            f"compute.scheduler {address}: something accepts connections there but no dask scheduler "
+            f"answered within {timeout_s + 2:g} s; point compute.scheduler at the scheduler's address "
+            "(tcp://host:8786), or set compute.scheduler: local"
+        ) from None
     except (OSError, ValueError, TypeError) as e:  # a closed port, an unknown host, a bad address, a garbled answer
-        raise ComputeError(f"compute.scheduler {address}: no dask scheduler there ({type(e).__name__}: {e}); start one "
-                           "(`dask scheduler`), fix the address, or set compute.scheduler: local") from None
+        raise ComputeError(
+            f"compute.scheduler {address}: no dask scheduler there ({type(e).__name__}: {e}); start one "
+            "(`dask scheduler`), fix the address, or set compute.scheduler: local"
+        ) from None
 
 
 def _kernels_differ(who: str, kernels: str, here: str) -> str:
     """The one line for workers (``who``: "dask worker tcp://... uses") whose numpy kernels differ from this process's."""
-    return (f"{who} numpy kernels {kernels!r} where this process uses {here!r}, so its outputs would differ in the last "
-            f"bits; start the workers with {VARIABLE}={baseline_group() or '<numpy baseline>'} in their environment, as "
-            "`sedsynth` sets it for itself")
+    return (
+        f"{who} numpy kernels {kernels!r} where this process uses {here!r}, so its outputs would differ in the last "
+        f"bits; start the workers with {VARIABLE}={baseline_group() or '<numpy baseline>'} in their environment, as "
+        "`sedsynth` sets it for itself"
+    )
 
 
 def _check_kernels(client, scheduler: str) -> None:
@@ -166,8 +176,10 @@ WORKER_CONFIG = "configs/dask-worker.yaml"  # the settings below, for `dask work
 
 def worker_settings() -> dict[str, object]:
     """This process's settings that slow a stage's work down (:func:`_warn_slow_settings`)."""
-    return {"MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
-            "distributed.worker.profile.enabled": dask.config.get("distributed.worker.profile.enabled", True)}
+    return {
+        "MALLOC_TRIM_THRESHOLD_": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        "distributed.worker.profile.enabled": dask.config.get("distributed.worker.profile.enabled", True),
+    }
 
 
 def _warn_slow_settings(client, scheduler: str) -> None:
@@ -181,9 +193,11 @@ def _warn_slow_settings(client, scheduler: str) -> None:
     if slow:
         worker, found = next(iter(slow.items()))
         config = Path(__file__).resolve().parents[1] / WORKER_CONFIG
-        print(f"compute.scheduler {scheduler}: {len(slow)} of its dask workers (e.g. {worker}) run with {' and '.join(found)} "
-              f"set, which made stages up to 1.7x slower; start them with DASK_CONFIG={config if config.is_file() else WORKER_CONFIG}",
-              file=sys.stderr)
+        print(
+            f"compute.scheduler {scheduler}: {len(slow)} of its dask workers (e.g. {worker}) run with {' and '.join(found)} "
+            f"set, which made stages up to 1.7x slower; start them with DASK_CONFIG={config if config.is_file() else WORKER_CONFIG}",
+            file=sys.stderr,
+        )
 
 
 @contextmanager
@@ -304,16 +318,21 @@ def _no_workers(compute: ComputeParams, client, pending: int, total: int) -> NoW
     """The one line for a map given up on because its cluster had no worker."""
     address = getattr(getattr(client, "scheduler", None), "address", None) or compute.scheduler
     if compute.scheduler == "local":
-        return NoWorkersError(f"compute.scheduler local: the local dask cluster ({address}) has had no worker for "
-                              f"{NO_WORKER_TIMEOUT_S:g} s, so {pending} of {total} tasks could not run (its worker processes "
-                              "died and were not restarted); run again, with fewer compute.workers if memory ran out")
-    return NoWorkersError(f"compute.scheduler {compute.scheduler}: the dask scheduler at {address} has had no worker for "
-                          f"{NO_WORKER_TIMEOUT_S:g} s (the last one died or left), so {pending} of {total} tasks could not "
-                          f"run; start workers for it (`dask worker {address}`) and run again, or set compute.scheduler: local")
+        return NoWorkersError(
+            f"compute.scheduler local: the local dask cluster ({address}) has had no worker for "
+            f"{NO_WORKER_TIMEOUT_S:g} s, so {pending} of {total} tasks could not run (its worker processes "
+            "died and were not restarted); run again, with fewer compute.workers if memory ran out"
+        )
+    return NoWorkersError(
+        f"compute.scheduler {compute.scheduler}: the dask scheduler at {address} has had no worker for "
+        f"{NO_WORKER_TIMEOUT_S:g} s (the last one died or left), so {pending} of {total} tasks could not "
+        f"run; start workers for it (`dask worker {address}`) and run again, or set compute.scheduler: local"
+    )
 
 
-def map_ordered(fn: Callable[[T], R], items: Sequence[T], compute: ComputeParams, desc: str,
-                workers: Workers | None = None) -> list[R]:
+def map_ordered(
+    fn: Callable[[T], R], items: Sequence[T], compute: ComputeParams, desc: str, workers: Workers | None = None
+) -> list[R]:
     """``[fn(item) for item in items]``, spread over the configured dask workers.
 
     ``workers`` (optional): an already started :class:`Workers` to run on instead of a

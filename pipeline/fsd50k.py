@@ -58,7 +58,9 @@ def _read_metadata(path: Path) -> tuple[dict[str, dict], Skip | None]:
     except json.JSONDecodeError as e:
         return {}, Skip(rel, rel, "malformed-row", f"not valid JSON ({e}); licences and uploaders read as unknown")
     if not isinstance(data, dict):
-        return {}, Skip(rel, rel, "malformed-row", f"a JSON {type(data).__name__}, not an object keyed by fname; licences read as unknown")
+        return {}, Skip(
+            rel, rel, "malformed-row", f"a JSON {type(data).__name__}, not an object keyed by fname; licences read as unknown"
+        )
     return data, None
 
 
@@ -73,7 +75,9 @@ def read_fsd50k(root: Path, splits: tuple[str, ...] = ("train", "val", "eval")) 
     root = Path(root)
     gt = root / GROUND_TRUTH
     if not root.is_dir():
-        raise FileNotFoundError(f"FSD50K root {root} does not exist: point sources.fsd50k_dir at the folder holding {GROUND_TRUTH}/")
+        raise FileNotFoundError(
+            f"FSD50K root {root} does not exist: point sources.fsd50k_dir at the folder holding {GROUND_TRUTH}/"
+        )
     if not gt.is_dir():
         raise FileNotFoundError(
             f"no {GROUND_TRUTH}/ under {root}: point sources.fsd50k_dir at the FSD50K root "
@@ -93,7 +97,14 @@ def read_fsd50k(root: Path, splits: tuple[str, ...] = ("train", "val", "eval")) 
         header, rows = read_header_and_rows(csv_path)
         missing = [c for c in ("fname", "labels", "mids") if c not in header]
         if missing:
-            skips.append(Skip(rel, rel, "malformed-row", f"header {header} lacks {', '.join(missing)} (FSD50K's is fname,labels,mids[,split]); its split is left out"))
+            skips.append(
+                Skip(
+                    rel,
+                    rel,
+                    "malformed-row",
+                    f"header {header} lacks {', '.join(missing)} (FSD50K's is fname,labels,mids[,split]); its split is left out",
+                )
+            )
             continue
         usable += 1
         meta, meta_problem = _read_metadata(root / METADATA / f"{part}_clips_info_FSD50K.json")
@@ -114,7 +125,12 @@ def _unlisted_audio(root: Path, part: str, listed: set[str]) -> list[Skip]:
     if not folder.is_dir():
         return []
     return [
-        Skip(f"{AUDIO_DIRS[part]}/{p.name}", f"{AUDIO_DIRS[part]}/{p.name}", "not-in-metadata", f"no row of {part}.csv names this file")
+        Skip(
+            f"{AUDIO_DIRS[part]}/{p.name}",
+            f"{AUDIO_DIRS[part]}/{p.name}",
+            "not-in-metadata",
+            f"no row of {part}.csv names this file",
+        )
         for p in sorted(folder.iterdir())
         if p.is_file() and not p.name.startswith(".") and not (p.suffix == ".wav" and p.stem in listed)
     ]

@@ -19,8 +19,17 @@ _URL_PARTS = {
 }
 ORDER = ("CC0", "CC-BY", "CC-Sampling+", "CC-BY-NC", "unknown")  # most permissive first
 _SHORT = {name.lower().replace(" ", "-"): name for name in ORDER}
-_SHORT.update({"cc-0": "CC0", "public-domain": "CC0", "cc-by-4.0": "CC-BY", "cc-by-3.0": "CC-BY", "cc-by-nc-4.0": "CC-BY-NC",
-               "cc-by-nc-3.0": "CC-BY-NC", "cc-sampling-plus": "CC-Sampling+"})
+_SHORT.update(
+    {
+        "cc-0": "CC0",
+        "public-domain": "CC0",
+        "cc-by-4.0": "CC-BY",
+        "cc-by-3.0": "CC-BY",
+        "cc-by-nc-4.0": "CC-BY-NC",
+        "cc-by-nc-3.0": "CC-BY-NC",
+        "cc-sampling-plus": "CC-Sampling+",
+    }
+)
 
 
 def license_name(text: str) -> str:

@@ -123,9 +123,7 @@ def peak_to_median_db(y: np.ndarray, sample_rate_hz: int, frame_s: float) -> flo
 def a_weighting_gain(freqs_hz: np.ndarray) -> np.ndarray:
     """IEC 61672 A-weighting as a power gain (1.0 at 1 kHz)."""
     f2 = np.square(freqs_hz, dtype=np.float64)
-    ra = (12194.0**2 * f2**2) / (
-        (f2 + 20.6**2) * np.sqrt((f2 + 107.7**2) * (f2 + 737.9**2)) * (f2 + 12194.0**2)
-    )
+    ra = (12194.0**2 * f2**2) / ((f2 + 20.6**2) * np.sqrt((f2 + 107.7**2) * (f2 + 737.9**2)) * (f2 + 12194.0**2))
     gain_db = 20.0 * np.log10(np.maximum(ra, 1e-30)) + 2.0
     return 10.0 ** (gain_db / 10.0)
 
@@ -141,7 +139,9 @@ def _a_weights(frame: int, sample_rate_hz: int) -> np.ndarray:
     return (w * scale / (frame * frame)).astype(np.float64)
 
 
-def a_weighted_envelope(x: np.ndarray, sample_rate_hz: int, frame_s: float, hop_s: float, *, single: bool = False) -> EnergyEnvelope:
+def a_weighted_envelope(
+    x: np.ndarray, sample_rate_hz: int, frame_s: float, hop_s: float, *, single: bool = False
+) -> EnergyEnvelope:
     """A-weighted mean-square energy per frame in dB re full scale.
 
     Weighting is applied per FFT bin of each rectangular frame, so by Parseval a flat

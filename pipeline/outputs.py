@@ -114,7 +114,9 @@ class OutputBusyError(FileExistsError):
     """Another running process is writing the same output folder."""
 
 
-def check_out_dir(out_dir: Path | str, setting: str = "the output folder", inputs: Mapping[str, Path | str | None] | None = None) -> None:
+def check_out_dir(
+    out_dir: Path | str, setting: str = "the output folder", inputs: Mapping[str, Path | str | None] | None = None
+) -> None:
     """Raise :class:`OutDirError` unless ``out_dir`` is a folder a stage may replace whole.
 
     ``setting`` names the folder in the message (``mix.out_dir``); ``inputs`` maps a name
@@ -128,8 +130,10 @@ def check_out_dir(out_dir: Path | str, setting: str = "the output folder", input
     given = Path(out_dir)
 
     def refuse(why: str) -> None:
-        raise OutDirError(f"{setting} is {given}, which {why}; the stage replaces its output folder whole, so point "
-                          f"{setting} at a folder of its own (such as data/<stage>)")
+        raise OutDirError(
+            f"{setting} is {given}, which {why}; the stage replaces its output folder whole, so point "
+            f"{setting} at a folder of its own (such as data/<stage>)"
+        )
 
     target = given.resolve()
     if target == Path(target.anchor):
@@ -193,8 +197,9 @@ def output_lock(target: Path | str) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
-            raise OutputBusyError(f"{target} is being written by another run (pid {holder}); wait for it to finish, or stop it, "
-                                  "then run this again") from None
+            raise OutputBusyError(
+                f"{target} is being written by another run (pid {holder}); wait for it to finish, or stop it, then run this again"
+            ) from None
         except BaseException:
             os.close(fd)
             raise

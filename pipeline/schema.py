@@ -24,36 +24,44 @@ import pyarrow as pa
 Float32 = typing.NewType("Float32", float)  # a float stored in 32 bits (envelopes)
 
 SkipReason = typing.Literal[
-    "malformed-row",      # a metadata row that does not parse
-    "missing-file",       # the row names a file that does not exist
-    "unreadable",         # the decoder rejects the file (corrupt, unknown format)
-    "empty",              # zero samples
-    "non-finite",         # NaN or infinite samples
-    "silent",             # RMS below the silence floor
-    "digital-silence",    # a run of exact zeros longer than allowed
-    "clipped",            # too many samples at full scale
-    "multi-label",        # more than one leaf label (clipping takes single-label clips only)
-    "no-label",           # an empty label list
-    "no-segment",         # no window above the energy threshold
-    "too-short",          # segment or recording shorter than the minimum
-    "too-long",           # segment longer than the maximum
+    "malformed-row",  # a metadata row that does not parse
+    "missing-file",  # the row names a file that does not exist
+    "unreadable",  # the decoder rejects the file (corrupt, unknown format)
+    "empty",  # zero samples
+    "non-finite",  # NaN or infinite samples
+    "silent",  # RMS below the silence floor
+    "digital-silence",  # a run of exact zeros longer than allowed
+    "clipped",  # too many samples at full scale
+    "multi-label",  # more than one leaf label (clipping takes single-label clips only)
+    "no-label",  # an empty label list
+    "no-segment",  # no window above the energy threshold
+    "too-short",  # segment or recording shorter than the minimum
+    "too-long",  # segment longer than the maximum
     "filtered-category",  # the ambience filter does not select this recording
-    "not-in-metadata",    # an audio file the metadata CSV does not list
-    "salient-event",      # a background segment with a transient above the salience limit
+    "not-in-metadata",  # an audio file the metadata CSV does not list
+    "salient-event",  # a background segment with a transient above the salience limit
     "license-not-allowed",  # the source's licence is not in mix.allowed_licenses
-    "unknown-label",      # an imported region whose label or MID the corpus's class list does not know
-    "bad-region",         # an imported region with onset >= offset, a negative time, or entirely past the clip's end
-    "empty-caption",      # an imported caption or region text that is empty
-    "bad-label",          # a label holding a tab, line break or other control character (it would forge TSV rows)
-    "unexpected-error",   # anything else; the detail holds the exception
+    "unknown-label",  # an imported region whose label or MID the corpus's class list does not know
+    "bad-region",  # an imported region with onset >= offset, a negative time, or entirely past the clip's end
+    "empty-caption",  # an imported caption or region text that is empty
+    "bad-label",  # a label holding a tab, line break or other control character (it would forge TSV rows)
+    "unexpected-error",  # anything else; the detail holds the exception
 ]
 
 
 SPLITS = ("train", "valid", "test")  # the dataset's splits, in the order every output lists them
 
 # Runs of SourceExcerpt columns that both excerpt manifests hold in this order.
-_LEVEL_COLUMNS = ("duration_s", "num_samples", "sample_rate_hz", "source_sample_rate_hz", "source_channels", "rms_dbfs", "peak_dbfs",
-                  "loudness_lufs")
+_LEVEL_COLUMNS = (
+    "duration_s",
+    "num_samples",
+    "sample_rate_hz",
+    "source_sample_rate_hz",
+    "source_channels",
+    "rms_dbfs",
+    "peak_dbfs",
+    "loudness_lufs",
+)
 _ENVELOPE_COLUMNS = ("envelope_frame_s", "envelope_hop_s", "envelope_db")
 
 
@@ -63,6 +71,7 @@ def readable_id(rel_path: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9]+", "-", PurePosixPath(rel_path).with_suffix("").as_posix()).strip("-").lower()
     digest = hashlib.sha1(rel_path.encode("utf-8")).hexdigest()[:8]
     return f"{stem[:60]}-{digest}" if stem else digest
+
 
 @dataclass(frozen=True)
 class Skip:
@@ -131,8 +140,23 @@ class EventClip(SourceExcerpt):
     title: str
 
     COLUMNS: ClassVar[tuple[str, ...]] = (
-        "clip_id", "audio_path", "source_dataset", "source_id", "source_split", "source_path", "label", "mid", "audioset_name",
-        "onset_in_source_s", "offset_in_source_s", *_LEVEL_COLUMNS, *_ENVELOPE_COLUMNS, "license_url", "license", "uploader", "title",
+        "clip_id",
+        "audio_path",
+        "source_dataset",
+        "source_id",
+        "source_split",
+        "source_path",
+        "label",
+        "mid",
+        "audioset_name",
+        "onset_in_source_s",
+        "offset_in_source_s",
+        *_LEVEL_COLUMNS,
+        *_ENVELOPE_COLUMNS,
+        "license_url",
+        "license",
+        "uploader",
+        "title",
     )
 
 
@@ -150,8 +174,17 @@ class BackgroundSegment(SourceExcerpt):
     author: str
 
     COLUMNS: ClassVar[tuple[str, ...]] = (
-        "segment_id", "audio_path", "source_id", "source_path", "category", "offset_in_source_s", *_LEVEL_COLUMNS, "peak_to_median_db",
-        *_ENVELOPE_COLUMNS, "license", "author",
+        "segment_id",
+        "audio_path",
+        "source_id",
+        "source_path",
+        "category",
+        "offset_in_source_s",
+        *_LEVEL_COLUMNS,
+        "peak_to_median_db",
+        *_ENVELOPE_COLUMNS,
+        "license",
+        "author",
     )
 
 
@@ -445,7 +478,9 @@ def columns(record_type: type) -> tuple[str, ...]:
     names = tuple(f.name for f in dataclasses.fields(record_type))
     order = getattr(record_type, "COLUMNS", names)
     if sorted(order) != sorted(names):
-        raise TypeError(f"{record_type.__name__}.COLUMNS {list(order)} must name each of its fields exactly once: {sorted(names)}")
+        raise TypeError(
+            f"{record_type.__name__}.COLUMNS {list(order)} must name each of its fields exactly once: {sorted(names)}"
+        )
     return order
 
 
@@ -519,5 +554,8 @@ def from_table(table: pa.Table, record_type: type, fill: typing.Mapping[str, obj
     fill = dict(fill or {})
     names = [f.name for f in dataclasses.fields(record_type) if f.name not in fill]
     # a batch of rows at a time: the whole table's row dicts at once would double the peak beside the records
-    return [_as_record(record_type, {**row, **fill}) for batch in table.select(names).to_batches(max_chunksize=FROM_TABLE_BATCH_ROWS)
-            for row in batch.to_pylist()]
+    return [
+        _as_record(record_type, {**row, **fill})
+        for batch in table.select(names).to_batches(max_chunksize=FROM_TABLE_BATCH_ROWS)
+        for row in batch.to_pylist()
+    ]

@@ -25,32 +25,48 @@ def main(args: argparse.Namespace, params) -> int:
     (2 for a usage error, 1 when a queued experiment was refused); ValueError under torchrun."""
     ranks = os.environ.get("WORLD_SIZE", "1")
     if ranks.strip() not in ("", "1"):
-        raise ValueError(f"ablate trains and evaluates its variants one after another in one process, so it does not run under "
-                         f"torchrun (WORLD_SIZE={ranks}: every rank would evaluate into the same folders); run `sedsynth ablate` "
-                         "without torchrun, on one device (train.device)")
+        raise ValueError(
+            f"ablate trains and evaluates its variants one after another in one process, so it does not run under "
+            f"torchrun (WORLD_SIZE={ranks}: every rank would evaluate into the same folders); run `sedsynth ablate` "
+            "without torchrun, on one device (train.device)"
+        )
     if args.table:
         if args.seed:
-            print("sedsynth ablate: error: --seed picks runs to train or queue; the table reads ablations.seeds "
-                  "(--set 'ablations.seeds=[...]')", file=sys.stderr)
+            print(
+                "sedsynth ablate: error: --seed picks runs to train or queue; the table reads ablations.seeds "
+                "(--set 'ablations.seeds=[...]')",
+                file=sys.stderr,
+            )
             return 2
-        print(ablations.write_table(Path(params.ablations.out_dir), ablations.experiment_metrics(params), params.ablations.seeds,
-                                    args.variant or None))
+        print(
+            ablations.write_table(
+                Path(params.ablations.out_dir), ablations.experiment_metrics(params), params.ablations.seeds, args.variant or None
+            )
+        )
         return 0
     seeds = tuple(args.seed) if args.seed else params.ablations.seeds
     ablations.check_seeds(seeds)
     left_out = [s for s in seeds if s not in params.ablations.seeds]
     if left_out:
-        print(f"ablate: seed(s) {', '.join(map(str, left_out))} not in ablations.seeds "
-              f"({', '.join(map(str, params.ablations.seeds))}): the table leaves them out", file=sys.stderr)
+        print(
+            f"ablate: seed(s) {', '.join(map(str, left_out))} not in ablations.seeds "
+            f"({', '.join(map(str, params.ablations.seeds))}): the table leaves them out",
+            file=sys.stderr,
+        )
     if args.queue:
         variants = args.variant or list(ablations.TABLE5)  # the extra rows when named
         outcome = ablations.queue_experiments(params, variants, seeds=seeds)
         queued = [name for name, what in outcome.items() if what == "queued"]
-        print(f"ablate: queued {len(queued)} DVC experiment(s): {', '.join(queued) or 'none'}; run them with `dvc queue start`, "
-              "follow them with `dvc queue status`, then `dvc exp show` and `sedsynth ablate --table`")
+        print(
+            f"ablate: queued {len(queued)} DVC experiment(s): {', '.join(queued) or 'none'}; run them with `dvc queue start`, "
+            "follow them with `dvc queue status`, then `dvc exp show` and `sedsynth ablate --table`"
+        )
         return 1 if any(what.startswith("refused") for what in outcome.values()) else 0
     if not args.variant:
-        print(f"sedsynth ablate: error: name a variant ({', '.join(ablations.VARIANTS)}), or pass --queue or --table", file=sys.stderr)
+        print(
+            f"sedsynth ablate: error: name a variant ({', '.join(ablations.VARIANTS)}), or pass --queue or --table",
+            file=sys.stderr,
+        )
         return 2
     for variant in args.variant:
         ablations.variant_params(params, variant, seeds[0])  # every name checked before the first training starts

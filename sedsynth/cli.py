@@ -108,9 +108,11 @@ def _run_train(target, args: argparse.Namespace, params) -> int:
     summary = target()(params())
     if summary:
         final, untrained = summary.get("final", {}), summary.get("untrained", {})
-        print(f"train: {summary['steps']} steps, {summary['train_clips_per_s']:.1f} clips/s; held-out frame AUROC "
-              f"{untrained.get('frame_auroc', float('nan')):.3f} untrained -> {final.get('frame_auroc', float('nan')):.3f}, "
-              f"audio->caption R@1 {untrained.get('a2t_r1', float('nan')):.3f} -> {final.get('a2t_r1', float('nan')):.3f}")
+        print(
+            f"train: {summary['steps']} steps, {summary['train_clips_per_s']:.1f} clips/s; held-out frame AUROC "
+            f"{untrained.get('frame_auroc', float('nan')):.3f} untrained -> {final.get('frame_auroc', float('nan')):.3f}, "
+            f"audio->caption R@1 {untrained.get('a2t_r1', float('nan')):.3f} -> {final.get('a2t_r1', float('nan')):.3f}"
+        )
     return 0
 
 
@@ -144,8 +146,16 @@ def _run_validate(target, args: argparse.Namespace, params) -> int:
 
 def _run_publish(target, args: argparse.Namespace, params) -> int:
     folder = args.folder or params().shards.out_dir
-    target()(folder, args.repo_id, token_env=args.token_env, private=args.private, dry_run=args.dry_run,
-             batch_files=args.batch_files, request_timeout_s=args.request_timeout_s, deadline_s=args.deadline_s)
+    target()(
+        folder,
+        args.repo_id,
+        token_env=args.token_env,
+        private=args.private,
+        dry_run=args.dry_run,
+        batch_files=args.batch_files,
+        request_timeout_s=args.request_timeout_s,
+        deadline_s=args.deadline_s,
+    )
     return 0
 
 
@@ -195,8 +205,10 @@ def _checkpoint_params(args: argparse.Namespace):
     if Path(args.params).exists():
         return _trainer_params(args)
     if not args.checkpoint:
-        raise ParamsError(f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
-                          "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH")
+        raise ParamsError(
+            f"params: {args.params} not found, so there is no evaluate.checkpoint to use; "
+            "pass --checkpoint PATH (a trainer checkpoint carries its model's config) or --params PATH"
+        )
     with tempfile.TemporaryDirectory() as tmp:  # a params file with no settings: evaluate.* keep their defaults
         empty = Path(tmp) / "params.yaml"
         empty.write_text("{}\n", encoding="utf-8")
@@ -208,7 +220,12 @@ def _checkpoint_params(args: argparse.Namespace):
 
 def _common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
-    p.add_argument("--overrides", action="append", metavar="FILE", help="a YAML of params merged over --params, e.g. configs/train/finelap.yaml")
+    p.add_argument(
+        "--overrides",
+        action="append",
+        metavar="FILE",
+        help="a YAML of params merged over --params, e.g. configs/train/finelap.yaml",
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter, e.g. clip.max_duration_s=5")
 
 
@@ -216,8 +233,12 @@ def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", help="corpus kind: audioset-strong, tacos, desed, dcase-tsv or urban-sed")
     p.add_argument("root", help="the corpus folder, in its published layout")
     p.add_argument("--out", default=None, help="output folder (default: imports.out_dir, data/imports/<kind>)")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="a reader option over imports.options.<kind>, e.g. --option audio_dir=audio/eval (repeatable)")
+    p.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a reader option over imports.options.<kind>, e.g. --option audio_dir=audio/eval (repeatable)",
+    )
 
 
 def _validate_args(p: argparse.ArgumentParser) -> None:
@@ -232,49 +253,94 @@ def _publish_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--private", action="store_true", help="create the repo private")
     p.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
     p.add_argument("--batch-files", type=_at_least_one, default=50, help="shards per commit (default 50)")
-    p.add_argument("--request-timeout-s", type=float, default=300.0,
-                   help="the longest one hub request may take, sending to the last byte of the answer, plus 1 s per 256 kB "
-                        "it uploads; not retried past it (default 300)")
-    p.add_argument("--deadline-s", type=float, default=21600.0,
-                   help="the longest the run may spend on the hub; a Retry-After past it stops the run at once (default 21600, 6 h)")
+    p.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=300.0,
+        help="the longest one hub request may take, sending to the last byte of the answer, plus 1 s per 256 kB "
+        "it uploads; not retried past it (default 300)",
+    )
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=21600.0,
+        help="the longest the run may spend on the hub; a Retry-After past it stops the run at once (default 21600, 6 h)",
+    )
 
 
 def _detect_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("audio", nargs="*", help="audio files (any length, sample rate and channel count), folders (their audio "
-                   "files, sorted) or glob patterns such as 'clips/*.wav' (quoted: detect expands them)")
+    p.add_argument(
+        "audio",
+        nargs="*",
+        help="audio files (any length, sample rate and channel count), folders (their audio "
+        "files, sorted) or glob patterns such as 'clips/*.wav' (quoted: detect expands them)",
+    )
     p.add_argument("--files-from", default=None, metavar="LIST", help="also the paths in LIST, one per line (- for stdin)")
     p.add_argument("--recursive", action="store_true", help="look for audio in the folders' subfolders too")
     p.add_argument("--query", action="append", required=True, help='a text query, e.g. --query "dog barking" (repeatable)')
-    p.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
-    p.add_argument("--threshold", type=_probability, default=None,
-                   help="frame probability that starts an event (default: the threshold stored in the checkpoint, else 0.5)")
-    p.add_argument("--median-filter", type=int, default=None, metavar="N",
-                   help="median filter of N frames (odd, 1: none) before the threshold (default: the one stored with the "
-                        "checkpoint's threshold, with --threshold too)")
-    p.add_argument("--format", choices=["table", "tsv"], default="table",
-                   help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)")
-    p.add_argument("--scores", default=None, metavar="DIR",
-                   help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1")
+    p.add_argument(
+        "--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)"
+    )
+    p.add_argument(
+        "--threshold",
+        type=_probability,
+        default=None,
+        help="frame probability that starts an event (default: the threshold stored in the checkpoint, else 0.5)",
+    )
+    p.add_argument(
+        "--median-filter",
+        type=int,
+        default=None,
+        metavar="N",
+        help="median filter of N frames (odd, 1: none) before the threshold (default: the one stored with the "
+        "checkpoint's threshold, with --threshold too)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["table", "tsv"],
+        default="table",
+        help="table (default) or tsv: DCASE detections, filename onset offset event_label (sed_scores_eval reads it)",
+    )
+    p.add_argument(
+        "--scores",
+        default=None,
+        metavar="DIR",
+        help="also write sed_scores_eval score files DIR/<name>.tsv (onset, offset, one column per query) for PSDS / F1",
+    )
     p.add_argument("--pictures", default=None, metavar="DIR", help="also draw each file's scores into DIR/<name>.png")
     p.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
 
 
 def _describe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("audio", nargs="+", help="audio files (any length, sample rate and channel count)")
-    p.add_argument("--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)")
-    p.add_argument("--decoding", choices=["greedy", "parallel"], default=None,
-                   help="greedy (autoregressive) or parallel (one all-[MASK] pass); default: parallel for a decoder trained "
-                        "with decoding: parallel, else greedy")
+    p.add_argument(
+        "--checkpoint", default=None, help="trainer checkpoint (default: evaluate.checkpoint; with it no params.yaml is needed)"
+    )
+    p.add_argument(
+        "--decoding",
+        choices=["greedy", "parallel"],
+        default=None,
+        help="greedy (autoregressive) or parallel (one all-[MASK] pass); default: parallel for a decoder trained "
+        "with decoding: parallel, else greedy",
+    )
     p.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 (default: evaluate.device)")
 
 
 def _view_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", nargs="?", default=None,
-                   help="a shard folder, a mixtures folder (the mix stage's output) or an evaluation folder "
-                        "(default: shards.out_dir and evaluate.out_dir of the params)")
-    p.add_argument("--data", default=None, help="the shard or mixtures folder to show with an evaluation folder (default: evaluate.shards)")
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="a shard folder, a mixtures folder (the mix stage's output) or an evaluation folder "
+        "(default: shards.out_dir and evaluate.out_dir of the params)",
+    )
+    p.add_argument(
+        "--data", default=None, help="the shard or mixtures folder to show with an evaluation folder (default: evaluate.shards)"
+    )
     p.add_argument("--evaluation", default=None, help="an evaluation folder to show with PATH's dataset")
-    p.add_argument("--checkpoint", default=None, help="trainer checkpoint for queries (default: evaluate.checkpoint; none: queries off)")
+    p.add_argument(
+        "--checkpoint", default=None, help="trainer checkpoint for queries (default: evaluate.checkpoint; none: queries off)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: a free one)")
     p.add_argument("--max-upload-mb", type=float, default=50.0, help="largest audio file the page accepts, in MiB (default 50)")
@@ -282,19 +348,37 @@ def _view_args(p: argparse.ArgumentParser) -> None:
 
 
 def _ablate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("variant", nargs="*", help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
-                                              "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075), "
-                                              "mae_init (the pretrain stage's encoder), captioning_only (CaptionStew's "
-                                              "captioning-only encoder)")
-    p.add_argument("--queue", action="store_true",
-                   help="queue the variants (default: Table 5's five) as DVC experiments of the pipeline, for `dvc queue start`")
-    p.add_argument("--table", action="store_true",
-                   help="write <ablations.out_dir>/table.md (mean and range over ablations.seeds) from the variants' "
-                        "DVC experiments (else their folders): every variant, or full and the ones named")
-    p.add_argument("--seed", type=int, action="append", metavar="S",
-                   help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)")
-    p.add_argument("--score-only", action="store_true",
-                   help="evaluate the named variants' existing checkpoints again without training (after an evaluation change)")
+    p.add_argument(
+        "variant",
+        nargs="*",
+        help="full, no_frame_loss, no_clip_loss, shared_projector or infonce (FineLAP Table 5); "
+        "extra rows: caption_loss (Cacophony's captioning loss), sam (SAM, rho 0.075), "
+        "mae_init (the pretrain stage's encoder), captioning_only (CaptionStew's "
+        "captioning-only encoder)",
+    )
+    p.add_argument(
+        "--queue",
+        action="store_true",
+        help="queue the variants (default: Table 5's five) as DVC experiments of the pipeline, for `dvc queue start`",
+    )
+    p.add_argument(
+        "--table",
+        action="store_true",
+        help="write <ablations.out_dir>/table.md (mean and range over ablations.seeds) from the variants' "
+        "DVC experiments (else their folders): every variant, or full and the ones named",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        action="append",
+        metavar="S",
+        help="run or queue only this seed (repeatable; default: every seed of ablations.seeds, in turn)",
+    )
+    p.add_argument(
+        "--score-only",
+        action="store_true",
+        help="evaluate the named variants' existing checkpoints again without training (after an evaluation change)",
+    )
 
 
 def _repeat(p: argparse.ArgumentParser, what: str = "timed passes; the best is reported") -> None:
@@ -302,8 +386,11 @@ def _repeat(p: argparse.ArgumentParser, what: str = "timed passes; the best is r
 
 
 def _scaper_python(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scaper-python", default=None,
-                   help="python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present; else no Scaper peer)")
+    p.add_argument(
+        "--scaper-python",
+        default=None,
+        help="python of an environment with scaper 1.6.5 (default .venv-scaper/bin/python if present; else no Scaper peer)",
+    )
 
 
 def _bench_clip_args(p: argparse.ArgumentParser) -> None:
@@ -317,7 +404,9 @@ def _bench_mix_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts to time (default 1,2)")
     _scaper_python(p)
     p.add_argument("--scaper-mixtures", type=int, default=200, help="soundscapes Scaper makes (default 200)")
-    p.add_argument("--profile", action="store_true", help="one more 1-worker pass, printing where its time goes by part of the stage")
+    p.add_argument(
+        "--profile", action="store_true", help="one more 1-worker pass, printing where its time goes by part of the stage"
+    )
     _repeat(p)
 
 
@@ -332,16 +421,30 @@ def _bench_mixing_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", type=int, default=None,
-                   help="rows the loader makes (default: batches x batch, so every clip of the timed batches is its own row)")
-    p.add_argument("--batches", type=int, default=2,
-                   help="batches of different rows the step takes in turn, as the loop's differ (default 2)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="rows the loader makes (default: batches x batch, so every clip of the timed batches is its own row)",
+    )
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=2,
+        help="batches of different rows the step takes in turn, as the loop's differ (default 2)",
+    )
     p.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
-    p.add_argument("--preset", choices=["default", "gpu"], default="default",
-                   help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16, text_pad_rows 64)")
+    p.add_argument(
+        "--preset",
+        choices=["default", "gpu"],
+        default="default",
+        help="default (params.yaml) or gpu (eat-base, RoBERTa-size text, d 1024, batch 128, bf16, text_pad_rows 64)",
+    )
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's dense bf16 peak for MFU (default: by GPU name)")
     p.add_argument("--batch", type=int, default=None, help="clips per step (default: the params', or 128 with --preset gpu)")
-    p.add_argument("--profile", action="store_true", help="on CUDA, where the step's GPU time goes (torch.profiler, by kind of kernel)")
+    p.add_argument(
+        "--profile", action="store_true", help="on CUDA, where the step's GPU time goes (torch.profiler, by kind of kernel)"
+    )
 
 
 def _bench_evaluate_args(p: argparse.ArgumentParser) -> None:
@@ -351,8 +454,11 @@ def _bench_evaluate_args(p: argparse.ArgumentParser) -> None:
 def _bench_detection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=15, help="training epochs, one checkpoint scored per epoch (default 15)")
     p.add_argument("--out", default="models/bench_detection", help="folder for the run, its scores and psds_curve.{csv,png}")
-    p.add_argument("--score-only", action="store_true",
-                   help="score the epoch checkpoints of an earlier run in --out again, without training (after an evaluation change)")
+    p.add_argument(
+        "--score-only",
+        action="store_true",
+        help="score the epoch checkpoints of an earlier run in --out again, without training (after an evaluation change)",
+    )
 
 
 def _bench_llm_cache_args(p: argparse.ArgumentParser) -> None:
@@ -360,16 +466,33 @@ def _bench_llm_cache_args(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_scale_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", default="1000,10000",
-                   help="comma-separated FSD50K-layout clip counts, full = 51197 (mixtures scale to 100,000 at full; default 1000,10000)")
-    p.add_argument("--out", default="bench-out/scale", help="folder for each size's run, scale.csv and scale.png (default bench-out/scale)")
+    p.add_argument(
+        "--sizes",
+        default="1000,10000",
+        help="comma-separated FSD50K-layout clip counts, full = 51197 (mixtures scale to 100,000 at full; default 1000,10000)",
+    )
+    p.add_argument(
+        "--out", default="bench-out/scale", help="folder for each size's run, scale.csv and scale.png (default bench-out/scale)"
+    )
     p.add_argument("--train", action="store_true", help="also train one epoch streaming the shards, then evaluate")
-    p.add_argument("--stages", default=None, help="comma-separated stages to run, in the pipeline's order (default: "
-                                                 "corpus to shards, with --train also train and evaluate)")
-    p.add_argument("--keep", action="store_true", help="keep each size's data but the corpus and the mixtures, which go once no later stage reads them "
-                   "(default: all removed once measured; the logs stay)")
-    p.add_argument("--reuse", action="store_true", help="run --stages on the data a --keep run left in --out, e.g. "
-                   "--stages train,evaluate --reuse --keep (default: each size starts from an empty folder)")
+    p.add_argument(
+        "--stages",
+        default=None,
+        help="comma-separated stages to run, in the pipeline's order (default: "
+        "corpus to shards, with --train also train and evaluate)",
+    )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep each size's data but the corpus and the mixtures, which go once no later stage reads them "
+        "(default: all removed once measured; the logs stay)",
+    )
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="run --stages on the data a --keep run left in --out, e.g. "
+        "--stages train,evaluate --reuse --keep (default: each size starts from an empty folder)",
+    )
 
 
 def _bench_view_args(p: argparse.ArgumentParser) -> None:
@@ -404,38 +527,91 @@ _VIEW_HELP = "browse a dataset, hear its mixtures with their labels, query the d
 _ABLATE_HELP = "train and evaluate one of FineLAP's Table 5 variants (or an extra row), or write the table"
 _IMPORT_HELP = "import a real strong-label corpus (AudioSet-Strong, TACOS, DESED, DCASE TSV, URBAN-SED) as shards"
 
-COMMANDS = {c.name: c for c in (
-    Command("corpus", "pipeline.stages.corpus:run", "generate the embedded FSD50K-layout corpus and ambience library"),
-    Command("clip", "pipeline.stages.clip:run", "cut single-event clips from an FSD50K-layout corpus"),
-    Command("ambience", "pipeline.stages.ambience:run", "cut background segments from an ambience library"),
-    Command("mix", "pipeline.stages.mix:run", "mix event clips over backgrounds into soundscapes with relabeled boundaries"),
-    Command("captions", "pipeline.stages.captions:run", "write label phrases and captions for the mixtures",
-            errors=("pipeline.text.llm:LLMError",)),
-    Command("clusters", "pipeline.stages.clusters:run", "assign every phrase to a cluster of the AudioSet-derived inventory"),
-    Command("shards", "pipeline.stages.shards:run", "write Hugging Face Parquet shards, their index and the dataset card"),
-    Command("import", "pipeline.stages.imports:run", _IMPORT_HELP, call=_run_import, options=_import_args),
-    Command("validate", "pipeline.shards.validate:validate", "check a shard folder against the shard schema and its index",
-            call=_run_validate, options=_validate_args),
-    Command("publish", "pipeline.shards.publish:publish", "upload a shard folder to the Hugging Face hub (resumable)",
-            call=_run_publish, options=_publish_args),
-    Command("pretrain", "trainer.stages.pretrain:run",
-            "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)", _trainer_params),
-    Command("train", "trainer.stages.train:run", "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)",
-            _trainer_params, _run_train),
-    Command("evaluate", "trainer.stages.evaluate:run",
-            "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)", _trainer_params),
-    Command("pipeline", "sedsynth.cli:_pipeline", "run every stage of dvc.yaml in its order without DVC, e.g. on tiny data: "
-            "--overrides configs/debug.yaml", _trainer_params, _run_main),
-    Command("detect", "trainer.evaluation.detect_files:main", "print when each text query sounds in audio files (onset, offset, score)",
-            _checkpoint_params, _run_main, _detect_args),
-    Command("describe", "trainer.stages.describe:main", "print a caption per audio file from a checkpoint trained with the captioning loss",
-            _checkpoint_params, _run_main, _describe_args),
-    Command("view", "sedsynth.view.command:main", _VIEW_HELP, _trainer_params, _run_view, _view_args),
-    Command("ablate", "sedsynth.ablate:main", _ABLATE_HELP, _trainer_params, _run_main, _ablate_args),
-)}
+COMMANDS = {
+    c.name: c
+    for c in (
+        Command("corpus", "pipeline.stages.corpus:run", "generate the embedded FSD50K-layout corpus and ambience library"),
+        Command("clip", "pipeline.stages.clip:run", "cut single-event clips from an FSD50K-layout corpus"),
+        Command("ambience", "pipeline.stages.ambience:run", "cut background segments from an ambience library"),
+        Command("mix", "pipeline.stages.mix:run", "mix event clips over backgrounds into soundscapes with relabeled boundaries"),
+        Command(
+            "captions",
+            "pipeline.stages.captions:run",
+            "write label phrases and captions for the mixtures",
+            errors=("pipeline.text.llm:LLMError",),
+        ),
+        Command("clusters", "pipeline.stages.clusters:run", "assign every phrase to a cluster of the AudioSet-derived inventory"),
+        Command("shards", "pipeline.stages.shards:run", "write Hugging Face Parquet shards, their index and the dataset card"),
+        Command("import", "pipeline.stages.imports:run", _IMPORT_HELP, call=_run_import, options=_import_args),
+        Command(
+            "validate",
+            "pipeline.shards.validate:validate",
+            "check a shard folder against the shard schema and its index",
+            call=_run_validate,
+            options=_validate_args,
+        ),
+        Command(
+            "publish",
+            "pipeline.shards.publish:publish",
+            "upload a shard folder to the Hugging Face hub (resumable)",
+            call=_run_publish,
+            options=_publish_args,
+        ),
+        Command(
+            "pretrain",
+            "trainer.stages.pretrain:run",
+            "pretrain the audio encoder as a masked autoencoder on audio alone (Cacophony stage 1)",
+            _trainer_params,
+        ),
+        Command(
+            "train",
+            "trainer.stages.train:run",
+            "train FineLAP on the shards (torchrun -m sedsynth train for several GPUs)",
+            _trainer_params,
+            _run_train,
+        ),
+        Command(
+            "evaluate",
+            "trainer.stages.evaluate:run",
+            "PSDS, AUROC, F1, alignment, retrieval and zero-shot accuracy of a checkpoint (and untrained)",
+            _trainer_params,
+        ),
+        Command(
+            "pipeline",
+            "sedsynth.cli:_pipeline",
+            "run every stage of dvc.yaml in its order without DVC, e.g. on tiny data: --overrides configs/debug.yaml",
+            _trainer_params,
+            _run_main,
+        ),
+        Command(
+            "detect",
+            "trainer.evaluation.detect_files:main",
+            "print when each text query sounds in audio files (onset, offset, score)",
+            _checkpoint_params,
+            _run_main,
+            _detect_args,
+        ),
+        Command(
+            "describe",
+            "trainer.stages.describe:main",
+            "print a caption per audio file from a checkpoint trained with the captioning loss",
+            _checkpoint_params,
+            _run_main,
+            _describe_args,
+        ),
+        Command("view", "sedsynth.view.command:main", _VIEW_HELP, _trainer_params, _run_view, _view_args),
+        Command("ablate", "sedsynth.ablate:main", _ABLATE_HELP, _trainer_params, _run_main, _ablate_args),
+    )
+}
 
 # ``sedsynth bench BENCHMARK``: each benchmark's help and its own options
-BENCH = Command("bench", "benchmarks.run:main", "measure stage throughput against a peer measured in the same run", _trainer_params, _run_bench)
+BENCH = Command(
+    "bench",
+    "benchmarks.run:main",
+    "measure stage throughput against a peer measured in the same run",
+    _trainer_params,
+    _run_bench,
+)
 BENCHMARKS = {
     "clip": ("clipping throughput against plain decoding, one core", _bench_clip_args),
     "mix": ("mixtures/s and memory against Scaper on the same sources", _bench_mix_args),
@@ -460,17 +636,24 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=command)
         if command.options:
             command.options(p)
-    bench = sub.add_parser("bench", help=BENCH.help,
-                           description="Measure a stage's throughput against a peer measured in the same run; each benchmark "
-                                       "takes its own flags (sedsynth bench BENCHMARK --help).")
+    bench = sub.add_parser(
+        "bench",
+        help=BENCH.help,
+        description="Measure a stage's throughput against a peer measured in the same run; each benchmark "
+        "takes its own flags (sedsynth bench BENCHMARK --help).",
+    )
     benchmarks = bench.add_subparsers(dest="what", required=True, metavar="BENCHMARK")
     for name, (help_text, options) in BENCHMARKS.items():
         p = benchmarks.add_parser(name, help=help_text)
         _common_options(p)
         p.set_defaults(fn=BENCH)
-        p.add_argument("--save", metavar="PATH", default=argparse.SUPPRESS,
-                       help="also write the figures, the printed lines, the command, machine and commit to PATH as JSON "
-                            "(the format of benchmarks/results/)")
+        p.add_argument(
+            "--save",
+            metavar="PATH",
+            default=argparse.SUPPRESS,
+            help="also write the figures, the printed lines, the command, machine and commit to PATH as JSON "
+            "(the format of benchmarks/results/)",
+        )
         options(p)
     return parser
 
@@ -535,8 +718,12 @@ def _os_fault(error: OSError, args: argparse.Namespace) -> str | None:
     if error.errno in DISK_FULL:
         return f"{DISK_FULL[error.errno]} writing {where}: free space" + (f" or set {key}" if key else " on that disk")
     if error.errno == errno.EROFS:
-        return f"read-only file system at {where}: " + (f"set {key} to a folder on a writable disk" if key else "write to a writable disk")
-    return f"{NOT_ALLOWED[error.errno]} on {where}: give this user access to it" + (f" or set {key} to a folder it can write" if key else "")
+        return f"read-only file system at {where}: " + (
+            f"set {key} to a folder on a writable disk" if key else "write to a writable disk"
+        )
+    return f"{NOT_ALLOWED[error.errno]} on {where}: give this user access to it" + (
+        f" or set {key} to a folder it can write" if key else ""
+    )
 
 
 class Terminated(KeyboardInterrupt):

@@ -30,7 +30,16 @@ BARK_AND_MEOW = (
 )
 
 
-def tone_burst(sr: int, total_s: float, on_s: float, off_s: float, level_dbfs: float = -12.0, freq_hz: float = 440.0, floor_dbfs: float = -90.0, seed: int = 0) -> np.ndarray:
+def tone_burst(
+    sr: int,
+    total_s: float,
+    on_s: float,
+    off_s: float,
+    level_dbfs: float = -12.0,
+    freq_hz: float = 440.0,
+    floor_dbfs: float = -90.0,
+    seed: int = 0,
+) -> np.ndarray:
     """A sine between ``on_s`` and ``off_s`` over a faint noise floor."""
     rng = np.random.default_rng(seed)
     n = int(round(total_s * sr))
@@ -41,7 +50,13 @@ def tone_burst(sr: int, total_s: float, on_s: float, off_s: float, level_dbfs: f
     return x.astype(np.float32)
 
 
-def write_fsd50k(root: Path, dev_rows: list[tuple], eval_rows: list[tuple], audio: dict[str, tuple[np.ndarray, int, str]], licences: dict[str, str] | None = None) -> Path:
+def write_fsd50k(
+    root: Path,
+    dev_rows: list[tuple],
+    eval_rows: list[tuple],
+    audio: dict[str, tuple[np.ndarray, int, str]],
+    licences: dict[str, str] | None = None,
+) -> Path:
     """Write the FSD50K layout: ground-truth CSVs, metadata JSON and the given audio files.
 
     ``audio`` maps fname -> (samples (n,) or (n, ch), rate, soundfile subtype); a value of
@@ -49,7 +64,10 @@ def write_fsd50k(root: Path, dev_rows: list[tuple], eval_rows: list[tuple], audi
     """
     gt = root / "FSD50K.ground_truth"
     gt.mkdir(parents=True)
-    for part, rows, header in (("dev", dev_rows, ["fname", "labels", "mids", "split"]), ("eval", eval_rows, ["fname", "labels", "mids"])):
+    for part, rows, header in (
+        ("dev", dev_rows, ["fname", "labels", "mids", "split"]),
+        ("eval", eval_rows, ["fname", "labels", "mids"]),
+    ):
         with (gt / f"{part}.csv").open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(header)
@@ -103,7 +121,11 @@ def params() -> Params:
 
 def tree_digest(folder: Path) -> dict[str, str]:
     """sha256 of every file under ``folder``, keyed by relative path."""
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="session")
@@ -120,8 +142,12 @@ def mixed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mixed")
     tiny, p = debug_params(), Params()
     mix_sizes = debug_values(tiny.mix, "mixtures", "partition_size", "event_split", "export")
-    p = replace(p, compute=tiny.compute, clip=replace(p.clip, **debug_values(tiny.clip, "plot_examples")),
-                mix=replace(p.mix, **mix_sizes, out_dir=str(tmp / "mix")))
+    p = replace(
+        p,
+        compute=tiny.compute,
+        clip=replace(p.clip, **debug_values(tiny.clip, "plot_examples")),
+        mix=replace(p.mix, **mix_sizes, out_dir=str(tmp / "mix")),
+    )
     write_fsd50k_corpus(tmp / "fsd50k", n_clips=tiny.corpus.fsd50k_clips, seed=tiny.corpus.seed)
     write_ambience_library(tmp / "ambience", n_recordings=tiny.corpus.ambience_recordings, seed=tiny.corpus.seed)
     clip.run(p, tmp / "fsd50k", tmp / "events")
@@ -144,7 +170,9 @@ def shard_folder(mixed, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shard_folder")
     captions.run(params, mix_dir, tmp / "captions")
     # the inventory's phrases too: phrases naming several clusters, and the negatives' inventory share, get exercised
-    clusters.run(replace(params, clusters=replace(params.clusters, include_inventory_phrases=True)), tmp / "captions", tmp / "clusters")
+    clusters.run(
+        replace(params, clusters=replace(params.clusters, include_inventory_phrases=True)), tmp / "captions", tmp / "clusters"
+    )
     p = replace(params, shards=replace(params.shards, shard_size_mb=1.0, row_group_size_mb=0.4))
     shards(p, mix_dir, tmp / "captions", tmp / "clusters", tmp / "dataset")
     return p, tmp / "dataset"
@@ -155,8 +183,12 @@ def tiny_train_params(params: Params, folder: Path, out_dir: Path, **train_chang
     from trainer.config import SourceParams
 
     t, tiny = params.train, debug_params().train
-    data = replace(t.data, **debug_values(tiny.data, "batch_size", "num_workers", "shuffle_buffer", "piece_rows"),
-                   sources=(SourceParams(path=str(folder), split="train"),), valid=SourceParams(path=str(folder), split="valid"))
+    data = replace(
+        t.data,
+        **debug_values(tiny.data, "batch_size", "num_workers", "shuffle_buffer", "piece_rows"),
+        sources=(SourceParams(path=str(folder), split="train"),),
+        valid=SourceParams(path=str(folder), split="valid"),
+    )
     model = replace(t.model, **debug_values(tiny.model, "encoder", "embed_dim", "adapter_heads", "adapter_ffn", "freeze_text"))
     optim = replace(t.optim, **debug_values(tiny.optim, "lr", "warmup_steps", "epochs", "max_steps"))
     train = replace(t, data=data, model=model, optim=optim, log_every_steps=tiny.log_every_steps, out_dir=str(out_dir))

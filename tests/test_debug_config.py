@@ -25,6 +25,7 @@ def dvc_stages() -> dict:
 
 def resolved(template: str) -> str:
     """A dvc.yaml path (``${clip.out_dir}/summary.json``) with the debug run's params filled in."""
+
     def value(match: re.Match) -> str:
         node = debug_params()
         for part in match.group(1).split("."):
@@ -37,7 +38,9 @@ def resolved(template: str) -> str:
 def stage_paths(stage: dict, *kinds: str) -> list[str]:
     """The paths a dvc.yaml stage names through params under ``kinds`` (``outs``, ``metrics``, ``plots``, ``deps``),
     resolved; its code dependencies aside."""
-    entries = [next(iter(e)) if isinstance(e, dict) else e for kind in kinds for e in stage.get(kind, [])]  # {path: {cache: false}}
+    entries = [
+        next(iter(e)) if isinstance(e, dict) else e for kind in kinds for e in stage.get(kind, [])
+    ]  # {path: {cache: false}}
     return [resolved(e) for e in entries if "${" in e]
 
 

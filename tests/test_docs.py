@@ -102,7 +102,7 @@ def table_keys(markdown: str) -> set[str]:
         prefix = re.fullmatch(r"`([\w.-]+)`", line.strip("|").split("|")[0].strip())
         if not prefix:
             continue
-        for row in lines[i + 2:]:
+        for row in lines[i + 2 :]:
             if not row.startswith("|"):
                 break
             first = re.split(r"(?<!\\)\|", row.strip("|"))[0]
@@ -137,7 +137,9 @@ def test_every_command_is_documented() -> None:
     code = "\n".join(t for text in pages().values() for t in code_texts(text))
     found = commands(build_parser())
     assert ("bench", "clip") in found and ("train",) in found, found
-    missing = [" ".join(c) for c in found if not re.search(r"\bsedsynth\s+" + r"\s+".join(map(re.escape, c)) + r"(?![\w-])", code)]
+    missing = [
+        " ".join(c) for c in found if not re.search(r"\bsedsynth\s+" + r"\s+".join(map(re.escape, c)) + r"(?![\w-])", code)
+    ]
     assert not missing, f"commands no docs page names in code: {', '.join('sedsynth ' + m for m in missing)}"
 
 
@@ -157,7 +159,9 @@ def test_every_parameter_is_documented() -> None:
 
 def test_readme_is_short_and_links_into_the_docs() -> None:
     readme = README.read_text(encoding="utf-8")
-    assert len(readme.splitlines()) <= MAX_README_LINES, f"README.md has {len(readme.splitlines())} lines; keep it to {MAX_README_LINES}"
+    assert len(readme.splitlines()) <= MAX_README_LINES, (
+        f"README.md has {len(readme.splitlines())} lines; keep it to {MAX_README_LINES}"
+    )
     assert len(re.findall(r"^## What you should see$", readme, re.MULTILINE)) == 1
     bad = []
     for target in LINK.findall(FENCE.sub("", readme)):
@@ -180,7 +184,9 @@ def test_readme_figures_are_the_results_files() -> None:
     hook = figures_hook()
     readme = README.read_text(encoding="utf-8")
     assert "<!-- figures:default -->" in readme and "<!-- /figures:default -->" in readme
-    assert hook.render_readme(readme) == readme, "README.md's figures differ from benchmarks/results/: run python docs/hooks/figures.py"
+    assert hook.render_readme(readme) == readme, (
+        "README.md's figures differ from benchmarks/results/: run python docs/hooks/figures.py"
+    )
     psds1 = hook.text(hook.load("default"), "trained.psds1")
     assert f"| {psds1} |" in readme
 
@@ -219,7 +225,10 @@ def test_bench_save_writes_a_result_file(tmp_path: Path, monkeypatch) -> None:
     saved = tmp_path / "results" / "llm-cache.json"
     assert main(["bench", "llm-cache", "--repeat", "1", "--params", str(ROOT / "params.yaml"), "--save", str(saved)]) == 0
     result = json.loads(saved.read_text(encoding="utf-8"))
-    assert result["benchmark"] == "llm-cache" and result["command"] == "sedsynth bench llm-cache --params " + str(ROOT / "params.yaml") + " --repeat 1"
+    assert (
+        result["benchmark"] == "llm-cache"
+        and result["command"] == "sedsynth bench llm-cache --params " + str(ROOT / "params.yaml") + " --repeat 1"
+    )
     assert result["figures"] == {"append_ms": 1.5, "rewrite_ms": 300, "ratio": 200.0, "sizes": [5000, 100000]}
     assert result["printed"] == ["bench llm-cache: 1.5 ms against 300 ms"]
     assert result["machine"] and (result["commit"] is None or re.fullmatch(r"[0-9a-f]{40}(\+modified)?", result["commit"]))
@@ -229,8 +238,12 @@ def test_bench_save_writes_a_result_file(tmp_path: Path, monkeypatch) -> None:
 
 def test_no_escaped_pipe_inside_code_in_a_table() -> None:
     """Python-Markdown's tables show the backslash of ``\\|`` inside a code span; name the choices apart."""
-    bad = [f"docs/{name}:{i}" for name, text in pages().items() for i, line in enumerate(FENCE.sub("", text).splitlines(), 1)
-           if line.startswith("|") and any("\\|" in m.group(2) for m in CODE_SPAN.finditer(line))]
+    bad = [
+        f"docs/{name}:{i}"
+        for name, text in pages().items()
+        for i, line in enumerate(FENCE.sub("", text).splitlines(), 1)
+        if line.startswith("|") and any("\\|" in m.group(2) for m in CODE_SPAN.finditer(line))
+    ]
     assert not bad, f"a code span with \\| in a table: {', '.join(bad)}"
 
 
@@ -251,7 +264,9 @@ def test_the_slow_tier_names_existing_tests() -> None:
         path, _, name = prefix.partition("::")
         source = (ROOT / path).read_text(encoding="utf-8")
         assert re.search(rf"^def {re.escape(name)}", source, re.MULTILINE), f"no test {prefix}*"
-    assert re.search(r'^\s*"slow: ', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.MULTILINE), "pyproject.toml registers the slow marker"
+    assert re.search(r'^\s*"slow: ', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.MULTILINE), (
+        "pyproject.toml registers the slow marker"
+    )
 
 
 def test_docs_repeat_the_ci_test_command() -> None:
@@ -263,24 +278,47 @@ def test_api_reference_covers_every_package() -> None:
     """Every top-level package has its API page, listing every module (the hook's table) before its entry points."""
     api = {p.stem: p.read_text(encoding="utf-8") for p in (DOCS / "api").glob("*.md")}
     for package in ("pipeline", "trainer", "sedsynth", "benchmarks"):
-        assert re.search(rf"^<!-- modules: {package}\b", api.get(package, ""), re.MULTILINE), f"docs/api/{package}.md lists its modules"
+        assert re.search(rf"^<!-- modules: {package}\b", api.get(package, ""), re.MULTILINE), (
+            f"docs/api/{package}.md lists its modules"
+        )
         assert re.search(rf"^::: {package}\.", api[package], re.MULTILINE), f"docs/api/{package}.md renders its entry points"
 
 
-@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocstrings_handlers.python")),
-                    reason="MkDocs, mkdocs-material or mkdocstrings[python] is not installed (pip install -e '.[docs]')")
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocstrings_handlers.python")),
+    reason="MkDocs, mkdocs-material or mkdocstrings[python] is not installed (pip install -e '.[docs]')",
+)
 def test_site_builds_strictly(tmp_path: Path) -> None:
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     site = tmp_path / "site"
     assert (site / "stages" / "mix" / "index.html").is_file()
     hook = figures_hook()
     started = (site / "getting-started" / "index.html").read_text(encoding="utf-8")
-    assert "What you should see" in started and f"<td style=\"text-align: right;\">{hook.figure('default', 'trained.psds1')}</td>" in started
+    assert (
+        "What you should see" in started
+        and f'<td style="text-align: right;">{hook.figure("default", "trained.psds1")}</td>' in started
+    )
     benchmarks = (site / "benchmarks" / "index.html").read_text(encoding="utf-8")
     assert hook.figure("clip", "clip_source_s_per_s") in benchmarks and "{{" not in benchmarks
-    words = sum(len(re.sub(r"<[^>]+>", " ", re.search(r"<article.*?</article>", (site / "api" / p / "index.html").read_text(encoding="utf-8"), re.DOTALL).group(0)).split())
-                for p in ("pipeline", "trainer", "sedsynth", "benchmarks"))
+    words = sum(
+        len(
+            re.sub(
+                r"<[^>]+>",
+                " ",
+                re.search(
+                    r"<article.*?</article>", (site / "api" / p / "index.html").read_text(encoding="utf-8"), re.DOTALL
+                ).group(0),
+            ).split()
+        )
+        for p in ("pipeline", "trainer", "sedsynth", "benchmarks")
+    )
     assert words < 15000, f"the API reference has {words} words: the public surface only"

@@ -43,7 +43,9 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
         shutil.copytree(ROOT / package, work / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "configs", work / "configs")
     params = yaml.safe_load((work / "params.yaml").read_text())
-    params["compute"]["workers"] = 1  # tiny data: no cluster to boot per stage (the lock test runs the default's 2 workers under DVC)
+    params["compute"]["workers"] = (
+        1  # tiny data: no cluster to boot per stage (the lock test runs the default's 2 workers under DVC)
+    )
     params["corpus"]["fsd50k_clips"] = 60
     params["corpus"]["ambience_recordings"] = 8
     params["clip"]["plot_examples"] = 2
@@ -97,7 +99,9 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     scores = json.loads((evaluation / "metrics.json").read_text())
     assert set(scores["test"]) == {"trained", "untrained", "gain"} and scores["test"]["trained"]["clips"] == 3
     assert len(list((evaluation / "details" / "test" / "scores" / "trained").glob("*.tsv"))) == 3
-    assert (evaluation / "plots" / "psds1_roc_trained.csv").exists() and len(list((evaluation / "details" / "pictures").glob("*.png"))) == 1
+    assert (evaluation / "plots" / "psds1_roc_trained.csv").exists() and len(
+        list((evaluation / "details" / "pictures").glob("*.png"))
+    ) == 1
     assert not (work / "models" / "ablations").exists(), "the ablations are not part of the default repro"
     assert json.loads((work / "models" / "pretrain" / "metrics.json").read_text())["steps"] == 3
     assert (work / "models" / "pretrain" / "checkpoints" / "encoder.pt").exists()
@@ -106,8 +110,9 @@ def test_dvc_repro_runs_every_stage_to_valid_shards(tmp_path: Path) -> None:
     assert again.returncode == 0 and "didn't change" in again.stdout + again.stderr
     _git(work, "add", "-A")
     _git(work, "commit", "-q", "-m", "pipeline run")
-    assert not subprocess.run(["git", "ls-files", "data", "models"], cwd=work, capture_output=True, text=True).stdout, \
+    assert not subprocess.run(["git", "ls-files", "data", "models"], cwd=work, capture_output=True, text=True).stdout, (
         "no generated file is in git: DVC caches them all, dvc.lock names them"
+    )
     _check_default_views(work)
     _check_experiments(work, scores)
 
@@ -145,7 +150,10 @@ def _check_experiments(work: Path, baseline: dict) -> None:
     params_diff = _dvc(work, "params", "diff", "--json")
     changed = json.loads(params_diff.stdout)
     assert list(changed["params.yaml"]) == ["evaluate.f1_threshold"], changed
-    assert (changed["params.yaml"]["evaluate.f1_threshold"]["old"], changed["params.yaml"]["evaluate.f1_threshold"]["new"]) == ("checkpoint", 0.3)
+    assert (changed["params.yaml"]["evaluate.f1_threshold"]["old"], changed["params.yaml"]["evaluate.f1_threshold"]["new"]) == (
+        "checkpoint",
+        0.3,
+    )
     metrics_diff = json.loads(_dvc(work, "metrics", "diff", "--json", "--all").stdout)["models/finelap/evaluation/metrics.json"]
     f1 = {k: v for k, v in metrics_diff.items() if k.startswith("test.trained.") and "f1" in k}
     assert f1 and all(v["old"] is not None and v["new"] is not None for v in f1.values()), metrics_diff
@@ -157,8 +165,14 @@ def _check_experiments(work: Path, baseline: dict) -> None:
     read = ablations.experiment_metrics(params, work)["f1-low"]  # the table's metrics: test.trained and the encoder's probes
     assert read == ablations.run_metrics(evaluated) and read.items() >= evaluated["test"]["trained"].items()
     assert "probe_frame_auroc" in read
-    queued = subprocess.run([sys.executable, "-m", "sedsynth", "ablate", "--queue", "no_frame_loss", "--seed", "1235"], cwd=work,
-                            env=_env(), capture_output=True, text=True, timeout=300)
+    queued = subprocess.run(
+        [sys.executable, "-m", "sedsynth", "ablate", "--queue", "no_frame_loss", "--seed", "1235"],
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert queued.returncode == 0, queued.stdout + queued.stderr
     status = _dvc(work, "queue", "status")
     assert re.search(r"no_frame_loss-s1235\s+.*Queued", status.stdout), status.stdout

@@ -47,7 +47,8 @@ def _module_name(file: str) -> str:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
@@ -139,15 +140,24 @@ def import_closure(command: str) -> set[str]:
 def _string_literals(file: str) -> list[str]:
     """The module's string constants in code: docstrings (bare string statements) and comments are not code."""
     docstrings = {id(n.value) for n in ast.walk(_tree(file)) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
-    return [n.value for n in ast.walk(_tree(file))
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    return [
+        n.value
+        for n in ast.walk(_tree(file))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
 
 
 def package_data(modules: set[str]) -> set[str]:
     """Package data files whose names appear in a string literal of one of ``modules``."""
-    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*")
-             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
-             and not p.name.upper().startswith("README")]
+    files = [
+        p
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*")
+        if p.is_file()
+        and p.suffix not in (".py", ".pyc")
+        and "__pycache__" not in p.parts
+        and not p.name.upper().startswith("README")
+    ]
     literals = "\n".join(text for m in sorted(modules) for text in _string_literals(m))
     return {p.relative_to(ROOT).as_posix() for p in files if p.name in literals}
 
@@ -178,12 +188,19 @@ def missing_deps(stage: dict) -> list[str]:
 def test_every_stage_depends_on_the_code_and_data_its_command_loads():
     missing = {name: m for name, stage in _stages().items() if (m := missing_deps(stage))}
     assert not missing, "dvc.yaml: stages miss deps (add them to each stage's deps):\n" + "\n".join(
-        f"  {name}: {', '.join(m)}" for name, m in missing.items())
+        f"  {name}: {', '.join(m)}" for name, m in missing.items()
+    )
 
 
 def test_every_code_dep_exists():
-    stale = {name: [d for d in stage.get("deps", []) if "${" not in str(d) and str(d).split("/")[0] in (*PACKAGES, "configs")
-                    and not (ROOT / str(d)).exists()] for name, stage in _stages().items()}
+    stale = {
+        name: [
+            d
+            for d in stage.get("deps", [])
+            if "${" not in str(d) and str(d).split("/")[0] in (*PACKAGES, "configs") and not (ROOT / str(d)).exists()
+        ]
+        for name, stage in _stages().items()
+    }
     stale = {k: v for k, v in stale.items() if v}
     assert not stale, f"dvc.yaml: deps that do not exist (moved or removed; fix the paths): {stale}"
 
@@ -224,8 +241,9 @@ def test_experiment_settings_make_the_pipeline_run_the_variant(variant):
     direct = ablations.variant_params(base, variant, seed)
     assert exp.seed == direct.seed == seed != base.seed
     assert exp.train == replace_fields(direct.train, out_dir=base.train.out_dir, resume=base.train.resume)
-    assert exp.evaluate == replace_fields(direct.evaluate, out_dir=base.evaluate.out_dir,
-                                          checkpoint=f"{base.train.out_dir}/checkpoints/latest.pt")
+    assert exp.evaluate == replace_fields(
+        direct.evaluate, out_dir=base.evaluate.out_dir, checkpoint=f"{base.train.out_dir}/checkpoints/latest.pt"
+    )
 
 
 def replace_fields(obj, **changes):
@@ -248,7 +266,9 @@ def test_table_takes_experiments_first_then_folders_and_names_what_is_missing(tm
     experiments = {"full": _metrics(psds1=0.25), "no_frame_loss": _metrics(psds1=0.0), "f1-low": _metrics()}
     with pytest.raises(FileNotFoundError) as missing:
         ablations.write_table(tmp_path, experiments)
-    assert "shared_projector, infonce" in str(missing.value) and "sedsynth ablate --queue shared_projector infonce" in str(missing.value)
+    assert "shared_projector, infonce" in str(missing.value) and "sedsynth ablate --queue shared_projector infonce" in str(
+        missing.value
+    )
     assert not (tmp_path / "table.md").exists(), "no partial table"
     experiments |= {"shared_projector": _metrics(), "infonce": _metrics()}
     text = ablations.write_table(tmp_path, experiments)
@@ -281,4 +301,6 @@ def test_queueing_reports_each_variant_dvc_refuses_and_goes_on(tmp_path, capsys)
     outcome = ablations.queue_experiments(Params(), ["full", "infonce"], tmp_path, seeds=[1234])  # not a DVC project
     assert list(outcome) == ["full-s1234", "infonce-s1234"] and all(v.startswith("refused: ") for v in outcome.values())
     err = capsys.readouterr().err.splitlines()
-    assert [line.split(":")[1].strip() for line in err] == ["full-s1234", "infonce-s1234"] and all("not queued" in line for line in err)
+    assert [line.split(":")[1].strip() for line in err] == ["full-s1234", "infonce-s1234"] and all(
+        "not queued" in line for line in err
+    )

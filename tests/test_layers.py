@@ -27,7 +27,15 @@ from tests.conftest import ROOT
 from tests.test_dvc_trust import _import_nodes as _imports  # every import statement, TYPE_CHECKING blocks left out
 
 PACKAGES = ("pipeline", "trainer", "sedsynth", "benchmarks")
-MACHINERY = ("pipeline.clip", "pipeline.ambience", "pipeline.corpus", "pipeline.imports", "pipeline.mix", "pipeline.text", "pipeline.shards")
+MACHINERY = (
+    "pipeline.clip",
+    "pipeline.ambience",
+    "pipeline.corpus",
+    "pipeline.imports",
+    "pipeline.mix",
+    "pipeline.text",
+    "pipeline.shards",
+)
 STAGES = ("pipeline.stages", "trainer.stages")
 
 
@@ -171,7 +179,12 @@ def test_no_trainer_command_or_benchmark_function_takes_more_than_eight_position
 
 
 def test_a_long_positional_signature_is_reported(toy):
-    _write(toy, {"pipeline/mix/render.py": "def f(a, b, c, d, e, f, g, h, *, i):\n    pass\n\ndef g(a, b, c, d, e, f, g, h, i):\n    pass\n"})
+    _write(
+        toy,
+        {
+            "pipeline/mix/render.py": "def f(a, b, c, d, e, f, g, h, *, i):\n    pass\n\ndef g(a, b, c, d, e, f, g, h, i):\n    pass\n"
+        },
+    )
     assert long_positional(toy) == ["pipeline/mix/render.py:4 g (9)"]
 
 
@@ -184,9 +197,13 @@ def test_every_dvc_stage_is_one_file_named_for_it():
         present = [f for f in files if (ROOT / f).is_file()]
         assert len(present) == 1, f"dvc.yaml stage {name!r}: expected exactly one of {files}"
         deps = [str(d).rstrip("/") for d in stage["deps"]]
-        assert any(present[0] == d or present[0].startswith(d + "/") for d in deps), f"dvc.yaml stage {name!r} does not depend on {present[0]}"
+        assert any(present[0] == d or present[0].startswith(d + "/") for d in deps), (
+            f"dvc.yaml stage {name!r} does not depend on {present[0]}"
+        )
         tree = ast.parse((ROOT / present[0]).read_text(encoding="utf-8"))
-        assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"] == ["run"], f"{present[0]} has no run()"
+        assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"] == ["run"], (
+            f"{present[0]} has no run()"
+        )
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -199,20 +216,23 @@ def _write(root: Path, files: dict[str, str]) -> None:
 @pytest.fixture
 def toy(tmp_path):
     """A tiny tree in the project's shape, clean until a test plants a bad import."""
-    _write(tmp_path, {
-        "pipeline/__init__.py": "",
-        "pipeline/schema.py": "X = 1\n",
-        "pipeline/mix/__init__.py": "",
-        "pipeline/mix/render.py": "from pipeline.schema import X\n",
-        "pipeline/stages/__init__.py": "",
-        "pipeline/stages/mix.py": "from pipeline.mix import render\n",
-        "pipeline/stages/shards.py": "def run():\n    from ..schema import X\n",
-        "trainer/__init__.py": "",
-        "trainer/model.py": "import pipeline.schema\n",
-        "sedsynth/__init__.py": "",
-        "sedsynth/cli.py": "def main():\n    from pipeline.stages import mix\n",
-        "benchmarks/__init__.py": "",
-    })
+    _write(
+        tmp_path,
+        {
+            "pipeline/__init__.py": "",
+            "pipeline/schema.py": "X = 1\n",
+            "pipeline/mix/__init__.py": "",
+            "pipeline/mix/render.py": "from pipeline.schema import X\n",
+            "pipeline/stages/__init__.py": "",
+            "pipeline/stages/mix.py": "from pipeline.mix import render\n",
+            "pipeline/stages/shards.py": "def run():\n    from ..schema import X\n",
+            "trainer/__init__.py": "",
+            "trainer/model.py": "import pipeline.schema\n",
+            "sedsynth/__init__.py": "",
+            "sedsynth/cli.py": "def main():\n    from pipeline.stages import mix\n",
+            "benchmarks/__init__.py": "",
+        },
+    )
     return tmp_path
 
 
@@ -224,12 +244,19 @@ def test_the_checks_pass_a_clean_tree_and_resolve_relative_imports(toy):
     assert upward_imports(graph) == [] and cycles(graph) == []
 
 
-@pytest.mark.parametrize("rel, line, expected", [
-    ("pipeline/schema.py", "def f():\n    from pipeline.mix.render import f\n", "pipeline.schema (layer 0) imports pipeline.mix.render (layer 1)"),
-    ("trainer/model.py", "from sedsynth import cli\n", "trainer.model (layer 3) imports sedsynth.cli (layer 6)"),
-    ("benchmarks/run.py", "from sedsynth import PIPELINE\n", "benchmarks.run (layer 5) imports sedsynth (layer 6)"),
-    ("pipeline/stages/shards.py", "from pipeline.stages.mix import run\n", "a stage imports another stage"),
-])
+@pytest.mark.parametrize(
+    "rel, line, expected",
+    [
+        (
+            "pipeline/schema.py",
+            "def f():\n    from pipeline.mix.render import f\n",
+            "pipeline.schema (layer 0) imports pipeline.mix.render (layer 1)",
+        ),
+        ("trainer/model.py", "from sedsynth import cli\n", "trainer.model (layer 3) imports sedsynth.cli (layer 6)"),
+        ("benchmarks/run.py", "from sedsynth import PIPELINE\n", "benchmarks.run (layer 5) imports sedsynth (layer 6)"),
+        ("pipeline/stages/shards.py", "from pipeline.stages.mix import run\n", "a stage imports another stage"),
+    ],
+)
 def test_an_upward_import_is_reported(toy, rel, line, expected):
     with open(toy / rel, "a") as f:
         f.write(line)

@@ -45,8 +45,11 @@ def _outs(lock: dict, stage: str) -> dict[str, str]:
 
 
 def test_constraints_pin_every_installed_dependency() -> None:
-    pinned = {re.split(r"[=<>!~ ;]", line, maxsplit=1)[0].lower().replace("_", "-")
-              for line in (ROOT / "configs" / "constraints.txt").read_text().splitlines() if line and not line.startswith("#")}
+    pinned = {
+        re.split(r"[=<>!~ ;]", line, maxsplit=1)[0].lower().replace("_", "-")
+        for line in (ROOT / "configs" / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
     needed = {re.split(r"[=<>!~ ;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in metadata.requires("sedsynth") or []}
     needed.discard("sedsynth")  # the test extra names the docs extra as sedsynth[docs]
     assert needed - pinned == set(), "configs/constraints.txt must pin every dependency: run `bash configs/lock.sh`"
@@ -59,8 +62,13 @@ def test_fresh_copy_reproduces_committed_lock_for_data_stages(tmp_path: Path) ->
         if os.environ.get("CI"):  # CI installs from the lock, so a difference there is a broken install step
             pytest.fail(message)
         pytest.skip(message)
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     work = tmp_path / "project"
     for rel in filter(None, listed):
         if (ROOT / rel).is_file():
@@ -68,12 +76,17 @@ def test_fresh_copy_reproduces_committed_lock_for_data_stages(tmp_path: Path) ->
             shutil.copy2(ROOT / rel, work / rel)
     env = dict(os.environ, DVC_NO_ANALYTICS="1", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
-    done = subprocess.run([sys.executable, "-m", "dvc", "repro", "shards"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "dvc", "repro", "shards"], cwd=work, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     committed = yaml.safe_load((ROOT / "dvc.lock").read_text())
     fresh = yaml.safe_load((work / "dvc.lock").read_text())
-    differ = {stage: sorted(path for path, md5 in _outs(fresh, stage).items() if _outs(committed, stage).get(path) != md5)
-              for stage in DATA_STAGES}
+    differ = {
+        stage: sorted(path for path, md5 in _outs(fresh, stage).items() if _outs(committed, stage).get(path) != md5)
+        for stage in DATA_STAGES
+    }
     differ = {stage: paths for stage, paths in differ.items() if paths}
-    assert not differ, f"outputs differ from the committed dvc.lock: {differ}; if the change is intended, run `dvc repro` and commit dvc.lock"
+    assert not differ, (
+        f"outputs differ from the committed dvc.lock: {differ}; if the change is intended, run `dvc repro` and commit dvc.lock"
+    )

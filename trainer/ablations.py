@@ -59,8 +59,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "caption_loss": ("+ Captioning loss (Cacophony)", {"loss": {"caption_weight": 1.0}}),
     "sam": ("+ SAM (Cacophony, rho 0.075)", {"optim": {"sam_rho": 0.075}}),
     "mae_init": ("+ MAE initialisation (Cacophony stage 1)", {"model": {"encoder_checkpoint": PRETRAINED_ENCODER}}),
-    "captioning_only": ("+ Captioning-only encoder (CaptionStew)", {"loss": {"clip_weight": 0.0, "phrase_clip_weight": 0.0, "frame_weight": 0.0,
-                                                                              "caption_weight": 1.0}}),
+    "captioning_only": (
+        "+ Captioning-only encoder (CaptionStew)",
+        {"loss": {"clip_weight": 0.0, "phrase_clip_weight": 0.0, "frame_weight": 0.0, "caption_weight": 1.0}},
+    ),
     "no_phrase_clip": ("w/o phrase-clip loss", {"loss": {"phrase_clip_weight": 0.0}}),
 }
 
@@ -80,15 +82,25 @@ NO_PAPER = (math.nan,) * len(PAPER_COLUMNS)  # an extra row's paper columns (wri
 PSDS1_ALPHA_ST0_KEY = "psds1_astat0"
 
 # Our held-out metric -> the paper column it stands in for (direction checks)
-OURS = (("t2a_r1", "T2A R@1", "AC-T2A", 100.0), ("a2t_r1", "A2T R@1", "AC-A2T", 100.0),
-        ("psds1", "PSDS1", "DESED", 1.0), (PSDS1_ALPHA_ST0_KEY, "PSDS1 (alpha_st 0)", "DESED", 1.0),
-        ("psds2", "PSDS2", "TAG", 1.0), ("auroc", "AUROC", "UrbanSED", 1.0),
-        ("alignment", "Spearman", "TAG", 1.0), ("zero_shot_accuracy", "Zero-shot acc", "US8K", 100.0))
+OURS = (
+    ("t2a_r1", "T2A R@1", "AC-T2A", 100.0),
+    ("a2t_r1", "A2T R@1", "AC-A2T", 100.0),
+    ("psds1", "PSDS1", "DESED", 1.0),
+    (PSDS1_ALPHA_ST0_KEY, "PSDS1 (alpha_st 0)", "DESED", 1.0),
+    ("psds2", "PSDS2", "TAG", 1.0),
+    ("auroc", "AUROC", "UrbanSED", 1.0),
+    ("alignment", "Spearman", "TAG", 1.0),
+    ("zero_shot_accuracy", "Zero-shot acc", "US8K", 100.0),
+)
 # The encoder's own measures (no paper column): CaptionStew's linear probes on frozen features and
 # the captioning decoder's CIDEr-D, read from the evaluation's ``probes`` and ``captions`` sections.
 ENCODER_METRICS = {  # key -> (column, scale, where it is in an evaluation's metrics.json)
     "probe_clip_mean_accuracy": ("Probe clip acc (mean)", 100.0, ("probes", "trained", "clip_mean", "top1_accuracy")),
-    "probe_clip_attention_accuracy": ("Probe clip acc (attention)", 100.0, ("probes", "trained", "clip_attention", "top1_accuracy")),
+    "probe_clip_attention_accuracy": (
+        "Probe clip acc (attention)",
+        100.0,
+        ("probes", "trained", "clip_attention", "top1_accuracy"),
+    ),
     "probe_frame_auroc": ("Probe frame AUROC", 1.0, ("probes", "trained", "frame", "frame_auroc_macro")),
     "probe_segment_f1": ("Probe segment F1", 1.0, ("probes", "trained", "frame", "segment_f1")),
     "caption_cider_d": ("CIDEr-D", 1.0, ("captions", "cider_d")),
@@ -126,16 +138,29 @@ def variant_params(params: Params, variant: str, seed: int) -> Params:
     root = run_dir(params.ablations.out_dir, variant, seed)
     raw = dataclasses.asdict(params)
     raw = merge(raw, {"seed": seed, "train": merge(variant_changes(params, variant), {"out_dir": str(root), "resume": False})})
-    raw = merge(raw, {"evaluate": {"checkpoint": str(root / "checkpoints" / "latest.pt"), "untrained": False,
-                                   "pictures": 0, "benchmarks": params.evaluate.benchmarks, "out_dir": str(root / "evaluation")}})
+    raw = merge(
+        raw,
+        {
+            "evaluate": {
+                "checkpoint": str(root / "checkpoints" / "latest.pt"),
+                "untrained": False,
+                "pictures": 0,
+                "benchmarks": params.evaluate.benchmarks,
+                "out_dir": str(root / "evaluation"),
+            }
+        },
+    )
     return build(Params, raw)
 
 
 def variant_changes(params: Params, variant: str) -> dict:
     """The variant's changes to the ``train`` section, :data:`PRETRAINED_ENCODER` read as ``params.pretrain.encoder_file``."""
+
     def resolve(tree: dict) -> dict:
-        return {k: resolve(v) if isinstance(v, dict) else str(params.pretrain.encoder_file) if v == PRETRAINED_ENCODER else v
-                for k, v in tree.items()}
+        return {
+            k: resolve(v) if isinstance(v, dict) else str(params.pretrain.encoder_file) if v == PRETRAINED_ENCODER else v
+            for k, v in tree.items()
+        }
 
     return resolve(VARIANTS[variant][1])
 
@@ -160,9 +185,15 @@ def experiment_settings(params: Params, variant: str, seed: int) -> list[str]:
     """
     _check(variant)
     check_seeds([seed])
-    settings = {"seed": seed} | _flatten("train", variant_changes(params, variant)) | {
-        "evaluate.checkpoint": str(Path(params.train.out_dir) / "checkpoints" / "latest.pt"),
-        "evaluate.untrained": False, "evaluate.pictures": 0}
+    settings = (
+        {"seed": seed}
+        | _flatten("train", variant_changes(params, variant))
+        | {
+            "evaluate.checkpoint": str(Path(params.train.out_dir) / "checkpoints" / "latest.pt"),
+            "evaluate.untrained": False,
+            "evaluate.pictures": 0,
+        }
+    )
     return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in settings.items()]
 
 
@@ -170,8 +201,9 @@ def _dvc(*args: str, cwd: Path | str = ".") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True)
 
 
-def queue_experiments(params: Params, variants: list[str], repo: Path | str = ".",
-                      seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, str]:
+def queue_experiments(
+    params: Params, variants: list[str], repo: Path | str = ".", seeds: tuple[int, ...] | list[int] | None = None
+) -> dict[str, str]:
     """Queue each (variant, seed) as a DVC experiment :func:`experiment_name`; returns experiment name -> what happened.
 
     ``seeds`` defaults to ``params.ablations.seeds``. ``queued``; ``exists`` for an experiment of
@@ -190,8 +222,10 @@ def queue_experiments(params: Params, variants: list[str], repo: Path | str = ".
             name = experiment_name(v, seed)
             if name in done:
                 outcome[name] = "exists"
-                print(f"ablate: {name}: an experiment of that name exists on this commit; `dvc exp remove {name}` to run it again",
-                      file=sys.stderr)
+                print(
+                    f"ablate: {name}: an experiment of that name exists on this commit; `dvc exp remove {name}` to run it again",
+                    file=sys.stderr,
+                )
                 continue
             args = ["exp", "run", "--queue", "-n", name]
             for setting in experiment_settings(params, v, seed):
@@ -230,8 +264,9 @@ def experiment_metrics(params: Params, repo: Path | str = ".") -> dict[str, dict
     return found
 
 
-def run_variant(params: Params, variant: str, seed: int, *, train: Callable[[Params], object] | None,
-                evaluate: Callable[[Params], dict]) -> dict:
+def run_variant(
+    params: Params, variant: str, seed: int, *, train: Callable[[Params], object] | None, evaluate: Callable[[Params], dict]
+) -> dict:
     """Train ``variant`` with ``seed`` into :func:`run_dir` and evaluate it, with the train and evaluate
     stages' ``run`` functions (the command passes them in: a stage sits above this module); returns
     the evaluation's summary. ``train`` None evaluates the checkpoint an earlier run left there
@@ -239,8 +274,10 @@ def run_variant(params: Params, variant: str, seed: int, *, train: Callable[[Par
     p = variant_params(params, variant, seed)
     if train is None:
         if not Path(p.evaluate.checkpoint).is_file():
-            raise FileNotFoundError(f"ablate: {variant}, seed {seed}: no checkpoint {p.evaluate.checkpoint} to score again; "
-                                    f"train it with `sedsynth ablate {variant} --seed {seed}`")
+            raise FileNotFoundError(
+                f"ablate: {variant}, seed {seed}: no checkpoint {p.evaluate.checkpoint} to score again; "
+                f"train it with `sedsynth ablate {variant} --seed {seed}`"
+            )
         print(f"ablate: {variant} ({VARIANTS[variant][0]}), seed {seed}: scoring {p.evaluate.checkpoint} again")
     else:
         print(f"ablate: {variant} ({VARIANTS[variant][0]}), seed {seed}: training into {p.train.out_dir}")
@@ -274,8 +311,9 @@ def _read_metrics(path: Path) -> dict:
     return run_metrics(json.loads(path.read_text(encoding="utf-8")))
 
 
-def variant_runs(out_dir: Path | str, variant: str, seeds: tuple[int, ...] | list[int],
-                 experiments: dict[str, dict] | None = None) -> list[Run]:
+def variant_runs(
+    out_dir: Path | str, variant: str, seeds: tuple[int, ...] | list[int], experiments: dict[str, dict] | None = None
+) -> list[Run]:
     """The evaluated runs of ``variant``, one per seed of ``seeds`` that has one, in ``seeds``' order.
 
     Each seed from its experiment (:func:`experiment_name`) in ``experiments`` when there, else
@@ -342,8 +380,12 @@ def our_direction(variant: Spread, full: Spread, tolerance: float) -> str:
     return direction
 
 
-def table(out_dir: Path, experiments: dict[str, dict] | None = None,
-          seeds: tuple[int, ...] | list[int] = AblationParams().seeds, variants: list[str] | None = None) -> list[dict]:
+def table(
+    out_dir: Path,
+    experiments: dict[str, dict] | None = None,
+    seeds: tuple[int, ...] | list[int] = AblationParams().seeds,
+    variants: list[str] | None = None,
+) -> list[dict]:
     """One row per variant: for each shown metric its mean, min, max and n over the variant's runs
     (:func:`variant_runs`), the paper's numbers and the directions against ``full``.
 
@@ -368,16 +410,24 @@ def table(out_dir: Path, experiments: dict[str, dict] | None = None,
             f"ablate: no evaluation for {', '.join(missing)} (no DVC experiment <variant>-s<seed> on this commit, nothing in "
             f"{out_dir}/<variant>/seed<seed>/evaluation for seeds {', '.join(map(str, seeds))}); "
             f"run `sedsynth ablate --queue {' '.join(missing)}` and `dvc queue start`, "
-            f"or {' and '.join(f'`sedsynth ablate {v}`' for v in missing)}")
+            f"or {' and '.join(f'`sedsynth ablate {v}`' for v in missing)}"
+        )
     shown = [m for m in OURS if m[0] not in OPTIONAL or any(m[0] in r.metrics for found in runs.values() for r in found)]
-    spreads = {v: {key: spread([_scaled(r.metrics.get(key), scale) for r in found]) for key, _, _, scale in shown}
-               for v, found in runs.items()}
+    spreads = {
+        v: {key: spread([_scaled(r.metrics.get(key), scale) for r in found]) for key, _, _, scale in shown}
+        for v, found in runs.items()
+    }
     rows = []
     for v, (name, _) in VARIANTS.items():
         if v not in runs:
             continue
-        row = {"variant": v, "name": name, "n": len(runs[v]), "n planned": len(seeds),
-               "seeds": " ".join(BEFORE_SEEDS if r.seed is None else str(r.seed) for r in runs[v])}
+        row = {
+            "variant": v,
+            "name": name,
+            "n": len(runs[v]),
+            "n planned": len(seeds),
+            "seeds": " ".join(BEFORE_SEEDS if r.seed is None else str(r.seed) for r in runs[v]),
+        }
         for key, label, _, _ in shown:
             s = spreads[v][key]
             row |= {f"{label} mean": s.mean, f"{label} min": s.min, f"{label} max": s.max, f"{label} n": s.n}
@@ -417,8 +467,12 @@ def _paper_cell(value: float, column: str) -> str:
     return f"{value:.1f}" if column in ("AC-T2A", "AC-A2T", "VGGSound", "US8K") else f"{value:.3f}"
 
 
-def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
-                seeds: tuple[int, ...] | list[int] = AblationParams().seeds, variants: list[str] | None = None) -> str:
+def write_table(
+    out_dir: Path,
+    experiments: dict[str, dict] | None = None,
+    seeds: tuple[int, ...] | list[int] = AblationParams().seeds,
+    variants: list[str] | None = None,
+) -> str:
     """:func:`table` as ``<out_dir>/table.md`` (returned) and ``table.csv``, each written whole or not at all;
     a table of some ``variants`` only says which rows it leaves out."""
     rows = table(out_dir, experiments, seeds, variants)
@@ -430,20 +484,27 @@ def write_table(out_dir: Path, experiments: dict[str, dict] | None = None,
         cells = [method, *(_cell(r, label) for label in labels), *(_paper_cell(r[f"paper {c}"], c) for c in PAPER_COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"Ours: the held-out test split of the embedded data, mean over the runs with seeds {', '.join(map(str, seeds))} "
-                 "(ablations.seeds) and their range min-max in brackets; (n=k/N) after a method run for k of its N seeds so far, "
-                 "n=k after a value that only k of the row's runs have. R@1 and zero-shot accuracy in %, PSDS1 (alpha_st 1), "
-                 + ("PSDS1 (alpha_st 0, no penalty for instability across classes), " if "PSDS1 (alpha_st 0)" in labels else "")
-                 + "PSDS2 with sed_scores_eval, segment AUROC, FLAM's Spearman alignment"
-                 + ("; linear probes on the frozen encoder (CaptionStew's protocol: held-out event clips, accuracy in %, "
-                    "mean and attention pooling; frame probe on the test mixtures: macro AUROC, segment F1)"
-                    if any(label.startswith("Probe") for label in labels) else "")
-                 + ("; CIDEr-D of the captioning decoder on the test captions" if "CIDEr-D" in labels else "")
-                 + ". Paper: FineLAP Table 5"
-                 + ("; rows beside it (+) have no paper numbers." if any(r["variant"] not in TABLE5 for r in rows) else "."))
+    lines.append(
+        f"Ours: the held-out test split of the embedded data, mean over the runs with seeds {', '.join(map(str, seeds))} "
+        "(ablations.seeds) and their range min-max in brackets; (n=k/N) after a method run for k of its N seeds so far, "
+        "n=k after a value that only k of the row's runs have. R@1 and zero-shot accuracy in %, PSDS1 (alpha_st 1), "
+        + ("PSDS1 (alpha_st 0, no penalty for instability across classes), " if "PSDS1 (alpha_st 0)" in labels else "")
+        + "PSDS2 with sed_scores_eval, segment AUROC, FLAM's Spearman alignment"
+        + (
+            "; linear probes on the frozen encoder (CaptionStew's protocol: held-out event clips, accuracy in %, "
+            "mean and attention pooling; frame probe on the test mixtures: macro AUROC, segment F1)"
+            if any(label.startswith("Probe") for label in labels)
+            else ""
+        )
+        + ("; CIDEr-D of the captioning decoder on the test captions" if "CIDEr-D" in labels else "")
+        + ". Paper: FineLAP Table 5"
+        + ("; rows beside it (+) have no paper numbers." if any(r["variant"] not in TABLE5 for r in rows) else ".")
+    )
     lines.append("")
-    lines.append("Direction of each change against the full model, judged on the means (ours; the paper's where it differs); "
-                 f"{WITHIN_NOISE}: the variant's range over its seeds overlaps the full model's:")
+    lines.append(
+        "Direction of each change against the full model, judged on the means (ours; the paper's where it differs); "
+        f"{WITHIN_NOISE}: the variant's range over its seeds overlaps the full model's:"
+    )
     lines += [f"- {r['name']}: {r['direction vs full']}" for r in rows if r["variant"] != "full"]
     lines.append("")
     shown = {r["variant"] for r in rows}

@@ -149,7 +149,9 @@ class PretrainedTokens:
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
         ids = {"bos": bos, "eos": eos, "pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id}
         if any(v is None for v in ids.values()):
-            raise ValueError(f"tokens: {type(tokenizer).__name__} lacks special tokens {sorted(k for k, v in ids.items() if v is None)}")
+            raise ValueError(
+                f"tokens: {type(tokenizer).__name__} lacks special tokens {sorted(k for k, v in ids.items() if v is None)}"
+            )
         self.bos_id, self.eos_id, self.pad_id, self.mask_id = ids["bos"], ids["eos"], ids["pad"], ids["mask"]
         self.size = len(tokenizer)
 
@@ -183,7 +185,12 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.heads, self.dropout = heads, dropout
         self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.norm2, self.q, self.kv, self.cross_proj = nn.LayerNorm(dim), nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.norm2, self.q, self.kv, self.cross_proj = (
+            nn.LayerNorm(dim),
+            nn.Linear(dim, dim),
+            nn.Linear(dim, 2 * dim),
+            nn.Linear(dim, dim),
+        )
         self.norm3 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, ffn), nn.GELU(), nn.Dropout(dropout), nn.Linear(ffn, dim))
         self.drop = nn.Dropout(dropout)
@@ -194,11 +201,14 @@ class DecoderBlock(nn.Module):
 
     def _attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
         p = self.dropout if self.training else 0.0
-        out = nn.functional.scaled_dot_product_attention(self._heads(q), self._heads(k), self._heads(v), attn_mask=mask, dropout_p=p)
+        out = nn.functional.scaled_dot_product_attention(
+            self._heads(q), self._heads(k), self._heads(v), attn_mask=mask, dropout_p=p
+        )
         return out.transpose(1, 2).flatten(2)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor | None,
-                memory_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor | None, memory_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
         x = x + self.drop(self.proj(self._attend(q, k, v, self_mask)))
         k, v = self.kv(memory).chunk(2, dim=-1)
@@ -206,8 +216,13 @@ class DecoderBlock(nn.Module):
         return x + self.drop(self.mlp(self.norm3(x)))
 
 
-def choose_parallel(batch: int, decoding: Decoding, parallel_ratio: float = PARALLEL_RATIO,
-                    generator: torch.Generator | None = None, per: Literal["step", "example"] = "step") -> torch.Tensor:
+def choose_parallel(
+    batch: int,
+    decoding: Decoding,
+    parallel_ratio: float = PARALLEL_RATIO,
+    generator: torch.Generator | None = None,
+    per: Literal["step", "example"] = "step",
+) -> torch.Tensor:
     """Which rows of a batch train in parallel mode: ``(B,)`` bool. ``autoregressive``: none;
     ``parallel``: all; ``alternate``: one draw ``U < parallel_ratio`` from ``generator`` for the
     whole batch (``per="step"``) or one per row (``per="example"``)."""
@@ -234,9 +249,21 @@ class CaptionDecoder(nn.Module):
     True = valid frame | None)`` -> logits ``(B, S, vocab)``. Output layer tied to the token embedding.
     """
 
-    def __init__(self, tokenizer: Tokenizer, feature_dim: int, *, dim: int = 256, depth: int = 2, heads: int = 4,
-                 ffn: int = 1024, max_tokens: int = 32, dropout: float = 0.1, decoding: Decoding = "autoregressive",
-                 parallel_ratio: float = PARALLEL_RATIO, alternate_per: Literal["step", "example"] = "step"):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        feature_dim: int,
+        *,
+        dim: int = 256,
+        depth: int = 2,
+        heads: int = 4,
+        ffn: int = 1024,
+        max_tokens: int = 32,
+        dropout: float = 0.1,
+        decoding: Decoding = "autoregressive",
+        parallel_ratio: float = PARALLEL_RATIO,
+        alternate_per: Literal["step", "example"] = "step",
+    ):
         super().__init__()
         choose_parallel(1, decoding, parallel_ratio, torch.Generator(), alternate_per)  # refuses unknown modes now
         self.tokenizer, self.max_tokens = tokenizer, max_tokens
@@ -249,8 +276,9 @@ class CaptionDecoder(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
         nn.init.normal_(self.positions, std=0.02)
 
-    def forward(self, inputs: torch.Tensor, features: torch.Tensor, causal: torch.Tensor,
-                feature_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, inputs: torch.Tensor, features: torch.Tensor, causal: torch.Tensor, feature_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         b, s = inputs.shape
         if s > self.max_tokens:
             raise ValueError(f"captioner: {s} input tokens, more than max_tokens={self.max_tokens}")
@@ -317,8 +345,14 @@ class CaptionDecoder(nn.Module):
             probs = probs.scatter(1, remask, new_probs.gather(1, remask))
         return rows
 
-    def generate(self, features: torch.Tensor, max_len: int | None = None, method: Literal["greedy", "parallel"] | None = None,
-                 steps: int = 1, feature_mask: torch.Tensor | None = None) -> list[list[int]]:
+    def generate(
+        self,
+        features: torch.Tensor,
+        max_len: int | None = None,
+        method: Literal["greedy", "parallel"] | None = None,
+        steps: int = 1,
+        feature_mask: torch.Tensor | None = None,
+    ) -> list[list[int]]:
         """Token ids per clip (no BOS, cut before the first EOS, at most ``max_len``) for features
         ``(B, T, D)``; ``tokenizer.decode`` turns them into text.
 
@@ -342,8 +376,13 @@ class CaptionDecoder(nn.Module):
         return [self.tokenizer.decode(ids) for ids in self.generate(features, **kwargs)]
 
 
-def caption_loss(decoder: CaptionDecoder, features: torch.Tensor, tokens: torch.Tensor,
-                 generator: torch.Generator | None = None, feature_mask: torch.Tensor | None = None) -> torch.Tensor:
+def caption_loss(
+    decoder: CaptionDecoder,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    feature_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Mean token cross-entropy of ``decoder`` on ``tokens (B, S)`` (from :func:`encode_captions`)
     given frame features ``(B, T, D)``; padding targets are ignored. The rows decoded in parallel
     are chosen by :func:`choose_parallel` from the decoder's ``decoding``, ``parallel_ratio`` and
@@ -383,13 +422,26 @@ def tokenizer_for(settings, texts: list[str] | None = None) -> Tokenizer:
     try:
         return PretrainedTokens(AutoTokenizer.from_pretrained(resolve_model_path(settings.vocabulary)))
     except (OSError, ValueError) as e:
-        raise ValueError(f"captioner: cannot use {settings.vocabulary!r} as the decoder's tokenizer ({e}); set "
-                         f"train.model.caption_decoder.vocabulary to {CAPTION_VOCABULARY} or a local tokenizer folder") from None
+        raise ValueError(
+            f"captioner: cannot use {settings.vocabulary!r} as the decoder's tokenizer ({e}); set "
+            f"train.model.caption_decoder.vocabulary to {CAPTION_VOCABULARY} or a local tokenizer folder"
+        ) from None
 
 
 def build_decoder(settings, feature_dim: int, tokenizer: Tokenizer) -> CaptionDecoder:
     """A :class:`CaptionDecoder` as ``train.model.caption_decoder`` ``settings`` describe it, reading
     frame features of width ``feature_dim``."""
     s = settings
-    return CaptionDecoder(tokenizer, feature_dim, dim=s.dim, depth=s.depth, heads=s.heads, ffn=s.ffn, max_tokens=s.max_tokens,
-                          dropout=s.dropout, decoding=s.decoding, parallel_ratio=s.parallel_ratio, alternate_per=s.alternate_per)
+    return CaptionDecoder(
+        tokenizer,
+        feature_dim,
+        dim=s.dim,
+        depth=s.depth,
+        heads=s.heads,
+        ffn=s.ffn,
+        max_tokens=s.max_tokens,
+        dropout=s.dropout,
+        decoding=s.decoding,
+        parallel_ratio=s.parallel_ratio,
+        alternate_per=s.alternate_per,
+    )

@@ -145,8 +145,10 @@ def read_entry(path: str | Path, key: str, what: str = "checkpoint") -> Any:
     loading the weights; a malformed ``calibration`` raises :class:`CheckpointError`."""
     state = read_torch_file(path, what, TRAINER_CHECKPOINT, mmap=True)
     if not isinstance(state, dict):
-        raise CheckpointError(f"{what}: {path} is not a sedsynth training checkpoint (it holds a {type(state).__name__}); "
-                              f"expected {TRAINER_CHECKPOINT}")
+        raise CheckpointError(
+            f"{what}: {path} is not a sedsynth training checkpoint (it holds a {type(state).__name__}); "
+            f"expected {TRAINER_CHECKPOINT}"
+        )
     value = state.get(key)
     problem = calibration_problem(value) if key == "calibration" else None
     if problem:
@@ -311,8 +313,18 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not (skip and k.startswith(skip))}
 
 
-def save(path: Path, model: nn.Module, *, optimizer=None, scheduler=None, step: int, epoch: int, batches_in_epoch: int, config: dict,
-         metrics: dict | None = None) -> None:
+def save(
+    path: Path,
+    model: nn.Module,
+    *,
+    optimizer=None,
+    scheduler=None,
+    step: int,
+    epoch: int,
+    batches_in_epoch: int,
+    config: dict,
+    metrics: dict | None = None,
+) -> None:
     """Write a trainer checkpoint to ``path`` (atomically): ``model``'s trainable weights, the
     ``optimizer`` and ``scheduler`` states (None in a checkpoint that is not resumed, such as
     ``best.pt``), the position (``step``, ``epoch``, ``batches_in_epoch`` done in it), torch's RNG
@@ -333,14 +345,18 @@ def save(path: Path, model: nn.Module, *, optimizer=None, scheduler=None, step: 
     write_torch_file(path, state)
 
 
-def restore(state: dict, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True, path: str | Path = "checkpoint") -> dict:
+def restore(
+    state: dict, model: nn.Module, optimizer=None, scheduler=None, restore_rng: bool = True, path: str | Path = "checkpoint"
+) -> dict:
     """Put a :func:`read` checkpoint into the given objects; returns ``state``."""
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     skip = frozen_prefixes(model)
     missing = [k for k in missing if not (skip and k.startswith(skip))]
     if missing or unexpected:
-        raise CheckpointError(f"checkpoint {path} does not fit this model (missing {missing[:5]}, unexpected {unexpected[:5]}); "
-                              "was it trained with other train.model settings?")
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model (missing {missing[:5]}, unexpected {unexpected[:5]}); "
+            "was it trained with other train.model settings?"
+        )
     if optimizer is not None and state.get("optimizer"):
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state.get("scheduler"):

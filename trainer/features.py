@@ -124,5 +124,3 @@ class Fbank(nn.Module):
         """Samples whose frames fill ``target_frames`` exactly."""
         p = self.params
         return (p.target_frames - 1) * p.shift_samples + p.window_samples
-
-

@@ -73,7 +73,7 @@ def _gather_rows(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
     if longest == 0:  # every rank knows the counts, so all skip the all_gather together
         return x.new_zeros((0, *x.shape[1:]))
     padded = x.new_zeros((longest, *x.shape[1:]))
-    padded[:x.shape[0]] = x
+    padded[: x.shape[0]] = x
     parts = [torch.empty_like(padded) for _ in counts]
     dist.all_gather(parts, padded.contiguous())
     return torch.cat([p[:n] for p, n in zip(parts, counts)], dim=0)
@@ -95,8 +95,8 @@ class _GatherWithGrad(torch.autograd.Function):
 
         grad = grad.contiguous().clone()
         dist.all_reduce(grad)
-        start = sum(ctx.counts[:ctx.rank])
-        return grad[start:start + ctx.counts[ctx.rank]], None
+        start = sum(ctx.counts[: ctx.rank])
+        return grad[start : start + ctx.counts[ctx.rank]], None
 
 
 def gather_with_grad(x: torch.Tensor, across_ranks: bool = True, same_rows: bool = True) -> tuple[torch.Tensor, int]:
@@ -272,7 +272,9 @@ class RegionContrastiveLoss(nn.Module):
             return {"region": frames.sum() * 0 + scale * 0, "region_t": scale.detach()}
         logits = scale * torch.einsum("bld,kd->blk", frames, texts)  # (B, L, K_all)
         other = clips.unsqueeze(0) != torch.arange(clip_offset, clip_offset + b, device=device).unsqueeze(1)  # (B, K_all)
-        negatives = torch.logsumexp(logits.masked_fill(~other.unsqueeze(1), float("-inf")), dim=-1)  # (B, L); -inf without negatives
+        negatives = torch.logsumexp(
+            logits.masked_fill(~other.unsqueeze(1), float("-inf")), dim=-1
+        )  # (B, L); -inf without negatives
         positive = logits[clip_of, :, offset + torch.arange(len(clip_of), device=device)]  # (K, L) this rank's regions
         log_p = positive - torch.logaddexp(positive, negatives[clip_of])  # (K, L)
         frames_in = labels[clip_of, slot].to(frames.dtype)  # (K, L)
@@ -298,8 +300,15 @@ class PriorLoss(nn.Module):
     gathered from every rank, and each phrase's BCE is counted on the rank of its first occurrence.
     """
 
-    def forward(self, phrases: list[list[str]], labels: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor,
-                has_frames: torch.Tensor, across_ranks: bool = True) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        phrases: list[list[str]],
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        bias: torch.Tensor,
+        has_frames: torch.Tensor,
+        across_ranks: bool = True,
+    ) -> dict[str, torch.Tensor]:
         device = bias.device
         flat = [p for row in phrases for p in row]
         keep = mask.reshape(-1).nonzero().squeeze(-1).tolist()

@@ -75,8 +75,13 @@ def unpatchify(patches: torch.Tensor, time_patches: int, patch: int) -> torch.Te
     return x.reshape(b, time_patches * patch, fp * patch)
 
 
-def random_mask(batch: int, num_patches: int, mask_ratio: float, generator: torch.Generator | None = None,
-                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def random_mask(
+    batch: int,
+    num_patches: int,
+    mask_ratio: float,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example random masks with exactly ``round(mask_ratio * num_patches)`` masked patches.
 
     Returns ``keep (B, K)`` (indices of the visible patches, ascending) and ``mask (B, N)`` bool
@@ -141,8 +146,16 @@ class MaskedAutoencoder(nn.Module):
     multiple of its stride (8). ``norm_targets=False`` reconstructs the raw patches instead.
     """
 
-    def __init__(self, encoder: AudioEncoder, decoder_dim: int = 512, decoder_depth: int = 8, decoder_heads: int = 16,
-                 mask_ratio: float = MASK_RATIO, patch: int | None = None, norm_targets: bool = True):
+    def __init__(
+        self,
+        encoder: AudioEncoder,
+        decoder_dim: int = 512,
+        decoder_depth: int = 8,
+        decoder_heads: int = 16,
+        mask_ratio: float = MASK_RATIO,
+        patch: int | None = None,
+        norm_targets: bool = True,
+    ):
         super().__init__()
         if not 0.0 <= mask_ratio < 1.0:
             raise ValueError(f"mae: mask_ratio must be in [0, 1), got {mask_ratio}")
@@ -155,8 +168,9 @@ class MaskedAutoencoder(nn.Module):
             self.time_patches, self.freq_patches = frames // self.patch, encoder.freq_patches
             self.decoder_embed = nn.Linear(encoder.width, decoder_dim)
             self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_dim))
-            self.register_buffer("decoder_positions", sincos_2d(self.time_patches, self.freq_patches, decoder_dim).unsqueeze(0),
-                                 persistent=False)
+            self.register_buffer(
+                "decoder_positions", sincos_2d(self.time_patches, self.freq_patches, decoder_dim).unsqueeze(0), persistent=False
+            )
             self.decoder_blocks = nn.ModuleList(PreNormBlock(decoder_dim, decoder_heads) for _ in range(decoder_depth))
             self.decoder_norm = nn.LayerNorm(decoder_dim, eps=1e-6)
             self.decoder_pred = nn.Linear(decoder_dim, self.patch * self.patch)
@@ -226,11 +240,17 @@ class MaskedAutoencoder(nn.Module):
         from the output cell above it -> patches ``(B, N, P)``."""
         t, f = self.time_patches * self.patch, self.freq_patches * self.patch
         spec = spec[:, :t, :f]
-        keep_values = unpatchify((~mask).unsqueeze(-1).to(spec.dtype).expand(-1, -1, self.patch ** 2), self.time_patches, self.patch)
+        keep_values = unpatchify(
+            (~mask).unsqueeze(-1).to(spec.dtype).expand(-1, -1, self.patch**2), self.time_patches, self.patch
+        )
         grid = self.encoder.blocks((spec * keep_values).unsqueeze(1))  # (B, C, L, Fg)
         cells = self.decoder_pred(grid.permute(0, 2, 3, 1))  # (B, L, Fg, st * sf)
         b, lt, fg, _ = cells.shape
-        full = cells.reshape(b, lt, fg, self.stride_t, self.stride_f).permute(0, 1, 3, 2, 4).reshape(b, lt * self.stride_t, fg * self.stride_f)
+        full = (
+            cells.reshape(b, lt, fg, self.stride_t, self.stride_f)
+            .permute(0, 1, 3, 2, 4)
+            .reshape(b, lt * self.stride_t, fg * self.stride_f)
+        )
         return patchify(full[:, :t, :f], self.patch)
 
 

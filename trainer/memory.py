@@ -4,6 +4,7 @@
 keep after they are freed; :class:`HeapReleaser` does it at most every so many seconds, for loops
 (the training steps, a loader worker's pieces) that poll it. Neither changes what a run computes.
 """
+
 from __future__ import annotations
 
 import time

@@ -90,10 +90,19 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 
 class FineLAP(nn.Module):
-    def __init__(self, encoder: AudioEncoder, text: TextEncoder, *, dim: int = 1024,
-                 adapter: Literal["transformer", "bigru", "linear", "shared"] = "transformer",
-                 adapter_ffn: int = 4096, adapter_heads: int = 8, dropout: float = 0.1, per_text_logits: bool = False,
-                 caption_decoder=None):
+    def __init__(
+        self,
+        encoder: AudioEncoder,
+        text: TextEncoder,
+        *,
+        dim: int = 1024,
+        adapter: Literal["transformer", "bigru", "linear", "shared"] = "transformer",
+        adapter_ffn: int = 4096,
+        adapter_heads: int = 8,
+        dropout: float = 0.1,
+        per_text_logits: bool = False,
+        caption_decoder=None,
+    ):
         super().__init__()
         self.encoder, self.text = encoder, text
         self.caption_decoder = caption_decoder  # train.model.caption_decoder (settings, not a module), for the objective
@@ -104,7 +113,11 @@ class FineLAP(nn.Module):
             pooler.requires_grad_(False)
         self.global_proj = projector(encoder.width, dim)
         self.adapter_kind = adapter
-        self.local = None if adapter == "shared" else LocalAdapter(adapter, encoder.width, dim, heads=adapter_heads, ffn=adapter_ffn, dropout=dropout)
+        self.local = (
+            None
+            if adapter == "shared"
+            else LocalAdapter(adapter, encoder.width, dim, heads=adapter_heads, ffn=adapter_ffn, dropout=dropout)
+        )
         self.text_proj = projector(text.width, dim)
         self.per_text = PerTextLogits(text.width) if per_text_logits else None
 
@@ -156,5 +169,14 @@ def build_model(p) -> FineLAP:
     """A :class:`FineLAP` from ``train.model`` params."""
     encoder = build_encoder(p.encoder, p.encoder_checkpoint)
     text = TextEncoder(p.text_model, p.text_pooling, p.text_max_tokens, frozen=p.freeze_text, pad_rows=p.text_pad_rows)
-    return FineLAP(encoder, text, dim=p.embed_dim, adapter=p.adapter, adapter_ffn=p.adapter_ffn, adapter_heads=p.adapter_heads,
-                   dropout=p.dropout, per_text_logits=p.per_text_logits, caption_decoder=p.caption_decoder)
+    return FineLAP(
+        encoder,
+        text,
+        dim=p.embed_dim,
+        adapter=p.adapter,
+        adapter_ffn=p.adapter_ffn,
+        adapter_heads=p.adapter_heads,
+        dropout=p.dropout,
+        per_text_logits=p.per_text_logits,
+        caption_decoder=p.caption_decoder,
+    )

@@ -33,8 +33,12 @@ KEEP_DTYPE = ("encoder_frames",)  # read by the decoder under the caller's autoc
 
 
 def _float32(e: Embeddings) -> Embeddings:
-    return dataclasses.replace(e, **{f.name: v.float() for f in dataclasses.fields(e)
-                                     if f.name not in KEEP_DTYPE and (v := getattr(e, f.name)) is not None})
+    return dataclasses.replace(
+        e,
+        **{
+            f.name: v.float() for f in dataclasses.fields(e) if f.name not in KEEP_DTYPE and (v := getattr(e, f.name)) is not None
+        },
+    )
 
 
 class Objective(nn.Module):
@@ -51,7 +55,9 @@ class Objective(nn.Module):
         if p.caption_weight > 0:
             settings = model.caption_decoder
             if settings is None:
-                raise ValueError("objective: train.loss.caption_weight > 0 needs a model built with caption_decoder settings (build_model)")
+                raise ValueError(
+                    "objective: train.loss.caption_weight > 0 needs a model built with caption_decoder settings (build_model)"
+                )
             self.captioner = build_decoder(settings, model.encoder.width, tokenizer_for(settings))
 
     def use_caption_vocabulary(self, vocabulary: WordVocabulary) -> None:
@@ -59,8 +65,10 @@ class Objective(nn.Module):
         if self.captioner is None:
             raise ValueError("objective: no captioning decoder (train.loss.caption_weight is 0)")
         if vocabulary.size != self.captioner.embed.num_embeddings:
-            raise ValueError(f"objective: a vocabulary of {vocabulary.size} entries for a decoder of {self.captioner.embed.num_embeddings}; "
-                             "was it trained with another train.model.caption_decoder.vocabulary_words?")
+            raise ValueError(
+                f"objective: a vocabulary of {vocabulary.size} entries for a decoder of {self.captioner.embed.num_embeddings}; "
+                "was it trained with another train.model.caption_decoder.vocabulary_words?"
+            )
         self.captioner.tokenizer = vocabulary
 
     def forward(self, batch: Batch) -> dict[str, torch.Tensor]:

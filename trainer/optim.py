@@ -40,8 +40,10 @@ def passes_per_step(optimizer: torch.optim.Optimizer) -> int:
 
 def lr_lambda(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
     """Step -> learning-rate multiplier: linear warm-up to 1 over ``warmup_steps``, then cosine to 0 at ``total_steps``."""
+
     def multiplier(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))))
+
     return multiplier

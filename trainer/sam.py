@@ -37,8 +37,7 @@ class SAM(torch.optim.Optimizer):
     nor restored.
     """
 
-    def __init__(self, base: torch.optim.Optimizer, rho: float = DEFAULT_RHO, adaptive: bool = False,
-                 eps: float = 1e-12):
+    def __init__(self, base: torch.optim.Optimizer, rho: float = DEFAULT_RHO, adaptive: bool = False, eps: float = 1e-12):
         if rho < 0:
             raise ValueError(f"SAM: rho must be non-negative, got {rho}")
         super().__init__([{"params": g["params"]} for g in base.param_groups], {})

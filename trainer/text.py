@@ -54,8 +54,14 @@ def resolve_model_path(name: str) -> str:
 class TextEncoder(nn.Module):
     """Strings -> ``(n, H)`` pooled features; ``width`` is H."""
 
-    def __init__(self, model: str = OFFLINE_MODEL, pooling: Literal["auto", "first", "mean"] = "auto",
-                 max_tokens: int = 30, frozen: bool = True, pad_rows: int = 0):
+    def __init__(
+        self,
+        model: str = OFFLINE_MODEL,
+        pooling: Literal["auto", "first", "mean"] = "auto",
+        max_tokens: int = 30,
+        frozen: bool = True,
+        pad_rows: int = 0,
+    ):
         super().__init__()
         from transformers import AutoModel, AutoTokenizer
 
@@ -98,8 +104,13 @@ class TextEncoder(nn.Module):
         device = next(self.model.parameters()).device
         n = len(texts)
         texts = [self.bounded(t) for t in texts] + [""] * (-n % self.pad_rows if self.pad_rows else 0)
-        tokens = self.tokenizer(texts, padding="max_length" if self.pad_rows else True, truncation=True, max_length=self.max_tokens,
-                                return_tensors="pt")
+        tokens = self.tokenizer(
+            texts,
+            padding="max_length" if self.pad_rows else True,
+            truncation=True,
+            max_length=self.max_tokens,
+            return_tensors="pt",
+        )
         tokens = {k: to_device(v, device) for k, v in tokens.items()}
         hidden = self.model(**tokens).last_hidden_state[:n]  # (n, T, H); padding rows dropped
         if self.pooling == "first":
@@ -116,7 +127,7 @@ class TextEncoder(nn.Module):
         if todo:
             with torch.no_grad():
                 for i in range(0, len(todo), 256):
-                    chunk = todo[i:i + 256]
+                    chunk = todo[i : i + 256]
                     for t, e in zip(chunk, self._encode(chunk).float().cpu()):
                         self.cache[t] = e.clone()  # its own storage, not a view of the chunk's: evicting it frees it
         features = torch.stack([self.cache[t] for t in texts])

@@ -15,7 +15,9 @@ import griffe
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|obj|exc|const):`(~?)([^`]+)`")
 LIST_AFTER_TEXT = re.compile(r"^(?P<text>[^\s\-*].*)\n(?P<item>[-*] )", re.MULTILINE)
 QUOTE_LIKE = re.compile(r"^(?P<indent>[ \t]*)>(?!>>)", re.MULTILINE)  # ">= 1.1" wrapped to a line start; doctests kept
-LITERAL_MARK = re.compile(r"(?<=\S)::$", re.MULTILINE)  # Sphinx's "layout::" before an indented block, which Markdown shows as code anyway
+LITERAL_MARK = re.compile(
+    r"(?<=\S)::$", re.MULTILINE
+)  # Sphinx's "layout::" before an indented block, which Markdown shows as code anyway
 
 
 def _role(match: re.Match) -> str:

@@ -110,8 +110,7 @@ def short(commit: str) -> str:
 def source(name: str) -> str:
     """One line naming where a result file's figures come from."""
     result = load(name)
-    return (f"`{result['command']}` at commit `{short(result['commit'])}` ({result['machine']}); "
-            f"`{REPOSITORY}/{name}.json`")
+    return f"`{result['command']}` at commit `{short(result['commit'])}` ({result['machine']}); `{REPOSITORY}/{name}.json`"
 
 
 def default_table() -> str:
@@ -130,8 +129,13 @@ def headline_table() -> str:
     for _, name in sorted(headed):
         result = load(name)
         head = result["headline"]
-        cells = [f"[{head['what']}](#{head['section']})", fill(result, head["figure"]), fill(result, head["peer"]),
-                 fill(result, head["ratio"]), f"`{result['command']}`"]
+        cells = [
+            f"[{head['what']}](#{head['section']})",
+            fill(result, head["figure"]),
+            fill(result, head["peer"]),
+            fill(result, head["ratio"]),
+            f"`{result['command']}`",
+        ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
@@ -139,12 +143,16 @@ def headline_table() -> str:
 def detection_table() -> str:
     """The detection benchmark's epochs: held-out figures against training steps."""
     result = load("detection")
-    lines = ["| steps | PSDS1 | PSDS2 | segment AUROC | zero-shot, clip / frame head | encoder probe, AUROC / segment F1 |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| steps | PSDS1 | PSDS2 | segment AUROC | zero-shot, clip / frame head | encoder probe, AUROC / segment F1 |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for row in value(result, "epochs"):
-        lines.append(f"| {row['step']:,} | {row['psds1']:.3f} | {row['psds2']:.3f} | {row['auroc']:.3f} | "
-                     f"{row['zero_shot_accuracy']:.3f} / {row['zero_shot_frame_accuracy']:.3f} | "
-                     f"{row['probe_frame_auroc']:.3f} / {row['probe_segment_f1']:.3f} |")
+        lines.append(
+            f"| {row['step']:,} | {row['psds1']:.3f} | {row['psds2']:.3f} | {row['auroc']:.3f} | "
+            f"{row['zero_shot_accuracy']:.3f} / {row['zero_shot_frame_accuracy']:.3f} | "
+            f"{row['probe_frame_auroc']:.3f} / {row['probe_segment_f1']:.3f} |"
+        )
     return "\n".join(lines)
 
 

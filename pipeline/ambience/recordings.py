@@ -91,7 +91,9 @@ def read_ambience_library(root: Path, p: AmbienceParams) -> tuple[list[AmbienceR
     return recordings, skips, "folder"
 
 
-def _read_with_metadata(root: Path, csv_path: Path, files: list[str], p: AmbienceParams) -> tuple[list[AmbienceRecording], list[Skip]]:
+def _read_with_metadata(
+    root: Path, csv_path: Path, files: list[str], p: AmbienceParams
+) -> tuple[list[AmbienceRecording], list[Skip]]:
     recordings: list[AmbienceRecording] = []
     skips: list[Skip] = []
     listed: set[str] = set()
@@ -110,7 +112,9 @@ def _read_with_metadata(root: Path, csv_path: Path, files: list[str], p: Ambienc
     for line_no, row in rows:
         where = f"{csv_path.name} line {line_no}"
         if len(row) != len(header):
-            skips.append(Skip(f"line{line_no}", csv_path.name, "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}"))
+            skips.append(
+                Skip(f"line{line_no}", csv_path.name, "malformed-row", f"{where}: {len(row)} fields, expected {len(header)}")
+            )
             continue
         rel = _relative(row[path_at], root)
         if not rel:

@@ -81,7 +81,9 @@ def _clip_one(task: ClipTask, p: ClipParams, sample_rate_hz: int, audio_dir: Pat
     x = remove_dc(downmix(decoded.samples))
     seg = find_segment(x, sr, p.segmentation)
     if float(seg.frame_energy_db.max()) < p.silence_dbfs:
-        return Skip(c.clip_id, c.rel_path, "silent", f"loudest frame {seg.frame_energy_db.max():.1f} dBFS < {p.silence_dbfs} dBFS")
+        return Skip(
+            c.clip_id, c.rel_path, "silent", f"loudest frame {seg.frame_energy_db.max():.1f} dBFS < {p.silence_dbfs} dBFS"
+        )
     if not seg.found:
         return Skip(c.clip_id, c.rel_path, "no-segment", "no window reaches the threshold")
     duration_s = (seg.end - seg.start) / sr

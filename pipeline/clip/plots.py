@@ -33,8 +33,16 @@ class _Panel:
 
 def _panels(records: list[EventClip], skips: list[Skip]) -> tuple[list[_Panel], list[str]]:
     """Panels to draw (the kept examples, then the first refused clip of each curve reason) and lines for the rest."""
-    panels = [_Panel(r.clip_id, r.source_path, "kept", f"{r.label}, {r.onset_in_source_s:.2f}-{r.offset_in_source_s:.2f} s",
-                     (r.onset_in_source_s, r.offset_in_source_s)) for r in records]
+    panels = [
+        _Panel(
+            r.clip_id,
+            r.source_path,
+            "kept",
+            f"{r.label}, {r.onset_in_source_s:.2f}-{r.offset_in_source_s:.2f} s",
+            (r.onset_in_source_s, r.offset_in_source_s),
+        )
+        for r in records
+    ]
     by_reason: dict[str, list[Skip]] = {}
     for s in sorted(skips, key=lambda s: s.item_id):
         by_reason.setdefault(s.reason, []).append(s)
@@ -42,8 +50,11 @@ def _panels(records: list[EventClip], skips: list[Skip]) -> tuple[list[_Panel], 
         if reason in by_reason:
             s = by_reason[reason][0]
             panels.append(_Panel(s.item_id, s.path, reason, s.detail, None))
-    others = [f"{reason} {len(items)} (e.g. {items[0].item_id})" for reason, items in sorted(by_reason.items())
-              if reason not in REFUSAL_REASONS_WITH_CURVE]
+    others = [
+        f"{reason} {len(items)} (e.g. {items[0].item_id})"
+        for reason, items in sorted(by_reason.items())
+        if reason not in REFUSAL_REASONS_WITH_CURVE
+    ]
     return panels, others
 
 
@@ -80,7 +91,9 @@ def plot_clipping_examples(records: list[EventClip], skips: list[Skip], fsd50k_d
         refused = panel.reason != "kept"
         t_frame = (np.arange(seg.frame_energy_db.shape[0]) * seg.hop + seg.frame / 2) / sr
         width = min(p.segmentation.window_frames, seg.frame_energy_db.shape[0])
-        t_window = (np.arange(seg.window_energy_db.shape[0]) * p.segmentation.window_step_frames * seg.hop + width * seg.hop / 2) / sr
+        t_window = (
+            np.arange(seg.window_energy_db.shape[0]) * p.segmentation.window_step_frames * seg.hop + width * seg.hop / 2
+        ) / sr
         wave = ax.twinx()
         step = max(1, x.shape[0] // 4000)  # the picture needs a few thousand points, not every sample
         wave.plot(np.arange(0, x.shape[0], step) / sr, x[::step], color="0.75", lw=0.4)
@@ -131,12 +144,30 @@ def plot_clipping_examples(records: list[EventClip], skips: list[Skip], fsd50k_d
     if "clipped" in reasons:
         handles.append(Line2D([], [], color="tab:red", ls=":", lw=0.8, label="clip level"))
     top_frac = 1 - 0.6 / height_in
-    fig.suptitle("Event clipping: the first continuous segment above the threshold is kept if it passes the checks "
-                 "(waveform in grey; refused clips titled in red)", fontsize=10, y=1 - 0.12 / height_in)
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.38 / height_in), ncol=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(
+        "Event clipping: the first continuous segment above the threshold is kept if it passes the checks "
+        "(waveform in grey; refused clips titled in red)",
+        fontsize=10,
+        y=1 - 0.12 / height_in,
+    )
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1 - 0.38 / height_in),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+    )
     if others:
-        fig.text(0.01, 0.1 / height_in, "Also skipped, with no energy curve to show (every skip is in skipped.csv):\n  " + "\n  ".join(others),
-                 fontsize=8, va="bottom", ha="left", family="monospace")
+        fig.text(
+            0.01,
+            0.1 / height_in,
+            "Also skipped, with no energy curve to show (every skip is in skipped.csv):\n  " + "\n  ".join(others),
+            fontsize=8,
+            va="bottom",
+            ha="left",
+            family="monospace",
+        )
     fig.tight_layout(rect=(0, footer_in / height_in, 1, top_frac))
     save_png(fig, path, dpi=90)
     return titles

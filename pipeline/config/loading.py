@@ -124,7 +124,9 @@ def build(cls: type, raw: dict, prefix: str = "") -> object:
         if key not in names:
             if _key_name(key) is None:  # text that is no key name may be a line of a file that is not params
                 where = f"'{prefix}'" if prefix else "the top level"
-                raise ParamsError(f"params: {where} holds a key that is not a parameter name (not shown); known keys: {', '.join(names)}")
+                raise ParamsError(
+                    f"params: {where} holds a key that is not a parameter name (not shown); known keys: {', '.join(names)}"
+                )
             close = difflib.get_close_matches(str(key), names, n=1)  # YAML keys may be numbers or booleans
             hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
             raise ParamsError(f"params: unknown key '{dotted}'{hint}")
@@ -156,8 +158,12 @@ class _NoAliasLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise _AliasRefused(None, None, f"an alias (*{event.anchor}); params take no YAML aliases: write the value out in full",
-                                event.start_mark)
+            raise _AliasRefused(
+                None,
+                None,
+                f"an alias (*{event.anchor}); params take no YAML aliases: write the value out in full",
+                event.start_mark,
+            )
         return super().compose_node(parent, index)
 
 
@@ -170,8 +176,11 @@ def _parse_yaml(text: str, where: str, column_offset: int | None = None) -> obje
     try:
         return yaml.load(text, Loader=_NoAliasLoader)
     except RecursionError:
-        raise ParamsError(f"params: {where}: nested deeper than the YAML reader can follow; a params file nests a few levels") from None
+        raise ParamsError(
+            f"params: {where}: nested deeper than the YAML reader can follow; a params file nests a few levels"
+        ) from None
     except yaml.MarkedYAMLError as e:
+
         def position(mark) -> str:
             if column_offset is not None:
                 return f"column {column_offset + mark.column + 1}"
@@ -210,8 +219,9 @@ def _read_bounded(path: Path, role: str) -> bytes:
         except OSError as e:
             raise ParamsError(f"params: cannot read {role} {path} ({e.strerror})") from None
     if len(data) > MAX_PARAMS_BYTES:
-        raise ParamsError(f"params: {role} {path} is larger than {MAX_PARAMS_BYTES // 1024} KiB, which no params file is; "
-                          "is it the right file?")
+        raise ParamsError(
+            f"params: {role} {path} is larger than {MAX_PARAMS_BYTES // 1024} KiB, which no params file is; is it the right file?"
+        )
     return data
 
 
@@ -234,8 +244,9 @@ def read_yaml_mapping(path: Path | str, role: str = "params file") -> dict:
     if not isinstance(raw, dict):
         raise ParamsError(f"params: {role} {path} holds a {type(raw).__name__}; it must hold a mapping of keys at the top level")
     if not all(isinstance(key, str) and _key_name(key) for key in raw):
-        raise ParamsError(f"params: {role} {path} has a top-level key that is not a section name (not shown); "
-                          "is it a params file?")
+        raise ParamsError(
+            f"params: {role} {path} has a top-level key that is not a section name (not shown); is it a params file?"
+        )
     return raw
 
 

@@ -225,6 +225,7 @@ class MixSpec:
 
     def to_dict(self) -> dict:
         """The spec in its YAML form, with its preset and rate (what ``spec.json`` records)."""
+
         def plain(v):
             if isinstance(v, Distribution):
                 return v.to_list()
@@ -233,6 +234,7 @@ class MixSpec:
             if isinstance(v, tuple) and v and isinstance(v[0], PoolSpec):
                 return {p.name: {"share": p.share, "datasets": list(p.datasets)} for p in v}
             return v
+
         return {k: plain(v) for k, v in self.__dict__.items()}
 
 
@@ -259,11 +261,21 @@ def _resolve_once(preset: str, overrides_json: str, sample_rate_hz: int) -> MixS
 
 def build_spec(preset: str, overrides: Mapping, sample_rate_hz: int) -> MixSpec:
     """The uncached resolution behind :func:`resolve_spec`: preset, merge, validate each group of knobs."""
-    _need(isinstance(sample_rate_hz, int) and not isinstance(sample_rate_hz, bool) and sample_rate_hz >= MIN_SAMPLE_RATE_HZ,
-          "sample_rate_hz", f"(the top-level rate) must be a whole number of Hz >= {MIN_SAMPLE_RATE_HZ}, got {sample_rate_hz!r}")
+    _need(
+        isinstance(sample_rate_hz, int) and not isinstance(sample_rate_hz, bool) and sample_rate_hz >= MIN_SAMPLE_RATE_HZ,
+        "sample_rate_hz",
+        f"(the top-level rate) must be a whole number of Hz >= {MIN_SAMPLE_RATE_HZ}, got {sample_rate_hz!r}",
+    )
     raw = _merge(_preset_knobs(preset), overrides)
-    return MixSpec(preset=preset, sample_rate_hz=sample_rate_hz, **_timeline(raw), **_events(raw), **_placement(raw), **_levels(raw),
-                   **_augmentations(raw))
+    return MixSpec(
+        preset=preset,
+        sample_rate_hz=sample_rate_hz,
+        **_timeline(raw),
+        **_events(raw),
+        **_placement(raw),
+        **_levels(raw),
+        **_augmentations(raw),
+    )
 
 
 def _preset_knobs(preset: str) -> dict:
@@ -280,8 +292,10 @@ def _merge(base: dict, top: Mapping, prefix: str = "") -> dict:
     for key, value in top.items():
         dotted = f"{prefix}{key}"
         if dotted == "sample_rate_hz":
-            raise SpecError("mix spec: 'sample_rate_hz' is not a knob: mixtures are written at the top-level sample_rate_hz "
-                            "of params.yaml, the rate every data stage writes; set that one instead (or --set sample_rate_hz=...)")
+            raise SpecError(
+                "mix spec: 'sample_rate_hz' is not a knob: mixtures are written at the top-level sample_rate_hz "
+                "of params.yaml, the rate every data stage writes; set that one instead (or --set sample_rate_hz=...)"
+            )
         if key not in base:
             close = difflib.get_close_matches(key, list(base), n=1)
             hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(prefix + k for k in base)}"
@@ -297,9 +311,12 @@ def _merge(base: dict, top: Mapping, prefix: str = "") -> dict:
 
 def _timeline(raw: dict) -> dict:
     duration = parse(raw["duration_s"], "duration_s")
-    _need(duration.bounds()[0] > 0 and duration.bounds()[1] <= MAX_DURATION_S, "duration_s",
-          f"must produce positive durations of at most {MAX_DURATION_S:g} s ([const, 10.0] or [uniform, lo, hi]), "
-          f"got {duration.to_list()!r}")
+    _need(
+        duration.bounds()[0] > 0 and duration.bounds()[1] <= MAX_DURATION_S,
+        "duration_s",
+        f"must produce positive durations of at most {MAX_DURATION_S:g} s ([const, 10.0] or [uniform, lo, hi]), "
+        f"got {duration.to_list()!r}",
+    )
     return {"duration_s": duration}
 
 
@@ -311,16 +328,28 @@ def _events(raw: dict) -> dict:
     event_duration = None
     if raw["event_duration_s"] is not None:
         event_duration = parse(raw["event_duration_s"], "event_duration_s")
-        _need(event_duration.bounds()[0] > 0, "event_duration_s",
-              f"must produce positive durations, or be null for whole clips; got {event_duration.to_list()!r}")
+        _need(
+            event_duration.bounds()[0] > 0,
+            "event_duration_s",
+            f"must produce positive durations, or be null for whole clips; got {event_duration.to_list()!r}",
+        )
     source_time = parse(raw["source_time_s"], "source_time_s", allow_fit=True)
     _non_negative(source_time, "source_time_s")
     repetition, splitting = _repetition(raw["repetition"]), _splitting(raw["splitting"])
-    _need(repetition.probability + splitting.probability <= 1.0 + 1e-9, "repetition.probability",
-          "plus splitting.probability must not exceed 1 (one draw picks split, repeat or neither); "
-          f"got {repetition.probability} + {splitting.probability}")
-    return {"events_per_mixture": events, "distinct_clips": raw["distinct_clips"], "event_duration_s": event_duration,
-            "source_time_s": source_time, "repetition": repetition, "splitting": splitting}
+    _need(
+        repetition.probability + splitting.probability <= 1.0 + 1e-9,
+        "repetition.probability",
+        "plus splitting.probability must not exceed 1 (one draw picks split, repeat or neither); "
+        f"got {repetition.probability} + {splitting.probability}",
+    )
+    return {
+        "events_per_mixture": events,
+        "distinct_clips": raw["distinct_clips"],
+        "event_duration_s": event_duration,
+        "source_time_s": source_time,
+        "repetition": repetition,
+        "splitting": splitting,
+    }
 
 
 def _repetition(rep: dict) -> RepetitionSpec:
@@ -344,10 +373,17 @@ def _placement(raw: dict) -> dict:
     poly = raw["max_polyphony"]
     _need(poly is None or _whole(poly, 1), "max_polyphony", f"must be a whole number >= 1, or null for no cap; got {poly!r}")
     tries = raw["placement_tries"]
-    _need(_whole(tries, 1) and tries <= MAX_PLACEMENT_TRIES, "placement_tries",
-          f"must be a whole number >= 1 and <= {MAX_PLACEMENT_TRIES}, got {tries!r}")
-    return {"onset_s": parse(raw["onset_s"], "onset_s", allow_fit=True), "max_polyphony": poly, "placement_tries": tries,
-            "background_offset_s": parse(raw["background_offset_s"], "background_offset_s", allow_fit=True)}
+    _need(
+        _whole(tries, 1) and tries <= MAX_PLACEMENT_TRIES,
+        "placement_tries",
+        f"must be a whole number >= 1 and <= {MAX_PLACEMENT_TRIES}, got {tries!r}",
+    )
+    return {
+        "onset_s": parse(raw["onset_s"], "onset_s", allow_fit=True),
+        "max_polyphony": poly,
+        "placement_tries": tries,
+        "background_offset_s": parse(raw["background_offset_s"], "background_offset_s", allow_fit=True),
+    }
 
 
 def _levels(raw: dict) -> dict:
@@ -356,14 +392,23 @@ def _levels(raw: dict) -> dict:
     fades = {key: parse(raw[key], key) for key in ("fade_in_s", "fade_out_s")}
     for key, fade in fades.items():
         _non_negative(fade, key)
-    return {"level_mode": raw["level_mode"], "snr_db": parse(raw["snr_db"], "snr_db"),
-            "ref_db": _optional_number(raw["ref_db"], "ref_db"), **fades, "normalize": _normalize(raw["normalize"])}
+    return {
+        "level_mode": raw["level_mode"],
+        "snr_db": parse(raw["snr_db"], "snr_db"),
+        "ref_db": _optional_number(raw["ref_db"], "ref_db"),
+        **fades,
+        "normalize": _normalize(raw["normalize"]),
+    }
 
 
 def _normalize(norm: dict) -> NormalizeSpec:
     _need(norm["peak"] in PEAK_POLICIES, "normalize.peak", f"is {norm['peak']!r}; use one of {', '.join(PEAK_POLICIES)}")
     peak_dbfs = _optional_number(norm["peak_dbfs"], "normalize.peak_dbfs")
-    _need(peak_dbfs is not None and peak_dbfs <= 0, "normalize.peak_dbfs", f"must be a level at or below 0 dBFS, got {norm['peak_dbfs']!r}")
+    _need(
+        peak_dbfs is not None and peak_dbfs <= 0,
+        "normalize.peak_dbfs",
+        f"must be a level at or below 0 dBFS, got {norm['peak_dbfs']!r}",
+    )
     return NormalizeSpec(norm["peak"], peak_dbfs, _optional_number(norm["loudness_lufs"], "normalize.loudness_lufs"))
 
 
@@ -372,30 +417,57 @@ def _augmentations(raw: dict) -> dict:
     pitch = None if raw["pitch_shift_semitones"] is None else parse(raw["pitch_shift_semitones"], "pitch_shift_semitones")
     stretch = None if raw["time_stretch_factor"] is None else parse(raw["time_stretch_factor"], "time_stretch_factor")
     if stretch is not None:
-        _need(stretch.bounds()[0] > 0 and math.isfinite(stretch.bounds()[1]), "time_stretch_factor",
-              f"must produce positive, bounded factors (output duration / input duration), got {stretch.to_list()!r}")
+        _need(
+            stretch.bounds()[0] > 0 and math.isfinite(stretch.bounds()[1]),
+            "time_stretch_factor",
+            f"must produce positive, bounded factors (output duration / input duration), got {stretch.to_list()!r}",
+        )
     method = raw["stretch_method"]
     _need(method in STRETCH_METHODS, "stretch_method", f"is {method!r}; use one of {', '.join(STRETCH_METHODS)}")
-    _need(method != "varispeed" or pitch is None or stretch is None, "stretch_method",
-          "varispeed changes pitch and duration together: set pitch_shift_semitones or time_stretch_factor, not both")
-    return {"pitch_shift_semitones": pitch, "time_stretch_factor": stretch, "stretch_method": method,
-            "reverb": _reverb(raw["reverb"]), "brownian_background": _probability(raw["brownian_background"], "brownian_background"),
-            "pools": _pools(raw["pools"])}
+    _need(
+        method != "varispeed" or pitch is None or stretch is None,
+        "stretch_method",
+        "varispeed changes pitch and duration together: set pitch_shift_semitones or time_stretch_factor, not both",
+    )
+    return {
+        "pitch_shift_semitones": pitch,
+        "time_stretch_factor": stretch,
+        "stretch_method": method,
+        "reverb": _reverb(raw["reverb"]),
+        "brownian_background": _probability(raw["brownian_background"], "brownian_background"),
+        "pools": _pools(raw["pools"]),
+    }
 
 
 def _reverb(rev: dict) -> ReverbSpec:
     rirs = rev["rirs"]
-    _need(rirs is None or (isinstance(rirs, str) and rirs.strip()), "reverb.rirs",
-          f"must be a folder of impulse-response files, or null for simulated rooms; got {rirs!r}")
+    _need(
+        rirs is None or (isinstance(rirs, str) and rirs.strip()),
+        "reverb.rirs",
+        f"must be a folder of impulse-response files, or null for simulated rooms; got {rirs!r}",
+    )
     _need(_whole(rev["rooms"], 1), "reverb.rooms", f"must be a whole number >= 1, got {rev['rooms']!r}")
     size, rt60 = parse(rev["room_size_m"], "reverb.room_size_m"), parse(rev["rt60_s"], "reverb.rt60_s")
-    _need(size.bounds()[0] >= 1.5 and math.isfinite(size.bounds()[1]), "reverb.room_size_m",
-          f"must produce sizes of at least 1.5 m (the source and microphone keep 0.5 m from the walls), got {size.to_list()!r}")
-    _need(rt60.bounds()[0] >= 0.05 and rt60.bounds()[1] <= 3.0, "reverb.rt60_s",
-          f"must produce reverberation times in [0.05, 3] s, got {rt60.to_list()!r}")
-    return ReverbSpec(_probability(rev["probability"], "reverb.probability"),
-                      _probability(rev["background_probability"], "reverb.background_probability"),
-                      rirs, rev["rooms"], size, rt60, parse(rev["wet_db"], "reverb.wet_db"), parse(rev["dry_db"], "reverb.dry_db"))
+    _need(
+        size.bounds()[0] >= 1.5 and math.isfinite(size.bounds()[1]),
+        "reverb.room_size_m",
+        f"must produce sizes of at least 1.5 m (the source and microphone keep 0.5 m from the walls), got {size.to_list()!r}",
+    )
+    _need(
+        rt60.bounds()[0] >= 0.05 and rt60.bounds()[1] <= 3.0,
+        "reverb.rt60_s",
+        f"must produce reverberation times in [0.05, 3] s, got {rt60.to_list()!r}",
+    )
+    return ReverbSpec(
+        _probability(rev["probability"], "reverb.probability"),
+        _probability(rev["background_probability"], "reverb.background_probability"),
+        rirs,
+        rev["rooms"],
+        size,
+        rt60,
+        parse(rev["wet_db"], "reverb.wet_db"),
+        parse(rev["dry_db"], "reverb.dry_db"),
+    )
 
 
 def _pools(pools: object) -> tuple[PoolSpec, ...] | None:
@@ -404,11 +476,17 @@ def _pools(pools: object) -> tuple[PoolSpec, ...] | None:
     _need(isinstance(pools, dict) and pools, "pools", f"must map pool names to {{share, datasets}}, or be null; got {pools!r}")
     out = []
     for name, pool in pools.items():
-        _need(isinstance(pool, dict) and set(pool) == {"share", "datasets"}, f"pools.{name}",
-              f"must be {{share: 0.8, datasets: [fsd50k, library, ...]}}, got {pool!r}")
+        _need(
+            isinstance(pool, dict) and set(pool) == {"share", "datasets"},
+            f"pools.{name}",
+            f"must be {{share: 0.8, datasets: [fsd50k, library, ...]}}, got {pool!r}",
+        )
         datasets = pool["datasets"]
-        _need(isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets), f"pools.{name}.datasets",
-              f"must list source datasets (an event clip's source_dataset: fsd50k, library, ...), got {datasets!r}")
+        _need(
+            isinstance(datasets, list) and datasets and all(isinstance(d, str) for d in datasets),
+            f"pools.{name}.datasets",
+            f"must list source datasets (an event clip's source_dataset: fsd50k, library, ...), got {datasets!r}",
+        )
         out.append(PoolSpec(str(name), _probability(pool["share"], f"pools.{name}.share"), tuple(datasets)))
     total = sum(p.share for p in out)
     _need(abs(total - 1.0) < 1e-6, "pools", f"shares must add up to 1, got {total}")
@@ -424,24 +502,42 @@ def _whole(value: object, minimum: int) -> bool:
 
 
 def _positive_ints(d: Distribution, key: str, minimum: int, maximum: int) -> None:
-    _need(d.kind in ("const", "choose", "choose_weighted"), key,
-          f"draws a count, so it must be [const, n], [choose, [...]] or [choose_weighted, [...], [...]], got {d.to_list()!r}")
-    _need(all(float(v).is_integer() and minimum <= v <= maximum for v in d.values), key,
-          f"values must be whole numbers >= {minimum} and <= {maximum}, got {d.to_list()!r}")
+    _need(
+        d.kind in ("const", "choose", "choose_weighted"),
+        key,
+        f"draws a count, so it must be [const, n], [choose, [...]] or [choose_weighted, [...], [...]], got {d.to_list()!r}",
+    )
+    _need(
+        all(float(v).is_integer() and minimum <= v <= maximum for v in d.values),
+        key,
+        f"values must be whole numbers >= {minimum} and <= {maximum}, got {d.to_list()!r}",
+    )
 
 
 def _non_negative(d: Distribution, key: str) -> None:
     lo, _ = d.bounds(fit=0.0)
-    _need(lo >= 0, key, f"must not produce negative values (use [uniform, lo, hi] with lo >= 0 or truncnorm bounds), got {d.to_list()!r}")
+    _need(
+        lo >= 0,
+        key,
+        f"must not produce negative values (use [uniform, lo, hi] with lo >= 0 or truncnorm bounds), got {d.to_list()!r}",
+    )
 
 
 def _probability(value: object, key: str) -> float:
-    _need(isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0, key, f"must be a probability in [0, 1], got {value!r}")
+    _need(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0,
+        key,
+        f"must be a probability in [0, 1], got {value!r}",
+    )
     return float(value)
 
 
 def _optional_number(value: object, key: str) -> float | None:
     if value is None:
         return None
-    _need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), key, f"must be a number or null, got {value!r}")
+    _need(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        key,
+        f"must be a number or null, got {value!r}",
+    )
     return float(value)

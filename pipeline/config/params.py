@@ -74,13 +74,17 @@ def api_key_env_problem(name: str | None) -> str | None:
     if not name:
         return None
     looks_like_key = any(any(ch.isdigit() for ch in run) and any(ch.islower() for ch in run) for run in _LONG_RUN.findall(name))
-    fix = ("take the key out of params.yaml (and revoke it if that file was shared), export it in an environment "
-           "variable (export OPENAI_API_KEY=...) and set api_key_env to that variable's name")
+    fix = (
+        "take the key out of params.yaml (and revoke it if that file was shared), export it in an environment "
+        "variable (export OPENAI_API_KEY=...) and set api_key_env to that variable's name"
+    )
     if looks_like_key:
         return f"looks like an API key, not the name of the environment variable that holds one (the value is not shown): {fix}"
     if not _ENV_NAME.fullmatch(name):
-        return ("is not an environment variable name (letters, digits and _, no $ or -; the value is not shown in case it is a key): "
-                f"{fix}")
+        return (
+            "is not an environment variable name (letters, digits and _, no $ or -; the value is not shown in case it is a key): "
+            f"{fix}"
+        )
     return None
 
 
@@ -244,7 +248,9 @@ class ClusterParams:
     inventory: str = "default"  # default (pipeline/data/clusters.json) or a file of the same format
     min_similarity: float = 0.5  # nearest-centroid assignments below this are reported
     near_synonym_similarity: float = 0.8  # clusters whose centroids are this close are near-synonyms
-    include_inventory_phrases: bool = False  # FineLAP 3.2: the database is the corpus's phrases; true adds every cluster's alternatives
+    include_inventory_phrases: bool = (
+        False  # FineLAP 3.2: the database is the corpus's phrases; true adds every cluster's alternatives
+    )
     batch_size: int = 256
     out_dir: str = "data/clusters"
 
@@ -433,24 +439,53 @@ def check(p: Params) -> None:
     """Cross-key rules of the data stages' sections; the first broken one raises :class:`ParamsError`."""
     _check_ranges(p)
     s = p.clip.segmentation
-    need(s.hop_s <= s.frame_s, "clip.segmentation.hop_s", f"is {s.hop_s!r}, above frame_s {s.frame_s!r}; use at most frame_s (frames would leave gaps)")
-    need(s.threshold_reference == "percentile" or s.threshold_db <= 0, "clip.segmentation.threshold_db",
-         f"is {s.threshold_db!r}; with threshold_reference {s.threshold_reference} use a level <= 0 dB (no window can pass above it)")
-    need(p.clip.min_duration_s < p.clip.max_duration_s, "clip.min_duration_s",
-         f"is {p.clip.min_duration_s!r}; use a duration below clip.max_duration_s ({p.clip.max_duration_s!r})")
+    need(
+        s.hop_s <= s.frame_s,
+        "clip.segmentation.hop_s",
+        f"is {s.hop_s!r}, above frame_s {s.frame_s!r}; use at most frame_s (frames would leave gaps)",
+    )
+    need(
+        s.threshold_reference == "percentile" or s.threshold_db <= 0,
+        "clip.segmentation.threshold_db",
+        f"is {s.threshold_db!r}; with threshold_reference {s.threshold_reference} use a level <= 0 dB (no window can pass above it)",
+    )
+    need(
+        p.clip.min_duration_s < p.clip.max_duration_s,
+        "clip.min_duration_s",
+        f"is {p.clip.min_duration_s!r}; use a duration below clip.max_duration_s ({p.clip.max_duration_s!r})",
+    )
     a = p.ambience
-    need(a.min_recording_s == 0 or a.segment_s <= a.min_recording_s, "ambience.segment_s",
-         f"is {a.segment_s!r}; use at most ambience.min_recording_s ({a.min_recording_s!r}), or set that to 0")
-    need(a.salience_frame_s <= a.segment_s, "ambience.salience_frame_s", f"is {a.salience_frame_s!r}; use at most ambience.segment_s ({a.segment_s!r})")
+    need(
+        a.min_recording_s == 0 or a.segment_s <= a.min_recording_s,
+        "ambience.segment_s",
+        f"is {a.segment_s!r}; use at most ambience.min_recording_s ({a.min_recording_s!r}), or set that to 0",
+    )
+    need(
+        a.salience_frame_s <= a.segment_s,
+        "ambience.salience_frame_s",
+        f"is {a.salience_frame_s!r}; use at most ambience.segment_s ({a.segment_s!r})",
+    )
     for name, section in (("clip", p.clip), ("ambience", a)):
-        need(section.envelope_hop_s <= section.envelope_frame_s, f"{name}.envelope_hop_s",
-             f"is {section.envelope_hop_s!r}; use at most {name}.envelope_frame_s ({section.envelope_frame_s!r})")
-    need(bool(p.clip.splits) and set(p.clip.splits) <= {"train", "val", "eval"}, "clip.splits",
-         f"is {list(p.clip.splits)}; use one or more of train, val and eval")
-    need(a.keywords == "all" or (bool(a.keywords) and all(k.strip() for k in a.keywords)), "ambience.keywords",
-         f"is {list(a.keywords)}; use a list of words (one must occur in a recording's category) or 'all' for every recording")
-    need(bool(a.extensions) and all(e.strip(". ") for e in a.extensions), "ambience.extensions",
-         f"is {list(a.extensions)}; use a list of file extensions such as [wav, flac]")
+        need(
+            section.envelope_hop_s <= section.envelope_frame_s,
+            f"{name}.envelope_hop_s",
+            f"is {section.envelope_hop_s!r}; use at most {name}.envelope_frame_s ({section.envelope_frame_s!r})",
+        )
+    need(
+        bool(p.clip.splits) and set(p.clip.splits) <= {"train", "val", "eval"},
+        "clip.splits",
+        f"is {list(p.clip.splits)}; use one or more of train, val and eval",
+    )
+    need(
+        a.keywords == "all" or (bool(a.keywords) and all(k.strip() for k in a.keywords)),
+        "ambience.keywords",
+        f"is {list(a.keywords)}; use a list of words (one must occur in a recording's category) or 'all' for every recording",
+    )
+    need(
+        bool(a.extensions) and all(e.strip(". ") for e in a.extensions),
+        "ambience.extensions",
+        f"is {list(a.extensions)}; use a list of file extensions such as [wav, flac]",
+    )
     m = p.mix
     for split in ("train", "valid", "test"):
         need(getattr(m.mixtures, split) >= 0, f"mix.mixtures.{split}", "must be 0 or more")
@@ -465,44 +500,84 @@ def check(p: Params) -> None:
     need(m.relabel.fill_gaps_below_s >= 0 and m.relabel.drop_runs_below_s >= 0, "mix.relabel", "durations must be 0 or more")
     lib = m.library
     need(lib.min_event_s >= 0, "mix.library.min_event_s", f"is {lib.min_event_s!r}; use a duration in seconds >= 0")
-    need(lib.max_event_s is None or lib.max_event_s > lib.min_event_s, "mix.library.max_event_s",
-         f"is {lib.max_event_s!r}; use a duration above mix.library.min_event_s ({lib.min_event_s!r}), or null for no limit")
-    need(bool(lib.extensions) and all(e.strip(". ") for e in lib.extensions), "mix.library.extensions",
-         f"is {list(lib.extensions)}; use a list of file extensions such as [wav, flac]")
+    need(
+        lib.max_event_s is None or lib.max_event_s > lib.min_event_s,
+        "mix.library.max_event_s",
+        f"is {lib.max_event_s!r}; use a duration above mix.library.min_event_s ({lib.min_event_s!r}), or null for no limit",
+    )
+    need(
+        bool(lib.extensions) and all(e.strip(". ") for e in lib.extensions),
+        "mix.library.extensions",
+        f"is {list(lib.extensions)}; use a list of file extensions such as [wav, flac]",
+    )
     c = p.captions
-    need(c.llm_templates >= 1 and c.llm_phrase_variants >= 1, "captions.llm_templates", "and llm_phrase_variants must be at least 1")
+    need(
+        c.llm_templates >= 1 and c.llm_phrase_variants >= 1,
+        "captions.llm_templates",
+        "and llm_phrase_variants must be at least 1",
+    )
     need(c.llm.timeout_s > 0, "captions.llm.timeout_s", "must be positive")
     need(c.llm.max_retries >= 0 and c.llm.backoff_s >= 0, "captions.llm.max_retries", "and backoff_s must be 0 or more")
     need(c.llm.requests_per_minute >= 0, "captions.llm.requests_per_minute", "must be 0 (no limit) or more")
     key_env_problem = api_key_env_problem(c.llm.api_key_env)  # never repeats the value: it may be a key
     need(key_env_problem is None, "captions.llm.api_key_env", key_env_problem or "")
     need(-1.0 <= p.clusters.min_similarity <= 1.0, "clusters.min_similarity", "must be a cosine similarity in [-1, 1]")
-    need(-1.0 <= p.clusters.near_synonym_similarity <= 1.0, "clusters.near_synonym_similarity", "must be a cosine similarity in [-1, 1]")
+    need(
+        -1.0 <= p.clusters.near_synonym_similarity <= 1.0,
+        "clusters.near_synonym_similarity",
+        "must be a cosine similarity in [-1, 1]",
+    )
     need(p.clusters.batch_size >= 1, "clusters.batch_size", "must be at least 1")
-    need(p.shards.shard_size_mb > 0 and p.shards.row_group_size_mb > 0, "shards.shard_size_mb", "and row_group_size_mb must be positive")
-    need(math.isfinite(p.imports.silence_dbfs) and p.imports.silence_dbfs <= 0, "imports.silence_dbfs", "must be a level in dBFS (<= 0)")
-    need(all(isinstance(v, dict) for v in p.imports.options.values()), "imports.options",
-         "must map each corpus kind to a mapping of its reader's options, e.g. {audioset-strong: {audio_dir: audio}}")
+    need(
+        p.shards.shard_size_mb > 0 and p.shards.row_group_size_mb > 0,
+        "shards.shard_size_mb",
+        "and row_group_size_mb must be positive",
+    )
+    need(
+        math.isfinite(p.imports.silence_dbfs) and p.imports.silence_dbfs <= 0,
+        "imports.silence_dbfs",
+        "must be a level in dBFS (<= 0)",
+    )
+    need(
+        all(isinstance(v, dict) for v in p.imports.options.values()),
+        "imports.options",
+        "must map each corpus kind to a mapping of its reader's options, e.g. {audioset-strong: {audio_dir: audio}}",
+    )
     from pipeline.config.mix_spec import resolve_spec
 
     try:
         spec = resolve_spec(m.preset, m.spec, sample_rate_hz=p.sample_rate_hz)  # cached: the mix stage reuses this spec
     except SpecError as e:
         raise ParamsError(f"params: {e} (in mix.spec, over preset {m.preset!r})") from None
-    augmented = [k for k, on in (("pitch_shift_semitones", spec.pitch_shift_semitones is not None),
-                                 ("time_stretch_factor", spec.time_stretch_factor is not None),
-                                 ("reverb", spec.reverb.probability > 0 or spec.reverb.background_probability > 0),
-                                 ("brownian_background", spec.brownian_background > 0)) if on]
-    need(not (m.export.jams and augmented), "mix.export.jams",
-         f"is true, but the spec augments mixtures ({', '.join(augmented)}), which a JAMS file for Scaper cannot describe "
-         "(Scaper has no per-event rooms or generated backgrounds, and stretches with another algorithm); "
-         "set mix.export.jams: false, or leave those knobs off")
+    augmented = [
+        k
+        for k, on in (
+            ("pitch_shift_semitones", spec.pitch_shift_semitones is not None),
+            ("time_stretch_factor", spec.time_stretch_factor is not None),
+            ("reverb", spec.reverb.probability > 0 or spec.reverb.background_probability > 0),
+            ("brownian_background", spec.brownian_background > 0),
+        )
+        if on
+    ]
+    need(
+        not (m.export.jams and augmented),
+        "mix.export.jams",
+        f"is true, but the spec augments mixtures ({', '.join(augmented)}), which a JAMS file for Scaper cannot describe "
+        "(Scaper has no per-event rooms or generated backgrounds, and stretches with another algorithm); "
+        "set mix.export.jams: false, or leave those knobs off",
+    )
     # Packages a setting needs that the install may lack: refused here, not after mixing everything.
-    need(not m.export.jams or installed("jams"), "mix.export.jams",
-         "is true but the jams package is not installed; pip install -e '.[jams]' (the jams extra), or set mix.export.jams: false")
+    need(
+        not m.export.jams or installed("jams"),
+        "mix.export.jams",
+        "is true but the jams package is not installed; pip install -e '.[jams]' (the jams extra), or set mix.export.jams: false",
+    )
     stretched = spec.pitch_shift_semitones is not None or spec.time_stretch_factor is not None
-    need(not (stretched and spec.stretch_method == "rubberband") or installed("pedalboard"), "mix.spec.stretch_method",
-         "is rubberband but the pedalboard package is not installed; pip install pedalboard, or set mix.spec.stretch_method: varispeed")
+    need(
+        not (stretched and spec.stretch_method == "rubberband") or installed("pedalboard"),
+        "mix.spec.stretch_method",
+        "is rubberband but the pedalboard package is not installed; pip install pedalboard, or set mix.spec.stretch_method: varispeed",
+    )
 
 
 def read_params(path: Path | str = "params.yaml", overrides: dict | None = None) -> dict:
@@ -514,7 +589,9 @@ def read_params(path: Path | str = "params.yaml", overrides: dict | None = None)
     return merge(raw, overrides) if overrides else raw
 
 
-def load_params(path: Path | str = "params.yaml", overrides: dict | None = None, *, skip_sections: tuple[str, ...] = ()) -> Params:
+def load_params(
+    path: Path | str = "params.yaml", overrides: dict | None = None, *, skip_sections: tuple[str, ...] = ()
+) -> Params:
     """Read and validate the data stages' sections of ``params.yaml``; ``overrides`` is merged on top.
 
     ``skip_sections``: top-level sections another package reads and validates (the trainer's),
@@ -524,5 +601,3 @@ def load_params(path: Path | str = "params.yaml", overrides: dict | None = None,
     params = build(Params, {k: v for k, v in raw.items() if k not in skip_sections})
     check(params)
     return params
-
-

@@ -86,9 +86,17 @@ _FORMAT_WEIGHTS = {"wav16": 0.4, "wav24": 0.3, "flac16": 0.2, "flac24": 0.1}
 _TEXT: dict[str, tuple[str, tuple[str, ...], str]] = {  # kind: subcategory, name words, description
     "rain": ("Rain", ("Light_On_Roof", "Steady_Window", "Heavy_Street", "Drizzle_Garden"), "Steady rain, no thunder"),
     "wind": ("Wind", ("Gusty_Field", "Through_Trees", "Coastal_Gusts", "Light_Breeze"), "Wind with gusts, no birds"),
-    "room_tone": ("Room Tone", ("Empty_Office", "Quiet_Bedroom", "Studio_Silence", "Hotel_Room"), "Room tone with faint mains hum"),
+    "room_tone": (
+        "Room Tone",
+        ("Empty_Office", "Quiet_Bedroom", "Studio_Silence", "Hotel_Room"),
+        "Room tone with faint mains hum",
+    ),
     "traffic": ("Traffic", ("Distant_Highway", "City_Street", "Ring_Road_Hum", "Suburb_Cars"), "Traffic hum with passing cars"),
-    "crowd": ("Crowd", ("Cafe_Walla", "Restaurant_Murmur", "Lobby_Babble", "Market_Walla"), "Indoor crowd babble, no intelligible speech"),
+    "crowd": (
+        "Crowd",
+        ("Cafe_Walla", "Restaurant_Murmur", "Lobby_Babble", "Market_Walla"),
+        "Indoor crowd babble, no intelligible speech",
+    ),
     "hvac": ("HVAC", ("Air_Conditioner", "Ventilation_Duct", "Server_Room", "Office_Fan_Coil"), "HVAC hum with steady fan tone"),
     "surf": ("Surf", ("Gentle_Waves", "Beach_Waves", "Rocky_Shore", "Calm_Lake_Shore"), "Waves breaking on a shore"),
     "fire": ("Fire", ("Campfire_Crackle", "Fireplace_Close", "Wood_Stove", "Bonfire_Night"), "Crackling fire with low roar"),
@@ -97,7 +105,16 @@ _TEXT: dict[str, tuple[str, tuple[str, ...], str]] = {  # kind: subcategory, nam
     "impacts": ("Metal", ("Heavy_Hits", "Door_Slams", "Crate_Drops"), "Isolated heavy impacts"),
     "pass_by": ("Car", ("Pass_By_Fast", "Pass_By_Slow", "Drive_By"), "Single car passing by"),
 }
-_AUTHORS = ("Mara Lind", "J. Okafor", "fieldrec_tom", "Ines Carvalho", "soundwalker", "K. Tanaka", "ambient_ana", "Piotr Zawadzki")
+_AUTHORS = (
+    "Mara Lind",
+    "J. Okafor",
+    "fieldrec_tom",
+    "Ines Carvalho",
+    "soundwalker",
+    "K. Tanaka",
+    "ambient_ana",
+    "Piotr Zawadzki",
+)
 _PLACES = (
     "recorded in Lisbon", "recorded in the Black Forest", "recorded near Osaka",
     "recorded in Lagos", "recorded in Gdansk", "location unknown",
@@ -378,7 +395,9 @@ def _render(spec: _Spec, n: int, rng: np.random.Generator) -> np.ndarray:
     sr, ch = spec.sample_rate_hz, spec.channels
     x = _MODELS[spec.kind](rng, n, sr, ch).astype(np.float32)
     if ch == 2:
-        mix = np.array([[1.0, _STEREO_BLEED], [_STEREO_BLEED, 1.0]], dtype=np.float32) / np.float32(math.hypot(1.0, _STEREO_BLEED))
+        mix = np.array([[1.0, _STEREO_BLEED], [_STEREO_BLEED, 1.0]], dtype=np.float32) / np.float32(
+            math.hypot(1.0, _STEREO_BLEED)
+        )
         x = x[:, :1] * mix[0] + x[:, 1:] * mix[1]  # not BLAS, whose FMA use varies by CPU
     rms_db = rng.uniform(*(_TRANSIENT_BED_RMS_DBFS if spec.transient else RMS_DBFS))
     bed_rms = 10.0 ** (rms_db / 20.0)

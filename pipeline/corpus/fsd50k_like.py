@@ -286,20 +286,33 @@ _TEXT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Gunshot, gunfire": (("gun shots", "pistol firing", "rifle shots outdoors"), ("gun", "gunshot", "shot", "weapon")),
     "Snare drum": (("snare drum beat", "snare hits", "marching snare"), ("snare", "drum", "percussion", "beat")),
     "Bass drum": (("kick drum", "bass drum hits", "kick loop"), ("kick", "bass-drum", "drum", "percussion")),
-    "Acoustic guitar": (("acoustic guitar picking", "guitar notes", "fingerstyle guitar"), ("guitar", "acoustic", "strings", "music")),
+    "Acoustic guitar": (
+        ("acoustic guitar picking", "guitar notes", "fingerstyle guitar"),
+        ("guitar", "acoustic", "strings", "music"),
+    ),
     "Tick-tock": (("clock ticking", "old wall clock", "tick tock clock"), ("clock", "tick", "tock", "time")),
     "Typing": (("typing on keyboard", "keyboard typing", "office typing"), ("typing", "keyboard", "computer", "office")),
     "Frog": (("frog croaking", "frogs at the pond", "tree frog call"), ("frog", "croak", "pond", "amphibian")),
     "Purr": (("cat purring", "purring kitten", "happy cat purr"), ("cat", "purr", "pet", "animal")),
     "Harmonica": (("harmonica chords", "blues harmonica", "mouth organ"), ("harmonica", "music", "blues", "instrument")),
-    "Glockenspiel": (("glockenspiel melody", "glockenspiel notes", "toy glockenspiel"), ("glockenspiel", "bells", "music", "mallet")),
+    "Glockenspiel": (
+        ("glockenspiel melody", "glockenspiel notes", "toy glockenspiel"),
+        ("glockenspiel", "bells", "music", "mallet"),
+    ),
     "Buzz": (("fly buzzing", "bee buzzing around", "insect buzz"), ("buzz", "insect", "fly", "bee")),
 }
 _PLACES = (
     "in a small room", "outdoors", "in the garden", "in a home studio",
     "near a busy street", "in the kitchen", "at night", "in a hallway",
 )  # fmt: skip
-_DEVICES = ("a handheld recorder", "a phone", "a shotgun microphone", "a pair of condenser mics", "a dynamic mic", "a portable recorder")
+_DEVICES = (
+    "a handheld recorder",
+    "a phone",
+    "a shotgun microphone",
+    "a pair of condenser mics",
+    "a dynamic mic",
+    "a portable recorder",
+)
 _EXTRA_TAGS = ("field-recording", "sfx", "sound", "recording", "mono", "foley", "effect", "raw")
 _SYLLABLES = ("ka", "lo", "mi", "ra", "to", "ne", "su", "vi", "de", "po", "ja", "el", "fo", "gu", "ri", "an")
 _HANDLE_SUFFIXES = ("", "audio", "sound", "rec", "fx", "_", "music")
@@ -394,13 +407,17 @@ def write_fsd50k_corpus(out_dir: Path, n_clips: int = 240, seed: int = 0, comput
     rows: dict[str, list[list[str]]] = {"dev": [], "eval": []}
     meta: dict[str, dict[str, dict]] = {"dev": {}, "eval": {}}
     work = partial(_write_clip, seed=seed, out_dir=out_dir, n_uploaders=n_uploaders)
-    for part, row, info in map_ordered(work, range(n_clips), compute or ComputeParams(workers=1, chunk_size=64), desc="fsd50k corpus"):
+    for part, row, info in map_ordered(
+        work, range(n_clips), compute or ComputeParams(workers=1, chunk_size=64), desc="fsd50k corpus"
+    ):
         rows[part].append(row)
         meta[part][row[0]] = info
 
     # Ground truth last: an interrupted run leaves no tables pointing at missing audio.
     gt = out_dir / GROUND_TRUTH
-    write_atomic(gt / "vocabulary.csv", csv_text([[str(k), lab, mid] for k, (lab, mid) in enumerate(vocabulary(onto))]).encode("utf-8"))
+    write_atomic(
+        gt / "vocabulary.csv", csv_text([[str(k), lab, mid] for k, (lab, mid) in enumerate(vocabulary(onto))]).encode("utf-8")
+    )
     write_atomic(gt / "dev.csv", csv_text([["fname", "labels", "mids", "split"], *rows["dev"]]).encode("utf-8"))
     write_atomic(gt / "eval.csv", csv_text([["fname", "labels", "mids"], *rows["eval"]]).encode("utf-8"))
     for part in ("dev", "eval"):

@@ -189,7 +189,7 @@ def _bark(rng, n, sr):
 
 def _meow(rng, n, sr):
     f0 = _jit(rng, 600.0, 0.07)
-    amps = [float(np.exp(-(((k * f0) - 1500.0) / 1000.0) ** 2) + 0.2 / k) for k in range(1, 12)]
+    amps = [float(np.exp(-((((k * f0) - 1500.0) / 1000.0) ** 2)) + 0.2 / k) for k in range(1, 12)]
     out = np.zeros(n, dtype=np.float32)
     for start in _onsets(rng, n, sr, _jit(rng, 1.0, 0.1), jitter=0.1):
         dur = _jit(rng, 0.85, 0.1)
@@ -344,7 +344,9 @@ def _ringtone(rng, n, sr):
 
 def _chink_clink(rng, n, sr):
     f1 = _jit(rng, 2900.0, 0.04)
-    grain = _ring(sr, _grain_len(n, sr, 0.45), (f1, f1 * 1.6, f1 * 2.17, f1 * 2.83), (1.0, 0.7, 0.5, 0.3), (0.25, 0.18, 0.12, 0.08))
+    grain = _ring(
+        sr, _grain_len(n, sr, 0.45), (f1, f1 * 1.6, f1 * 2.17, f1 * 2.83), (1.0, 0.7, 0.5, 0.3), (0.25, 0.18, 0.12, 0.08)
+    )
     out = np.zeros(n, dtype=np.float32)
     for start in _onsets(rng, n, sr, _jit(rng, 0.55, 0.05), jitter=0.4):
         _overlay(out, grain, start, _jit(rng, 1.0, 0.2))
@@ -639,9 +641,7 @@ def _fill_dips(x: np.ndarray, sr: int, rng: np.random.Generator, band: tuple[flo
     return x + (tail * env).astype(np.float32)
 
 
-def synthesize(
-    audioset_name: str, rng: np.random.Generator, duration_s: float, sample_rate_hz: int = 44100
-) -> np.ndarray:
+def synthesize(audioset_name: str, rng: np.random.Generator, duration_s: float, sample_rate_hz: int = 44100) -> np.ndarray:
     """One stretch of ``audioset_name``'s sound: float32, ``round(duration_s * sr)`` samples, peak 1.0.
 
     Dips of more than ~13 dB between events are filled with room tail in the class's band

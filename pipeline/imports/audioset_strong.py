@@ -50,9 +50,16 @@ DEFAULT_OPTIONS = {
     "train_audio_dir": None,  # None: audio_dir
     "eval_audio_dir": None,  # None: audio_dir
     # fields: segment_id, ytid, start_ms, start_s (30 or 30.5), start_3f / end_3f (30.000 / 40.000)
-    "patterns": ["{segment_id}.flac", "{segment_id}.wav", "Y{segment_id}.flac", "Y{segment_id}.wav",
-                 "{ytid}_{start_s}.flac", "{ytid}_{start_s}.wav", "Y{ytid}_{start_3f}_{end_3f}.wav",
-                 "Y{ytid}_{start_3f}_{end_3f}.flac"],
+    "patterns": [
+        "{segment_id}.flac",
+        "{segment_id}.wav",
+        "Y{segment_id}.flac",
+        "Y{segment_id}.wav",
+        "{ytid}_{start_s}.flac",
+        "{ytid}_{start_s}.wav",
+        "Y{ytid}_{start_3f}_{end_3f}.wav",
+        "Y{ytid}_{start_3f}_{end_3f}.flac",
+    ],
     "valid_fraction": 0.1,  # share of train segments moved to the valid split
     "license": "unknown",  # the audio's licence (YouTube uploads state none); the labels are CC BY 4.0
 }
@@ -77,8 +84,14 @@ def name_fields(segment_id: str) -> dict[str, str]:
     """The fields a file-name pattern may use for one segment."""
     ytid, start_ms = split_segment_id(segment_id)
     start_s = start_ms / 1000
-    return {"segment_id": segment_id, "ytid": ytid, "start_ms": str(start_ms), "start_s": f"{start_s:g}",
-            "start_3f": f"{start_s:.3f}", "end_3f": f"{start_s + SEGMENT_S:.3f}"}
+    return {
+        "segment_id": segment_id,
+        "ytid": ytid,
+        "start_ms": str(start_ms),
+        "start_s": f"{start_s:g}",
+        "start_3f": f"{start_s:.3f}",
+        "end_3f": f"{start_s + SEGMENT_S:.3f}",
+    }
 
 
 def in_valid(segment_id: str, fraction: float) -> bool:
@@ -141,8 +154,10 @@ def _options(options: dict) -> dict:
         try:
             pattern.format(**name_fields("x_0"))
         except (KeyError, IndexError, ValueError) as e:
-            raise AudioSetStrongError(f"audioset-strong: file-name pattern {pattern!r} does not format ({e}); use the fields "
-                                      f"{{{'}, {'.join(name_fields('x_0'))}}}") from None
+            raise AudioSetStrongError(
+                f"audioset-strong: file-name pattern {pattern!r} does not format ({e}); use the fields "
+                f"{{{'}, {'.join(name_fields('x_0'))}}}"
+            ) from None
     return merged
 
 
@@ -151,12 +166,19 @@ def segment_audio(finder: AudioFinder, folder: Path, segment_id: str, root: Path
     path, tried = finder.find(folder, name_fields(segment_id))
     if path is not None:
         return path, None
-    return None, Skip(segment_id, os.path.relpath(tried[0], root), "missing-file",
-                      f"no audio: tried {', '.join(os.path.relpath(t, root) for t in tried)}")
+    return None, Skip(
+        segment_id,
+        os.path.relpath(tried[0], root),
+        "missing-file",
+        f"no audio: tried {', '.join(os.path.relpath(t, root) for t in tried)}",
+    )
 
 
-def read_segments_tsv(tsv: Path, names: dict[str, str], names_from: str = "the AudioSet-Strong class list nor the ontology",
-                      ) -> tuple[dict[str, list[ImportedRegion]], list[Skip]]:
+def read_segments_tsv(
+    tsv: Path,
+    names: dict[str, str],
+    names_from: str = "the AudioSet-Strong class list nor the ontology",
+) -> tuple[dict[str, list[ImportedRegion]], list[Skip]]:
     """The regions of one segments TSV by segment id (rows in file order), and a Skip per row that cannot be used.
 
     Columns are found by their header names, extra ones ignored; AudioSetStrongError when one of
@@ -171,8 +193,10 @@ def read_segments_tsv(tsv: Path, names: dict[str, str], names_from: str = "the A
     missing = [c for c in HEADER if c not in header]
     if missing:
         found = lines[0] if lines else "nothing"
-        raise AudioSetStrongError(f"audioset-strong: {tsv} lacks the column(s) {', '.join(missing)} (its header is {found}); "
-                                  f"a segments TSV starts with the header {'<TAB>'.join(HEADER)}: is it an AudioSet-Strong segments TSV?")
+        raise AudioSetStrongError(
+            f"audioset-strong: {tsv} lacks the column(s) {', '.join(missing)} (its header is {found}); "
+            f"a segments TSV starts with the header {'<TAB>'.join(HEADER)}: is it an AudioSet-Strong segments TSV?"
+        )
     at = [header.index(c) for c in HEADER]
     regions: dict[str, list[ImportedRegion]] = defaultdict(list)
     skips: list[Skip] = []
@@ -208,15 +232,20 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
     o = _options(options)
     tsvs = {split: root / o[key] for split, key in (("train", "train_tsv"), ("test", "eval_tsv"))}
     present = {split: path for split, path in tsvs.items() if path.is_file()}
-    linked_out = [Skip(o[key], o[key], OUTSIDE_ROOT, problem) for key in ("train_tsv", "eval_tsv", "names_tsv")
-                  if (root / o[key]).is_file() and (problem := outside_root(root, o[key]))]
+    linked_out = [
+        Skip(o[key], o[key], OUTSIDE_ROOT, problem)
+        for key in ("train_tsv", "eval_tsv", "names_tsv")
+        if (root / o[key]).is_file() and (problem := outside_root(root, o[key]))
+    ]
     present = {split: path for split, path in present.items() if not outside_root(root, path)}
     if not present and linked_out:
         return [], linked_out
     if not present:
-        raise AudioSetStrongError(f"audioset-strong: neither {tsvs['train']} nor {tsvs['test']} exists; pass the folder that holds "
-                                  "audioset_train_strong.tsv / audioset_eval_strong.tsv (or name them with --option train_tsv=... "
-                                  "eval_tsv=...)")
+        raise AudioSetStrongError(
+            f"audioset-strong: neither {tsvs['train']} nor {tsvs['test']} exists; pass the folder that holds "
+            "audioset_train_strong.tsv / audioset_eval_strong.tsv (or name them with --option train_tsv=... "
+            "eval_tsv=...)"
+        )
     names = class_names(None if outside_root(root, o["names_tsv"]) else root / o["names_tsv"])
     finder = AudioFinder(list(o["patterns"]))
     skips: list[Skip] = linked_out
@@ -229,7 +258,9 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
         skips += tsv_skips
         for segment_id in sorted(regions):
             if owner.setdefault(segment_id, tsv.name) != tsv.name:
-                skips.append(Skip(segment_id, tsv.name, "malformed-row", f"the segment is also in {owner[segment_id]}; kept there"))
+                skips.append(
+                    Skip(segment_id, tsv.name, "malformed-row", f"the segment is also in {owner[segment_id]}; kept there")
+                )
                 continue
             path, missing = segment_audio(finder, folder, segment_id, root)
             if path is None:
@@ -238,9 +269,13 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
             fields = name_fields(segment_id)
             clip_split = "valid" if split == "train" and in_valid(segment_id, o["valid_fraction"]) else split
             start_s = int(fields["start_ms"]) / 1000
-            attribution = (f"YouTube video {fields['ytid']}, {start_s:g}-{start_s + SEGMENT_S:g} s "
-                           f"(https://www.youtube.com/watch?v={fields['ytid']}&t={int(start_s)}s); labels: AudioSet-Strong, CC BY 4.0")
+            attribution = (
+                f"YouTube video {fields['ytid']}, {start_s:g}-{start_s + SEGMENT_S:g} s "
+                f"(https://www.youtube.com/watch?v={fields['ytid']}&t={int(start_s)}s); labels: AudioSet-Strong, CC BY 4.0"
+            )
             ordered = tuple(sorted(regions[segment_id], key=lambda r: (r.onset_s, r.offset_s, r.label)))
-            clips.append(ImportedClip(segment_id, os.path.relpath(path, root), clip_split, (), ordered, str(o["license"]), attribution))
+            clips.append(
+                ImportedClip(segment_id, os.path.relpath(path, root), clip_split, (), ordered, str(o["license"]), attribution)
+            )
     clips.sort(key=lambda c: c.clip_id)
     return clips, skips

@@ -53,8 +53,9 @@ from pipeline.schema import SPLITS, ImportedClip, ImportedRegion, Skip
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 OUTSIDE_ROOT = "outside-root"  # the skip reason of a file that a symbolic link leads out of the corpus root
 DESED_CLASSES = DATA_DIR / "desed_classes.csv"
-DESED_ATTRIBUTION = ("DESED real recordings (Turpault et al., DCASE 2019 workshop; Serizel et al., ICASSP 2020), "
-                     "AudioSet clips from YouTube")
+DESED_ATTRIBUTION = (
+    "DESED real recordings (Turpault et al., DCASE 2019 workshop; Serizel et al., ICASSP 2020), AudioSet clips from YouTube"
+)
 TSV_COLUMNS = ("filename", "onset", "offset", "event_label")
 
 
@@ -198,8 +199,14 @@ def read_strong_tsv(path: Path, rel: str) -> tuple[list[TsvRow], list[Skip]]:
         header = ["event_label" if x == "label" else x for x in first]
         missing = [c for c in TSV_COLUMNS if c not in header]
         if missing:
-            return [], [Skip(rel, rel, "malformed-row", f"header {first} lacks {', '.join(missing)} "
-                                                        f"(expected {' '.join(TSV_COLUMNS)}, tab separated)")]
+            return [], [
+                Skip(
+                    rel,
+                    rel,
+                    "malformed-row",
+                    f"header {first} lacks {', '.join(missing)} (expected {' '.join(TSV_COLUMNS)}, tab separated)",
+                )
+            ]
         columns = {name: header.index(name) for name in TSV_COLUMNS}
         numbered = numbered[1:]
     width = max(columns.values()) + 1
@@ -210,10 +217,20 @@ def read_strong_tsv(path: Path, rel: str) -> tuple[list[TsvRow], list[Skip]]:
         filename = fields[columns["filename"]] if len(fields) > columns["filename"] else ""
         rest = [fields[i] if i < len(fields) else "" for i in (columns["onset"], columns["offset"], columns["event_label"])]
         if not plain_relative_name(filename):
-            skips.append(Skip(f"{rel}#line{line_no}", rel, "malformed-row",
-                              f"line {line_no}: file name {filename!r} is not a plain relative path"))
+            skips.append(
+                Skip(
+                    f"{rel}#line{line_no}",
+                    rel,
+                    "malformed-row",
+                    f"line {line_no}: file name {filename!r} is not a plain relative path",
+                )
+            )
         elif len(fields) < width and any(rest):
-            rows.append(TsvRow(line_no, filename, *rest, problem=f"line {line_no}: {len(fields)} fields, expected {width} (tab separated)"))
+            rows.append(
+                TsvRow(
+                    line_no, filename, *rest, problem=f"line {line_no}: {len(fields)} fields, expected {width} (tab separated)"
+                )
+            )
         else:
             rows.append(TsvRow(line_no, filename, *rest))
     return rows, skips
@@ -231,7 +248,9 @@ def read_durations_tsv(path: Path, rel: str) -> tuple[dict[str, float | None], l
     at_name, at_duration = 0, 1
     if numbered and "filename" in (first := [x.strip().lower() for x in numbered[0][1].split("\t")]):
         if "duration" not in first:
-            return {}, [Skip(rel, rel, "malformed-row", f"header {first} lacks duration (expected filename duration, tab separated)")]
+            return {}, [
+                Skip(rel, rel, "malformed-row", f"header {first} lacks duration (expected filename duration, tab separated)")
+            ]
         at_name, at_duration = first.index("filename"), first.index("duration")
         numbered = numbered[1:]
     durations: dict[str, float | None] = {}
@@ -249,7 +268,9 @@ def read_durations_tsv(path: Path, rel: str) -> tuple[dict[str, float | None], l
         else:
             durations[filename] = seconds if seconds is not None and seconds > 0 else None
             if durations[filename] is None:
-                skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: duration {text!r} of {filename} is not a positive number"))
+                skips.append(
+                    Skip(item, rel, "malformed-row", f"line {line_no}: duration {text!r} of {filename} is not a positive number")
+                )
     return durations, skips
 
 
@@ -285,8 +306,14 @@ def annotated_audio(
         skips.extend(row_skips)
         audio_path = filename if audio_dir in ("", ".") else f"{audio_dir}/{filename}"
         if not regions and row_skips:
-            skips.append(Skip(clip_id, rel_tsv, "no-label", f"every row of {filename} in {rel_tsv} was skipped; "
-                                                           "left out rather than kept as a clip without events"))
+            skips.append(
+                Skip(
+                    clip_id,
+                    rel_tsv,
+                    "no-label",
+                    f"every row of {filename} in {rel_tsv} was skipped; left out rather than kept as a clip without events",
+                )
+            )
         elif not (root / audio_path).is_file():
             skips.append(Skip(clip_id, audio_path, "missing-file", f"{audio_path} not found ({rel_tsv} lists it)"))
         else:
@@ -311,16 +338,25 @@ def clips_from_rows(
     return [ImportedClip(a.clip_id, a.audio_path, split, (), a.regions, license_text, attribution) for a in found], skips
 
 
-def _region_of(row: TsvRow, rel_tsv: str, clip_id: str, mid_of: Callable[[str], str | None]) -> tuple[ImportedRegion | None, Skip | None]:
+def _region_of(
+    row: TsvRow, rel_tsv: str, clip_id: str, mid_of: Callable[[str], str | None]
+) -> tuple[ImportedRegion | None, Skip | None]:
     item = f"{clip_id}#line{row.line_no}"
     if row.problem:
         return None, Skip(item, rel_tsv, "malformed-row", row.problem)
     if not (row.onset or row.offset):  # a weak label: the event is there, but not when
-        return None, Skip(item, rel_tsv, "malformed-row", f"line {row.line_no}: label {row.label!r} without onset and offset "
-                                                          "(a weak label); a strong TSV gives every event its times")
+        return None, Skip(
+            item,
+            rel_tsv,
+            "malformed-row",
+            f"line {row.line_no}: label {row.label!r} without onset and offset "
+            "(a weak label); a strong TSV gives every event its times",
+        )
     onset_s, offset_s = parse_seconds(row.onset), parse_seconds(row.offset)
     if onset_s is None or offset_s is None:
-        return None, Skip(item, rel_tsv, "malformed-row", f"line {row.line_no}: onset {row.onset!r} / offset {row.offset!r} are not numbers")
+        return None, Skip(
+            item, rel_tsv, "malformed-row", f"line {row.line_no}: onset {row.onset!r} / offset {row.offset!r} are not numbers"
+        )
     if not row.label:
         return None, Skip(item, rel_tsv, "malformed-row", f"line {row.line_no}: times without an event label")
     problem = region_problem(onset_s, offset_s)
@@ -328,7 +364,9 @@ def _region_of(row: TsvRow, rel_tsv: str, clip_id: str, mid_of: Callable[[str], 
         return None, Skip(item, rel_tsv, "bad-region", f"line {row.line_no} ({row.label}): {problem}")
     mid = mid_of(row.label)
     if mid is None:
-        return None, Skip(item, rel_tsv, "unknown-label", f"line {row.line_no}: label {row.label!r} is not a class of this corpus")
+        return None, Skip(
+            item, rel_tsv, "unknown-label", f"line {row.line_no}: label {row.label!r} is not a class of this corpus"
+        )
     return ImportedRegion(row.label, mid, "", onset_s, offset_s), None
 
 
@@ -347,8 +385,14 @@ def _merge(parts: list[tuple[list[ImportedClip], list[Skip]]]) -> tuple[list[Imp
         skips.extend(part_skips)
         for clip in clips:
             if clip.clip_id in seen:
-                skips.append(Skip(clip.clip_id, clip.audio_path, "malformed-row",
-                                  f"clip id {clip.clip_id} is already taken by {seen[clip.clip_id].audio_path}"))
+                skips.append(
+                    Skip(
+                        clip.clip_id,
+                        clip.audio_path,
+                        "malformed-row",
+                        f"clip id {clip.clip_id} is already taken by {seen[clip.clip_id].audio_path}",
+                    )
+                )
             else:
                 seen[clip.clip_id] = clip
     return sorted(seen.values(), key=lambda c: c.clip_id), skips
@@ -367,7 +411,14 @@ def read_desed(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip
     for desed_set in DESED_SETS:
         base = next((b for b in ("", "dataset/") if (root / b / desed_set.tsv).is_file()), None)
         if base is None:
-            missing.append(Skip(desed_set.tsv, desed_set.tsv, "missing-file", f"{desed_set.tsv} not found; the {desed_set.name} set is left out"))
+            missing.append(
+                Skip(
+                    desed_set.tsv,
+                    desed_set.tsv,
+                    "missing-file",
+                    f"{desed_set.tsv} not found; the {desed_set.name} set is left out",
+                )
+            )
             continue
         rel_tsv = base + desed_set.tsv
         if problem := outside_root(root, rel_tsv):
@@ -379,8 +430,16 @@ def read_desed(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip
             audio_dir = next((d for d in candidates if (root / d).is_dir()), candidates[0])
         split = _split_option(options, f"{desed_set.name}_split", desed_set.default_split)
         rows, skips = read_strong_tsv(root / rel_tsv, rel_tsv)
-        clips, clip_skips = clips_from_rows(root, rows, rel_tsv, relative_to_root(root, str(audio_dir)), split, id_prefix="desed",
-                                            mid_of=classes.get, attribution=DESED_ATTRIBUTION)
+        clips, clip_skips = clips_from_rows(
+            root,
+            rows,
+            rel_tsv,
+            relative_to_root(root, str(audio_dir)),
+            split,
+            id_prefix="desed",
+            mid_of=classes.get,
+            attribution=DESED_ATTRIBUTION,
+        )
         parts.append((clips, skips + clip_skips))
     if not parts and any(s.reason == OUTSIDE_ROOT for s in missing):
         return [], missing
@@ -396,8 +455,10 @@ def read_dcase_tsv(root: Path, options: dict) -> tuple[list[ImportedClip], list[
     root = Path(root)
     for key in ("tsv", "audio_dir"):
         if not options.get(key):
-            raise ValueError(f"dcase-tsv needs option {key}=PATH (tsv: the filename/onset/offset/event_label file; "
-                             "audio_dir: the folder its file names are in), relative to the root or absolute")
+            raise ValueError(
+                f"dcase-tsv needs option {key}=PATH (tsv: the filename/onset/offset/event_label file; "
+                "audio_dir: the folder its file names are in), relative to the root or absolute"
+            )
     tsv = Path(options["tsv"]) if Path(options["tsv"]).is_absolute() else root / options["tsv"]
     if not tsv.is_file():
         raise FileNotFoundError(f"dcase-tsv: option tsv names {tsv}, which does not exist")
@@ -407,8 +468,15 @@ def read_dcase_tsv(root: Path, options: dict) -> tuple[list[ImportedClip], list[
     if problem := outside_root(root, tsv):
         return [], [Skip(rel_tsv, rel_tsv, OUTSIDE_ROOT, problem)]
     rows, skips = read_strong_tsv(tsv, rel_tsv)
-    clips, clip_skips = clips_from_rows(root, rows, rel_tsv, relative_to_root(root, str(options["audio_dir"])), split,
-                                        id_prefix=str(options.get("id_prefix", "dcase")), mid_of=lambda label: classes.get(label, ""),
-                                        attribution=f"DCASE strong labels from {tsv.name}")
+    clips, clip_skips = clips_from_rows(
+        root,
+        rows,
+        rel_tsv,
+        relative_to_root(root, str(options["audio_dir"])),
+        split,
+        id_prefix=str(options.get("id_prefix", "dcase")),
+        mid_of=lambda label: classes.get(label, ""),
+        attribution=f"DCASE strong labels from {tsv.name}",
+    )
     clips, merge_skips = _merge([(clips, clip_skips)])
     return clips, skips + merge_skips

@@ -69,14 +69,19 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
     """TACOS clips under ``root``; FileNotFoundError naming the file when annotations_strong.csv is absent."""
     root = Path(root)
     if not (root / STRONG_CSV).is_file():
-        raise FileNotFoundError(f"no {STRONG_CSV} under {root}: point the root at the extracted TACOS release "
-                                f"({STRONG_CSV}, {WEAK_CSV}, {METADATA_CSV}, development_split.csv, test_split.csv, audio/)")
+        raise FileNotFoundError(
+            f"no {STRONG_CSV} under {root}: point the root at the extracted TACOS release "
+            f"({STRONG_CSV}, {WEAK_CSV}, {METADATA_CSV}, development_split.csv, test_split.csv, audio/)"
+        )
     audio_dir = relative_to_root(root, str(options.get("audio_dir", "audio")))
     valid_fraction = _fraction(options.get("valid_fraction", 0))
     if problem := outside_root(root, STRONG_CSV):
         return [], [Skip(STRONG_CSV, STRONG_CSV, OUTSIDE_ROOT, problem)]
-    skips = [Skip(name, name, OUTSIDE_ROOT, problem) for name in (WEAK_CSV, METADATA_CSV, *(n for n, _ in SPLIT_CSVS))
-             if (root / name).is_file() and (problem := outside_root(root, name))]
+    skips = [
+        Skip(name, name, OUTSIDE_ROOT, problem)
+        for name in (WEAK_CSV, METADATA_CSV, *(n for n, _ in SPLIT_CSVS))
+        if (root / name).is_file() and (problem := outside_root(root, name))
+    ]
     regions, region_skips = _strong_regions(root)
     captions, caption_skips = _weak_captions(root)
     credits, credit_skips = _metadata(root)
@@ -89,11 +94,25 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
         audio_path = filename if audio_dir == "." else f"{audio_dir}/{filename}"
         if not regions.get(filename):
             had_rows = filename in regions
-            skips.append(Skip(clip_id, STRONG_CSV, "no-label", "every strong-caption row was skipped; left out" if had_rows
-                              else f"{WEAK_CSV} lists it but {STRONG_CSV} has no row for it; left out"))
+            skips.append(
+                Skip(
+                    clip_id,
+                    STRONG_CSV,
+                    "no-label",
+                    "every strong-caption row was skipped; left out"
+                    if had_rows
+                    else f"{WEAK_CSV} lists it but {STRONG_CSV} has no row for it; left out",
+                )
+            )
         elif split is None:
-            skips.append(Skip(clip_id, audio_path, "not-in-metadata", f"{filename} is listed in no split file "
-                                                                      f"({', '.join(name for name, _ in SPLIT_CSVS)})"))
+            skips.append(
+                Skip(
+                    clip_id,
+                    audio_path,
+                    "not-in-metadata",
+                    f"{filename} is listed in no split file ({', '.join(name for name, _ in SPLIT_CSVS)})",
+                )
+            )
         elif not (root / audio_path).is_file():
             skips.append(Skip(clip_id, audio_path, "missing-file", f"{audio_path} not found ({STRONG_CSV} captions it)"))
         else:
@@ -101,8 +120,17 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
                 split = "valid"
             license_url, credit = credits.get(filename, ("", ""))
             attribution = f"{credit}; {CAPTIONS_CREDIT}" if credit else CAPTIONS_CREDIT
-            clips.append(ImportedClip(clip_id, audio_path, split, tuple(captions.get(filename, ())),
-                                      sort_regions(regions[filename]), license_url, attribution))
+            clips.append(
+                ImportedClip(
+                    clip_id,
+                    audio_path,
+                    split,
+                    tuple(captions.get(filename, ())),
+                    sort_regions(regions[filename]),
+                    license_url,
+                    attribution,
+                )
+            )
     return clips, skips
 
 
@@ -141,14 +169,21 @@ def read_csv_rows(path: Path, rel: str, required: tuple[str, ...]) -> tuple[list
             header[header.index("caption")] = "text"
         missing = [c for c in required if c not in header]
         if missing:
-            return [], [Skip(rel, rel, "malformed-row", f"header {header} lacks {', '.join(missing)} "
-                                                        f"(expected {','.join(required)})")]
+            return [], [
+                Skip(rel, rel, "malformed-row", f"header {header} lacks {', '.join(missing)} (expected {','.join(required)})")
+            ]
         start = reader.line_num + 1
         for record in reader:
             if any(x.strip() for x in record):
                 if len(record) != len(header):
-                    skips.append(Skip(f"{rel}#line{start}", rel, "malformed-row",
-                                      f"line {start}: {len(record)} fields, expected {len(header)} ({','.join(header)})"))
+                    skips.append(
+                        Skip(
+                            f"{rel}#line{start}",
+                            rel,
+                            "malformed-row",
+                            f"line {start}: {len(record)} fields, expected {len(header)} ({','.join(header)})",
+                        )
+                    )
                 else:
                     rows.append(CsvRow(start, dict(zip(header, record))))
             start = reader.line_num + 1
@@ -164,7 +199,14 @@ def _named_rows(path: Path, rel: str, required: tuple[str, ...]) -> tuple[list[C
         if plain_relative_name(name):
             kept.append(CsvRow(row.line_no, {**row.fields, "filename": name}))
         else:
-            skips.append(Skip(f"{rel}#line{row.line_no}", rel, "malformed-row", f"line {row.line_no}: file name {name!r} is not a plain relative path"))
+            skips.append(
+                Skip(
+                    f"{rel}#line{row.line_no}",
+                    rel,
+                    "malformed-row",
+                    f"line {row.line_no}: file name {name!r} is not a plain relative path",
+                )
+            )
     return kept, skips
 
 
@@ -179,10 +221,18 @@ def _strong_regions(root: Path) -> tuple[dict[str, list[ImportedRegion]], list[S
         text = " ".join(row.fields["text"].split())
         onset_s, offset_s = parse_seconds(row.fields["onset"]), parse_seconds(row.fields["offset"])
         if onset_s is None or offset_s is None:
-            skips.append(Skip(item, STRONG_CSV, "malformed-row",
-                              f"line {row.line_no}: onset {row.fields['onset']!r} / offset {row.fields['offset']!r} are not numbers"))
+            skips.append(
+                Skip(
+                    item,
+                    STRONG_CSV,
+                    "malformed-row",
+                    f"line {row.line_no}: onset {row.fields['onset']!r} / offset {row.fields['offset']!r} are not numbers",
+                )
+            )
         elif not text:
-            skips.append(Skip(item, STRONG_CSV, "empty-caption", f"line {row.line_no}: region {onset_s:g}-{offset_s:g} s has no caption"))
+            skips.append(
+                Skip(item, STRONG_CSV, "empty-caption", f"line {row.line_no}: region {onset_s:g}-{offset_s:g} s has no caption")
+            )
         elif problem := region_problem(onset_s, offset_s):
             skips.append(Skip(item, STRONG_CSV, "bad-region", f"line {row.line_no} ({text!r}): {problem}"))
         else:
@@ -200,8 +250,14 @@ def _weak_captions(root: Path) -> tuple[dict[str, list[str]], list[Skip]]:
         filename = row.fields["filename"]
         text = " ".join(row.fields["text"].split())
         if not text:
-            skips.append(Skip(f"{_clip_id(filename)}#weak-line{row.line_no}", WEAK_CSV, "empty-caption",
-                              f"line {row.line_no}: the weak caption of {filename} is empty"))
+            skips.append(
+                Skip(
+                    f"{_clip_id(filename)}#weak-line{row.line_no}",
+                    WEAK_CSV,
+                    "empty-caption",
+                    f"line {row.line_no}: the weak caption of {filename} is empty",
+                )
+            )
         elif text not in captions.setdefault(filename, []):
             captions[filename].append(text)
     return captions, skips
@@ -215,7 +271,7 @@ def _metadata(root: Path) -> tuple[dict[str, tuple[str, str]], list[Skip]]:
     credits = {}
     for row in rows:
         title, uploader, link = (" ".join(row.fields.get(key, "").split()) for key in ("title", "manufacturer", "sound_link"))
-        credit = f"\"{title or row.fields['filename']}\" by {uploader or 'unknown uploader'}" + (f" ({link})" if link else "")
+        credit = f'"{title or row.fields["filename"]}" by {uploader or "unknown uploader"}' + (f" ({link})" if link else "")
         credits[row.fields["filename"]] = (row.fields.get("license", "").strip(), credit)
     return credits, skips
 
@@ -237,8 +293,14 @@ def _splits(root: Path, options: dict) -> tuple[Callable[[str], str | None], lis
         for row in rows:
             filename = row.fields["filename"]
             if filename in split_of:
-                skips.append(Skip(f"{name}#line{row.line_no}", name, "malformed-row",
-                                  f"line {row.line_no}: {filename} is already listed in {where[filename]}; kept in {split_of[filename]}"))
+                skips.append(
+                    Skip(
+                        f"{name}#line{row.line_no}",
+                        name,
+                        "malformed-row",
+                        f"line {row.line_no}: {filename} is already listed in {where[filename]}; kept in {split_of[filename]}",
+                    )
+                )
             else:
                 split_of[filename], where[filename] = split, name
     return split_of.get, skips

@@ -54,8 +54,10 @@ FORMATS = ("txt", "jams")
 SCAPER_NAMESPACES = ("scaper", "sound_event")
 JAMS_COLUMNS = ("time", "duration", "value", "confidence")  # JAMS 0.2 stores an annotation's data as these columns
 LICENSE = "CC BY 4.0"
-ATTRIBUTION = ("URBAN-SED (Salamon, MacConnell, Cartwright, Li and Bello, WASPAA 2017), CC BY 4.0; "
-               "events from UrbanSound8K clips of freesound.org (see its FREESOUNDCREDITS.txt)")
+ATTRIBUTION = (
+    "URBAN-SED (Salamon, MacConnell, Cartwright, Li and Bello, WASPAA 2017), CC BY 4.0; "
+    "events from UrbanSound8K clips of freesound.org (see its FREESOUNDCREDITS.txt)"
+)
 
 
 def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
@@ -73,16 +75,24 @@ def read(root: Path, options: dict) -> tuple[list[ImportedClip], list[Skip]]:
     for folder, split in SPLIT_DIRS.items():
         ann_dir = root / "annotations" / folder
         if not ann_dir.is_dir():
-            skips.append(Skip(f"annotations/{folder}", f"annotations/{folder}", "missing-file",
-                              f"annotations/{folder}/ not found; the {split} split is left out"))
+            skips.append(
+                Skip(
+                    f"annotations/{folder}",
+                    f"annotations/{folder}",
+                    "missing-file",
+                    f"annotations/{folder}/ not found; the {split} split is left out",
+                )
+            )
             continue
         found += 1
         soundscapes, folder_skips = read_folder(root, folder, fmt, lambda stem: f"urbansed-{stem}")
         clips += [ImportedClip(s.clip_id, s.audio_path, split, (), s.regions, LICENSE, ATTRIBUTION) for s in soundscapes]
         skips += folder_skips
     if not found:
-        raise FileNotFoundError(f"no URBAN-SED annotations under {root}: expected annotations/{{train,validate,test}}/ "
-                                "(point the root at the URBAN-SED_v2.0.0 folder)")
+        raise FileNotFoundError(
+            f"no URBAN-SED annotations under {root}: expected annotations/{{train,validate,test}}/ "
+            "(point the root at the URBAN-SED_v2.0.0 folder)"
+        )
     clips.sort(key=lambda c: c.clip_id)
     return clips, skips
 
@@ -96,8 +106,9 @@ class Soundscape:
     regions: tuple[ImportedRegion, ...]
 
 
-def read_folder(root: Path, folder: str, fmt: str = "txt",
-                clip_id_of: Callable[[str], str] = lambda stem: stem) -> tuple[list[Soundscape], list[Skip]]:
+def read_folder(
+    root: Path, folder: str, fmt: str = "txt", clip_id_of: Callable[[str], str] = lambda stem: stem
+) -> tuple[list[Soundscape], list[Skip]]:
     """The soundscapes of one split folder (``train``, ``validate`` or ``test``), sorted by clip id, and the skips.
 
     A soundscape is a stem with an annotation under ``annotations/<folder>/`` (``<stem>.<fmt>``,
@@ -110,7 +121,9 @@ def read_folder(root: Path, folder: str, fmt: str = "txt",
     annotations: dict[str, Path] = {}
     for ext in sorted(FORMATS, key=lambda e: e == fmt):  # the chosen format last, so it wins where both exist
         annotations |= {p.stem: p for p in ann_dir.glob(f"*.{ext}") if p.is_file()}
-    audio = {p.stem: p.name for p in audio_dir.glob("*") if p.suffix.lower() == ".wav" and p.is_file()} if audio_dir.is_dir() else {}
+    audio = (
+        {p.stem: p.name for p in audio_dir.glob("*") if p.suffix.lower() == ".wav" and p.is_file()} if audio_dir.is_dir() else {}
+    )
     soundscapes: list[Soundscape] = []
     skips: list[Skip] = []
     for stem in sorted(annotations):
@@ -119,14 +132,21 @@ def read_folder(root: Path, folder: str, fmt: str = "txt",
         skips.extend(clip_skips)
     for stem in sorted(set(audio) - set(annotations)):
         rel = f"audio/{folder}/{audio[stem]}"
-        skips.append(Skip(clip_id_of(stem), rel, "not-in-metadata", f"{rel} has no annotation (annotations/{folder}/{stem}.txt or "
-                                                                    ".jams); left out"))
+        skips.append(
+            Skip(
+                clip_id_of(stem),
+                rel,
+                "not-in-metadata",
+                f"{rel} has no annotation (annotations/{folder}/{stem}.txt or .jams); left out",
+            )
+        )
     soundscapes.sort(key=lambda s: s.clip_id)
     return soundscapes, skips
 
 
-def _read_soundscape(root: Path, path: Path, folder: str, audio_name: str | None, clip_id: str,
-                     classes: dict[str, str]) -> tuple[Soundscape | None, list[Skip]]:
+def _read_soundscape(
+    root: Path, path: Path, folder: str, audio_name: str | None, clip_id: str, classes: dict[str, str]
+) -> tuple[Soundscape | None, list[Skip]]:
     rel = f"annotations/{folder}/{path.name}"
     if problem := outside_root(root, rel):
         return None, [Skip(clip_id, rel, OUTSIDE_ROOT, problem)]
@@ -142,8 +162,18 @@ def _read_soundscape(root: Path, path: Path, folder: str, audio_name: str | None
             regions.append(ImportedRegion(label, classes[label], "", onset_s, offset_s))
     if not regions and skips:
         whole_file = any(s.item_id == clip_id for s in skips)  # already one Skip for the clip
-        return None, skips + ([] if whole_file else [Skip(clip_id, rel, "no-label", f"every event of {rel} was skipped; "
-                                                                                    "left out rather than kept as a clip without events")])
+        return None, skips + (
+            []
+            if whole_file
+            else [
+                Skip(
+                    clip_id,
+                    rel,
+                    "no-label",
+                    f"every event of {rel} was skipped; left out rather than kept as a clip without events",
+                )
+            ]
+        )
     if audio_name is None:
         audio_path = f"audio/{folder}/{path.stem}.wav"
         return None, skips + [Skip(clip_id, audio_path, "missing-file", f"{audio_path} not found ({rel} annotates it)")]
@@ -167,7 +197,9 @@ def _txt_events(path: Path, rel: str, clip_id: str) -> tuple[list[Event], list[S
         if len(fields) != 3:
             skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: {len(fields)} fields, expected onset, offset, label"))
         elif onset_s is None or offset_s is None or not fields[2]:
-            skips.append(Skip(item, rel, "malformed-row", f"line {line_no}: {line.strip()!r} is not onset, offset (numbers) and a label"))
+            skips.append(
+                Skip(item, rel, "malformed-row", f"line {line_no}: {line.strip()!r} is not onset, offset (numbers) and a label")
+            )
         else:
             events.append((item, onset_s, offset_s, fields[2]))
     return events, skips
@@ -184,11 +216,25 @@ def _jams_events(path: Path, rel: str, clip_id: str) -> tuple[list[Event], list[
     scaper = [a for a in annotations or [] if isinstance(a, dict) and a.get("namespace") in SCAPER_NAMESPACES]
     observations = _observations(scaper[0].get("data")) if scaper else None
     if observations is None:
-        return [], [Skip(clip_id, rel, "malformed-row", "no annotation in the scaper namespace with a list of observations "
-                                                        f"(or a table of the columns {', '.join(JAMS_COLUMNS)} of equal length)")]
+        return [], [
+            Skip(
+                clip_id,
+                rel,
+                "malformed-row",
+                "no annotation in the scaper namespace with a list of observations "
+                f"(or a table of the columns {', '.join(JAMS_COLUMNS)} of equal length)",
+            )
+        ]
     events: list[Event] = []
-    skips: list[Skip] = [Skip(f"{clip_id}#annotation{k}", rel, "malformed-row", f"scaper annotation {k} is not read: a soundscape "
-                              "has one (Scaper writes one), and the first is the one read") for k in range(1, len(scaper))]
+    skips: list[Skip] = [
+        Skip(
+            f"{clip_id}#annotation{k}",
+            rel,
+            "malformed-row",
+            f"scaper annotation {k} is not read: a soundscape has one (Scaper writes one), and the first is the one read",
+        )
+        for k in range(1, len(scaper))
+    ]
     for n, obs in enumerate(observations):
         item = f"{clip_id}#event{n}"
         value = obs.get("value") if isinstance(obs, dict) else None
@@ -201,9 +247,16 @@ def _jams_events(path: Path, rel: str, clip_id: str) -> tuple[list[Event], list[
         duration_s = parse_seconds(str(obs.get("duration")))
         label = str(value.get("label") or "").strip()
         if value.get("role") != "foreground" or onset_s is None or duration_s is None or not label:
-            skips.append(Skip(item, rel, "malformed-row", f"observation {n}: role {value.get('role')!r}, time {obs.get('time')!r}, "
-                                                          f"duration {obs.get('duration')!r}, label {label!r}; expected a foreground "
-                                                          "event with numeric time and duration"))
+            skips.append(
+                Skip(
+                    item,
+                    rel,
+                    "malformed-row",
+                    f"observation {n}: role {value.get('role')!r}, time {obs.get('time')!r}, "
+                    f"duration {obs.get('duration')!r}, label {label!r}; expected a foreground "
+                    "event with numeric time and duration",
+                )
+            )
             continue
         events.append((item, onset_s, onset_s + duration_s, label))
     return events, skips

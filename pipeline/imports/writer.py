@@ -114,7 +114,9 @@ def keep_freed_memory() -> bool:
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(libc.mallopt(M_MMAP_THRESHOLD, HEAP_ARRAYS_BELOW_BYTES))
+        return bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(
+            libc.mallopt(M_MMAP_THRESHOLD, HEAP_ARRAYS_BELOW_BYTES)
+        )
     except (OSError, AttributeError):  # not glibc: its allocator's own policy applies
         return False
 
@@ -127,8 +129,9 @@ def _is_plain_flac(path: Path, sample_rate_hz: int) -> bool:
     return info.format == "FLAC" and info.subtype == "PCM_16" and info.channels == 1 and info.samplerate == sample_rate_hz
 
 
-def prepare_audio(task: tuple[int, ImportedClip], root: Path, scratch: Path, sample_rate_hz: int, silence_dbfs: float,
-                  keep_flac: bool) -> PreparedAudio | Skip:
+def prepare_audio(
+    task: tuple[int, ImportedClip], root: Path, scratch: Path, sample_rate_hz: int, silence_dbfs: float, keep_flac: bool
+) -> PreparedAudio | Skip:
     """One clip's audio -> a FLAC in ``scratch`` named by the clip's position, or the :class:`Skip` saying why not."""
     position, clip = task
     keep_freed_memory()
@@ -152,8 +155,9 @@ def prepare_audio(task: tuple[int, ImportedClip], root: Path, scratch: Path, sam
     except AudioError as e:
         return Skip(clip.clip_id, clip.audio_path, e.reason, e.detail)
     (scratch / name).write_bytes(data)
-    return PreparedAudio(clip.clip_id, name, len(data), hashlib.sha256(data).hexdigest(), frames, decoded.sample_rate_hz,
-                         decoded.channels, kept)
+    return PreparedAudio(
+        clip.clip_id, name, len(data), hashlib.sha256(data).hexdigest(), frames, decoded.sample_rate_hz, decoded.channels, kept
+    )
 
 
 def label_phrase(label: str, mid: str, by_mid: dict[str, list[str]]) -> str:
@@ -174,7 +178,9 @@ def merge_spans(spans: list[tuple[float, float]]) -> tuple[TimeSpan, ...]:
     return tuple(TimeSpan(a, b) for a, b in out)
 
 
-def clip_phrases(clip: ImportedClip, duration_s: float, by_mid: dict[str, list[str]]) -> tuple[list[tuple[str, str, str, tuple[TimeSpan, ...]]], list[Skip]]:
+def clip_phrases(
+    clip: ImportedClip, duration_s: float, by_mid: dict[str, list[str]]
+) -> tuple[list[tuple[str, str, str, tuple[TimeSpan, ...]]], list[Skip]]:
     """A clip's regions -> ``(phrase, label, mid, segments)`` in temporal order (then phrase), and the bad regions' skips."""
     spans: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
     by_text: dict[str, tuple[str, str, str]] = {}  # a strong-caption phrase is named by its first region's label
@@ -184,8 +190,14 @@ def clip_phrases(clip: ImportedClip, duration_s: float, by_mid: dict[str, list[s
         if problem is None and r.onset_s >= duration_s:
             problem = f"starts at or after the end of the decoded audio ({duration_s:g} s)"
         if problem:
-            skips.append(Skip(f"{clip.clip_id}#{n}", clip.audio_path, "bad-region",
-                              f"region {n} [{r.onset_s:g}, {r.offset_s:g}) s of {r.label or r.text!r}: {problem}"))
+            skips.append(
+                Skip(
+                    f"{clip.clip_id}#{n}",
+                    clip.audio_path,
+                    "bad-region",
+                    f"region {n} [{r.onset_s:g}, {r.offset_s:g}) s of {r.label or r.text!r}: {problem}",
+                )
+            )
             continue
         text = " ".join(r.text.split())
         key = by_text.setdefault(text, (text, r.label, r.mid)) if text else (label_phrase(r.label, r.mid, by_mid), r.label, r.mid)
@@ -233,14 +245,25 @@ def _assign_clusters(keys: Counter, params, index) -> tuple[list[Cluster], list[
     p = params.clusters
     clusters = index.clusters
     rows, pairs = phrase_database(index, {k: "dataset" for k in sorted(keys)}, keys, p.include_inventory_phrases)
-    low = [[k[0], k[1], a[0], clusters[a[0]]["name"], a[1], a[3], clusters[a[3]]["name"], a[4]]
-           for (k, a), row in zip(pairs, rows) if row.source == "dataset" and a[2] == "sbert" and a[1] < p.min_similarity]
+    low = [
+        [k[0], k[1], a[0], clusters[a[0]]["name"], a[1], a[3], clusters[a[3]]["name"], a[4]]
+        for (k, a), row in zip(pairs, rows)
+        if row.source == "dataset" and a[2] == "sbert" and a[1] < p.min_similarity
+    ]
     relations = cluster_rows(clusters, index, p.near_synonym_similarity)
     return relations, rows, low, {k: a[0] for k, a in pairs}
 
 
-def row_group_table(items: list[tuple[ImportedClip, PreparedAudio, list]], scratch: Path, schema: pa.Schema, sample_rate_hz: int,
-                    seed: int, cluster_of: dict, templates: list[str], empty_caption: str) -> pa.Table:
+def row_group_table(
+    items: list[tuple[ImportedClip, PreparedAudio, list]],
+    scratch: Path,
+    schema: pa.Schema,
+    sample_rate_hz: int,
+    seed: int,
+    cluster_of: dict,
+    templates: list[str],
+    empty_caption: str,
+) -> pa.Table:
     """Kept clips ``(clip, audio, phrases)`` -> one row group of :class:`~pipeline.schema.ShardRow` rows in ``schema``.
 
     The columns are built straight from the clips (no record per row): the same table as
@@ -254,9 +277,21 @@ def row_group_table(items: list[tuple[ImportedClip, PreparedAudio, list]], scrat
         "sample_rate_hz": [sample_rate_hz] * len(items),
         "duration_s": [a.num_frames / sample_rate_hz for _, a, _ in items],
         "caption": [clip_caption(c, [ph for ph, *_ in phrases], templates, seed, empty_caption) for c, _, phrases in items],
-        "phrases": [[{"phrase": ph, "label": label, "mid": mid, "cluster_id": cluster_of[(ph, label, mid)],
-                      "segments": [{"start_s": s.start_s, "end_s": s.end_s} for s in segs], "source_clip_ids": [], "snr_db": []}
-                     for ph, label, mid, segs in phrases] for _, _, phrases in items],
+        "phrases": [
+            [
+                {
+                    "phrase": ph,
+                    "label": label,
+                    "mid": mid,
+                    "cluster_id": cluster_of[(ph, label, mid)],
+                    "segments": [{"start_s": s.start_s, "end_s": s.end_s} for s in segs],
+                    "source_clip_ids": [],
+                    "snr_db": [],
+                }
+                for ph, label, mid, segs in phrases
+            ]
+            for _, _, phrases in items
+        ],
         "background_id": [""] * len(items),
         "split": [c.split for c, _, _ in items],
         "license": licences,
@@ -264,8 +299,12 @@ def row_group_table(items: list[tuple[ImportedClip, PreparedAudio, list]], scrat
         "attribution": [[c.attribution] if c.attribution else [] for c, _, _ in items],
         "seed": [seed] * len(items),
     }
-    audio = audio_column([scratch / a.scratch_name for _, a, _ in items], [a.num_bytes for _, a, _ in items],
-                         [c.clip_id.replace("/", "_") + ".flac" for c, _, _ in items], schema.field("audio").type)
+    audio = audio_column(
+        [scratch / a.scratch_name for _, a, _ in items],
+        [a.num_bytes for _, a, _ in items],
+        [c.clip_id.replace("/", "_") + ".flac" for c, _, _ in items],
+        schema.field("audio").type,
+    )
     arrays = [audio if f.name == "audio" else pa.array(columns[f.name], f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -287,8 +326,9 @@ def write_import(clips: list[ImportedClip], skips: list[Skip], root: Path, out_d
     with staged_dir(out_dir) as staging:
         scratch = staging / SCRATCH
         scratch.mkdir()
-        work = functools.partial(prepare_audio, root=root, scratch=scratch, sample_rate_hz=rate, silence_dbfs=p.silence_dbfs,
-                                 keep_flac=p.keep_flac)
+        work = functools.partial(
+            prepare_audio, root=root, scratch=scratch, sample_rate_hz=rate, silence_dbfs=p.silence_dbfs, keep_flac=p.keep_flac
+        )
         prepared = map_ordered(work, list(enumerate(clips)), params.compute, desc=f"import {kind}")
         kept: list[tuple[ImportedClip, PreparedAudio, list]] = []
         for clip, result in zip(clips, prepared):
@@ -305,8 +345,14 @@ def write_import(clips: list[ImportedClip], skips: list[Skip], root: Path, out_d
         missing = len(no_audio)
         if not kept:
             summary = summarize(listed, 0, all_skips)
-            refuse_empty(out_dir, summary, all_skips, "rows", f"listed {kind} clips",
-                         f"; check the corpus root {root} and its audio folder")
+            refuse_empty(
+                out_dir,
+                summary,
+                all_skips,
+                "rows",
+                f"listed {kind} clips",
+                f"; check the corpus root {root} and its audio folder",
+            )
         if index is None:
             from pipeline.text.clustering import ClusterIndex, load_inventory
 
@@ -316,11 +362,28 @@ def write_import(clips: list[ImportedClip], skips: list[Skip], root: Path, out_d
 
         by_split: dict[str, list] = {s: [k for k in kept if k[0].split == s] for s in SPLITS}
         by_split = {s: items for s, items in by_split.items() if items}
-        table_of = functools.partial(row_group_table, scratch=scratch, schema=shard_schema(rate), sample_rate_hz=rate, seed=params.seed,
-                                     cluster_of=cluster_of, templates=templates, empty_caption=params.captions.empty_caption)
-        shard_index = write_shards(staging, rate, by_split, lambda item: item[1].num_bytes, row_of=None,
-                                   shard_size_mb=params.shards.shard_size_mb, row_group_size_mb=params.shards.row_group_size_mb,
-                                   compression=params.shards.compression, desc=f"shards {kind}", table_of=table_of)
+        table_of = functools.partial(
+            row_group_table,
+            scratch=scratch,
+            schema=shard_schema(rate),
+            sample_rate_hz=rate,
+            seed=params.seed,
+            cluster_of=cluster_of,
+            templates=templates,
+            empty_caption=params.captions.empty_caption,
+        )
+        shard_index = write_shards(
+            staging,
+            rate,
+            by_split,
+            lambda item: item[1].num_bytes,
+            row_of=None,
+            shard_size_mb=params.shards.shard_size_mb,
+            row_group_size_mb=params.shards.row_group_size_mb,
+            compression=params.shards.compression,
+            desc=f"shards {kind}",
+            table_of=table_of,
+        )
         shutil.rmtree(scratch)
 
         (staging / "clusters").mkdir()
@@ -330,47 +393,98 @@ def write_import(clips: list[ImportedClip], skips: list[Skip], root: Path, out_d
         for r in database:
             if r.source == "dataset":
                 first.setdefault(r.label, r)
-        write_atomic(staging / "clusters" / "labels.csv", _csv_bytes(
-            ["label", "mid", "phrase", "cluster_id", "cluster_name", "cluster_mid", "method", "similarity"],
-            [[r.label, r.mid, r.phrase, r.cluster_id, r.cluster_name, index.clusters[r.cluster_id]["mid"], r.method, r.similarity]
-             for _, r in sorted(first.items())]))
-        write_atomic(staging / "clusters" / "low_similarity.csv", _csv_bytes(
-            ["phrase", "label", "cluster_id", "cluster_name", "similarity", "runner_up_id", "runner_up_name", "runner_up_similarity"], low))
+        write_atomic(
+            staging / "clusters" / "labels.csv",
+            _csv_bytes(
+                ["label", "mid", "phrase", "cluster_id", "cluster_name", "cluster_mid", "method", "similarity"],
+                [
+                    [
+                        r.label,
+                        r.mid,
+                        r.phrase,
+                        r.cluster_id,
+                        r.cluster_name,
+                        index.clusters[r.cluster_id]["mid"],
+                        r.method,
+                        r.similarity,
+                    ]
+                    for _, r in sorted(first.items())
+                ],
+            ),
+        )
+        write_atomic(
+            staging / "clusters" / "low_similarity.csv",
+            _csv_bytes(
+                [
+                    "phrase",
+                    "label",
+                    "cluster_id",
+                    "cluster_name",
+                    "similarity",
+                    "runner_up_id",
+                    "runner_up_name",
+                    "runner_up_similarity",
+                ],
+                low,
+            ),
+        )
 
         licences = [license_name(c.license) if c.license else "unknown" for c, _, _ in kept]
         licenses = {
             "dataset_license": most_restrictive(licences),
             "rule": "a clip carries its source's licence; the dataset the most restrictive of its clips'",
             "clips_by_license": dict(sorted(Counter(licences).items())),
-            "splits": {s: {"license": most_restrictive([lic for (c, _, _), lic in zip(kept, licences) if c.split == s]),
-                           "clips_by_license": dict(sorted(Counter(lic for (c, _, _), lic in zip(kept, licences) if c.split == s).items()))}
-                       for s in by_split},
+            "splits": {
+                s: {
+                    "license": most_restrictive([lic for (c, _, _), lic in zip(kept, licences) if c.split == s]),
+                    "clips_by_license": dict(
+                        sorted(Counter(lic for (c, _, _), lic in zip(kept, licences) if c.split == s).items())
+                    ),
+                }
+                for s in by_split
+            },
             "attribution": ATTRIBUTION,
         }
         write_json(staging / LICENSES, licenses)
-        write_atomic(staging / ATTRIBUTION, _csv_bytes(
-            ["role", "id", "dataset", "source_id", "title", "author", "license", "license_url", "occurrences"],
-            [["clip", c.clip_id, kind, c.clip_id, c.attribution, "", lic, c.license if "://" in c.license else "", 1]
-             for (c, _, _), lic in zip(kept, licences)]))
+        write_atomic(
+            staging / ATTRIBUTION,
+            _csv_bytes(
+                ["role", "id", "dataset", "source_id", "title", "author", "license", "license_url", "occurrences"],
+                [
+                    ["clip", c.clip_id, kind, c.clip_id, c.attribution, "", lic, c.license if "://" in c.license else "", 1]
+                    for (c, _, _), lic in zip(kept, licences)
+                ],
+            ),
+        )
         write_skips(staging / SKIPPED, all_skips)
         summary = summarize(
-            listed, len(kept), all_skips, kind=kind,
+            listed,
+            len(kept),
+            all_skips,
+            kind=kind,
             rows_by_split={s: len(items) for s, items in by_split.items()},
-            phrases=sum(len(ph) for _, _, ph in kept), distinct_phrases=len(keys),
-            low_similarity=len(low), missing_audio=missing, missing_audio_share=round(missing / listed, 6) if listed else 0.0,
+            phrases=sum(len(ph) for _, _, ph in kept),
+            distinct_phrases=len(keys),
+            low_similarity=len(low),
+            missing_audio=missing,
+            missing_audio_share=round(missing / listed, 6) if listed else 0.0,
             source_rates_hz={str(r): n for r, n in sorted(Counter(a.source_sample_rate_hz for _, a, _ in kept).items())},
             resampled_up=sum(a.source_sample_rate_hz < rate for _, a, _ in kept),
-            kept_source_flac=sum(a.kept_source_bytes for _, a, _ in kept), sample_rate_hz=rate,
+            kept_source_flac=sum(a.kept_source_bytes for _, a, _ in kept),
+            sample_rate_hz=rate,
         )
         write_json(staging / SUMMARY, summary)
         card.write_imported(staging, params, shard_index, kind, summary)
     size = sum(f["num_bytes"] for f in shard_index["files"]) / MB
     per_split = ", ".join(f"{s} {n}" for s, n in summary["rows_by_split"].items())
-    print(f"import {kind}: {len(kept)} rows ({per_split}) from {listed} listed clips, {len(all_skips)} skipped, "
-          f"{len(low)} phrases below similarity {params.clusters.min_similarity}, {size:.1f} MB -> {out_dir}")
+    print(
+        f"import {kind}: {len(kept)} rows ({per_split}) from {listed} listed clips, {len(all_skips)} skipped, "
+        f"{len(low)} phrases below similarity {params.clusters.min_similarity}, {size:.1f} MB -> {out_dir}"
+    )
     if missing:
-        print(f"import {kind}: {missing} of {listed} listed clips ({100 * missing / listed:.1f}%) had no audio; "
-              f"they are listed in {out_dir / SKIPPED}", file=sys.stderr)
+        print(
+            f"import {kind}: {missing} of {listed} listed clips ({100 * missing / listed:.1f}%) had no audio; "
+            f"they are listed in {out_dir / SKIPPED}",
+            file=sys.stderr,
+        )
     return summary
-
-

@@ -103,10 +103,16 @@ def _stretch(x: np.ndarray, sample_rate_hz: int, factor: float, semitones: float
         try:
             from pedalboard import time_stretch
         except ImportError as err:
-            raise AugmentError("stretch_method 'rubberband' needs pedalboard: pip install pedalboard "
-                               "(or use stretch_method: varispeed)") from err
-        y = time_stretch(x[None, :], float(sample_rate_hz), stretch_factor=1.0 / factor,
-                         pitch_shift_in_semitones=float(semitones), high_quality=False)[0]
+            raise AugmentError(
+                "stretch_method 'rubberband' needs pedalboard: pip install pedalboard (or use stretch_method: varispeed)"
+            ) from err
+        y = time_stretch(
+            x[None, :],
+            float(sample_rate_hz),
+            stretch_factor=1.0 / factor,
+            pitch_shift_in_semitones=float(semitones),
+            high_quality=False,
+        )[0]
     else:
         raise AugmentError(f"unknown stretch_method {method!r}; use one of {', '.join(STRETCH_METHODS)}")
     y = np.asarray(y, dtype=np.float32)
@@ -195,17 +201,20 @@ def _trimmed_unit_energy(h: np.ndarray, rir_id: str) -> np.ndarray:
     return h[: max(keep, 1)]
 
 
-def shoebox_id(size_m: tuple[float, float, float], rt60_s: float, source_m: tuple[float, float, float],
-               mic_m: tuple[float, float, float]) -> str:
+def shoebox_id(
+    size_m: tuple[float, float, float], rt60_s: float, source_m: tuple[float, float, float], mic_m: tuple[float, float, float]
+) -> str:
     """A simulated room's id: every value at centimetre (or millisecond) precision, as it is simulated."""
+
     def xyz(v):
         return ",".join(f"{c:.2f}" for c in v)
+
     return f"{SHOEBOX}{xyz(size_m)};rt60={rt60_s:.3f};src={xyz(source_m)};mic={xyz(mic_m)}"
 
 
 def _parse_shoebox(rir_id: str) -> tuple[list[float], float, list[float], list[float]]:
     try:
-        size, rt60, src, mic = rir_id[len(SHOEBOX):].split(";")
+        size, rt60, src, mic = rir_id[len(SHOEBOX) :].split(";")
         vec = lambda s: [float(c) for c in s.split("=")[-1].split(",")]  # noqa: E731
         return vec(size), float(rt60.split("=")[1]), vec(src), vec(mic)
     except (ValueError, IndexError) as err:
@@ -216,8 +225,10 @@ def _simulate(rir_id: str, sample_rate_hz: int) -> np.ndarray:
     try:
         import pyroomacoustics as pra
     except ImportError as err:
-        raise AugmentError("simulated rooms need pyroomacoustics: pip install pyroomacoustics "
-                           "(or give a folder of impulse responses as mix.spec.reverb.rirs)") from err
+        raise AugmentError(
+            "simulated rooms need pyroomacoustics: pip install pyroomacoustics "
+            "(or give a folder of impulse responses as mix.spec.reverb.rirs)"
+        ) from err
     size, rt60, src, mic = _parse_shoebox(rir_id)
     absorption, max_order = pra.inverse_sabine(rt60, size)
     room = pra.ShoeBox(size, fs=sample_rate_hz, materials=pra.Material(absorption), max_order=max_order, air_absorption=False)
@@ -234,8 +245,12 @@ def draw_room(rng: np.random.Generator, size_m, rt60_s) -> str:
     rt60 = float(rt60_s.sample(rng))
 
     def point():
-        return (round(float(rng.uniform(0.5, size[0] - 0.5)), 2), round(float(rng.uniform(0.5, size[1] - 0.5)), 2),
-                round(float(rng.uniform(1.2, 1.8)), 2))
+        return (
+            round(float(rng.uniform(0.5, size[0] - 0.5)), 2),
+            round(float(rng.uniform(0.5, size[1] - 0.5)), 2),
+            round(float(rng.uniform(1.2, 1.8)), 2),
+        )
+
     return shoebox_id(size, rt60, point(), point())
 
 
@@ -243,8 +258,10 @@ def room_files(folder: str) -> list[str]:
     """The ids of a folder's impulse-response files (recursively, sorted); a clear error if there are none."""
     root = Path(folder)
     if not root.is_dir():
-        raise AugmentError(f"mix.spec.reverb.rirs: {folder} is not a folder; give a folder of impulse-response audio files, "
-                           "or null for simulated rooms")
+        raise AugmentError(
+            f"mix.spec.reverb.rirs: {folder} is not a folder; give a folder of impulse-response audio files, "
+            "or null for simulated rooms"
+        )
     files = sorted(p for p in root.rglob("*") if p.suffix.lower() in RIR_EXTENSIONS and p.is_file())
     if not files:
         raise AugmentError(f"mix.spec.reverb.rirs: {folder} holds no {'/'.join(RIR_EXTENSIONS)} files")
@@ -253,7 +270,7 @@ def room_files(folder: str) -> list[str]:
 
 def room_file(rir_id: str) -> Path:
     """The impulse-response file a ``file:`` room id names."""
-    return Path(rir_id[len(RIR_FILE):])
+    return Path(rir_id[len(RIR_FILE) :])
 
 
 def usable_rooms(folder: str, sample_rate_hz: int) -> tuple[list[str], list[tuple[str, str, str]]]:
@@ -272,8 +289,10 @@ def usable_rooms(folder: str, sample_rate_hz: int) -> tuple[list[str], list[tupl
         else:
             good.append(rid)
     if not good:
-        raise AugmentError(f"mix.spec.reverb.rirs: no file of {folder} is a usable impulse response "
-                           f"({len(bad)} rejected, e.g. {bad[0][2]}); fix or replace them, or set rirs: null for simulated rooms")
+        raise AugmentError(
+            f"mix.spec.reverb.rirs: no file of {folder} is a usable impulse response "
+            f"({len(bad)} rejected, e.g. {bad[0][2]}); fix or replace them, or set rirs: null for simulated rooms"
+        )
     return good, bad
 
 
@@ -285,7 +304,7 @@ def is_brownian(segment_id: str) -> bool:
 def brownian_noise(segment_id: str, num_samples: int) -> np.ndarray:
     """``num_samples`` int16 samples of the Brownian noise ``brownian-<k>`` names (read-only)."""
     try:
-        k = int(segment_id[len(BROWNIAN):])
+        k = int(segment_id[len(BROWNIAN) :])
     except ValueError as err:
         raise AugmentError(f"malformed Brownian background id {segment_id!r}") from err
     from scipy.signal import lfilter  # imported when first needed: scipy.signal takes about 2 s to import
@@ -306,10 +325,24 @@ def brownian_segment(k: int, num_samples: int, sample_rate_hz: int) -> Backgroun
     x = int16_to_float(brownian_noise(segment_id, num_samples))
     peak = float(np.max(np.abs(x)))
     return BackgroundSegment(
-        audio_path="", source_id=BROWNIAN_SOURCE, source_path="", duration_s=num_samples / sample_rate_hz, num_samples=num_samples,
-        sample_rate_hz=sample_rate_hz, source_sample_rate_hz=sample_rate_hz, source_channels=1,
-        rms_dbfs=float(power_db(float(np.mean(x.astype(np.float64) ** 2)))), peak_dbfs=float(20.0 * math.log10(max(peak, 1e-9))),
-        loudness_lufs=float(integrated_lufs(x, sample_rate_hz)), envelope_frame_s=0.0, envelope_hop_s=0.0, envelope_db=(),
-        license=BROWNIAN_LICENSE, segment_id=segment_id, category="noise", offset_in_source_s=0.0, peak_to_median_db=0.0,
+        audio_path="",
+        source_id=BROWNIAN_SOURCE,
+        source_path="",
+        duration_s=num_samples / sample_rate_hz,
+        num_samples=num_samples,
+        sample_rate_hz=sample_rate_hz,
+        source_sample_rate_hz=sample_rate_hz,
+        source_channels=1,
+        rms_dbfs=float(power_db(float(np.mean(x.astype(np.float64) ** 2)))),
+        peak_dbfs=float(20.0 * math.log10(max(peak, 1e-9))),
+        loudness_lufs=float(integrated_lufs(x, sample_rate_hz)),
+        envelope_frame_s=0.0,
+        envelope_hop_s=0.0,
+        envelope_db=(),
+        license=BROWNIAN_LICENSE,
+        segment_id=segment_id,
+        category="noise",
+        offset_in_source_s=0.0,
+        peak_to_median_db=0.0,
         author=BROWNIAN_AUTHOR,
     )

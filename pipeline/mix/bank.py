@@ -71,13 +71,16 @@ def build_bank(bank_dir: Path, sample_rate_hz: int, events: list[tuple[str, Path
     write_atomic(bank_dir / COMPLETE, b"")
 
 
-def bank_sources(event_pools: dict[str, list[EventClip]], bg_pools: dict[str, list[BackgroundSegment]],
-                 events_dir: Path, backgrounds_dir: Path) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
+def bank_sources(
+    event_pools: dict[str, list[EventClip]], bg_pools: dict[str, list[BackgroundSegment]], events_dir: Path, backgrounds_dir: Path
+) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
     """Every source the pools use, once, in id order: the ``(id, path)`` lists a bank is built from."""
     ev = {e.clip_id: e for pool in event_pools.values() for e in pool}
     bg = {b.segment_id: b for pool in bg_pools.values() for b in pool}
-    return ([(i, events_dir / ev[i].audio_path) for i in sorted(ev)],
-            [(i, backgrounds_dir / bg[i].audio_path) for i in sorted(bg)])
+    return (
+        [(i, events_dir / ev[i].audio_path) for i in sorted(ev)],
+        [(i, backgrounds_dir / bg[i].audio_path) for i in sorted(bg)],
+    )
 
 
 def ensure_bank(bank_dir: Path, sample_rate_hz: int, events: list[tuple[str, Path]], backgrounds: list[tuple[str, Path]]) -> None:
@@ -139,8 +142,14 @@ class SourceBank:
 class FileSources:
     """The bank's interface over the stage folders: reads FLAC files on demand (cached)."""
 
-    def __init__(self, events_dir: Path, backgrounds_dir: Path, sample_rate_hz: int,
-                 event_paths: dict[str, str], background_paths: dict[str, str]):
+    def __init__(
+        self,
+        events_dir: Path,
+        backgrounds_dir: Path,
+        sample_rate_hz: int,
+        event_paths: dict[str, str],
+        background_paths: dict[str, str],
+    ):
         self.sample_rate_hz = sample_rate_hz
         self._dirs = (Path(events_dir), Path(backgrounds_dir))
         self._paths = (event_paths, background_paths)

@@ -112,8 +112,10 @@ def join_dcase_metadata(stage: Path, fragments: dict[str, list[Path]]) -> None:
 def write_txt(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]]) -> None:
     """``audio/<split>/<id>.txt`` beside each mixture: its placed occurrences, Scaper's txt layout."""
     for m in recipes:
-        rows = [[repr(o.onset_s), repr(o.offset_s), o.label]
-                for o in sorted(occurrences_of.get(m.mixture_id, []), key=lambda o: o.occurrence_index)]
+        rows = [
+            [repr(o.onset_s), repr(o.offset_s), o.label]
+            for o in sorted(occurrences_of.get(m.mixture_id, []), key=lambda o: o.occurrence_index)
+        ]
         write_atomic((stage / m.audio_path).with_suffix(".txt"), _tsv(rows, None))
 
 
@@ -132,8 +134,14 @@ class PartitionExports:
     backgrounds: list[BackgroundSegment]
 
 
-def write_partition_files(stage: Path, prefix: Path, recipes: list[MixtureRecipe], occurrences: list[EventOccurrence],
-                          segments: list[LabelSegment], exports: PartitionExports) -> None:
+def write_partition_files(
+    stage: Path,
+    prefix: Path,
+    recipes: list[MixtureRecipe],
+    occurrences: list[EventOccurrence],
+    segments: list[LabelSegment],
+    exports: PartitionExports,
+) -> None:
     """One partition's exports, from its records: ``<prefix>.events.tsv`` and ``<prefix>.durations.tsv``
     (its DCASE rows, joined by :func:`join_dcase_metadata`) and, if ``exports`` asks, the txt and JAMS
     files of its mixtures."""
@@ -141,8 +149,17 @@ def write_partition_files(stage: Path, prefix: Path, recipes: list[MixtureRecipe
     if exports.write_txt:
         write_txt(stage, recipes, occurrences_of)
     if exports.write_jams:
-        write_jams(stage, recipes, occurrences_of, spec=exports.spec, sources=exports.sources, events_dir=exports.events_dir,
-                   backgrounds_dir=exports.backgrounds_dir, events=exports.events, backgrounds=exports.backgrounds)
+        write_jams(
+            stage,
+            recipes,
+            occurrences_of,
+            spec=exports.spec,
+            sources=exports.sources,
+            events_dir=exports.events_dir,
+            backgrounds_dir=exports.backgrounds_dir,
+            events=exports.events,
+            backgrounds=exports.backgrounds,
+        )
     for name, rows in dcase_rows(recipes, by_mixture(segments)).items():
         write_atomic(Path(f"{prefix}.{name}"), rows)
 
@@ -151,8 +168,9 @@ def _column(table: pa.Table, name: str) -> list:
     return table.column(name).to_pylist()
 
 
-def license_summary(mixtures: pa.Table, occurrences: pa.Table, events: list[EventClip],
-                    backgrounds: list[BackgroundSegment]) -> tuple[dict, bytes]:
+def license_summary(
+    mixtures: pa.Table, occurrences: pa.Table, events: list[EventClip], backgrounds: list[BackgroundSegment]
+) -> tuple[dict, bytes]:
     """(licenses.json content, attribution.csv bytes) for the sources the mixtures use.
 
     ``mixtures`` and ``occurrences``: the stage's tables (columns ``license``, ``split``,
@@ -166,14 +184,20 @@ def license_summary(mixtures: pa.Table, occurrences: pa.Table, events: list[Even
     rows = []
     for cid in sorted(used_events):
         e = ev[cid]
-        rows.append(["event", cid, e.source_dataset, e.source_id, e.title, e.uploader, e.license, e.license_url, used_events[cid]])
+        rows.append(
+            ["event", cid, e.source_dataset, e.source_id, e.title, e.uploader, e.license, e.license_url, used_events[cid]]
+        )
     for sid in sorted(used_bgs):
         if is_brownian(sid):
-            rows.append(["background", sid, "generated", BROWNIAN_SOURCE, "", BROWNIAN_AUTHOR, BROWNIAN_LICENSE, "", used_bgs[sid]])
+            rows.append(
+                ["background", sid, "generated", BROWNIAN_SOURCE, "", BROWNIAN_AUTHOR, BROWNIAN_LICENSE, "", used_bgs[sid]]
+            )
             continue
         b = bg[sid]
         url = b.license if "://" in b.license else ""
-        rows.append(["background", sid, "ambience", b.source_id, b.source_path, b.author, license_name(b.license), url, used_bgs[sid]])
+        rows.append(
+            ["background", sid, "ambience", b.source_id, b.source_path, b.author, license_name(b.license), url, used_bgs[sid]]
+        )
     header = ["role", "id", "dataset", "source_id", "title", "author", "license", "license_url", "occurrences"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -184,7 +208,10 @@ def license_summary(mixtures: pa.Table, occurrences: pa.Table, events: list[Even
     by_split = {}
     for split in SPLITS:
         lic = [license for license, s in zip(per_mixture, splits) if s == split]
-        by_split[split] = {"license": most_restrictive(lic) if lic else None, "mixtures_by_license": dict(sorted(Counter(lic).items()))}
+        by_split[split] = {
+            "license": most_restrictive(lic) if lic else None,
+            "mixtures_by_license": dict(sorted(Counter(lic).items())),
+        }
     summary = {
         "dataset_license": most_restrictive(per_mixture) if per_mixture else None,
         "rule": "a mixture carries the most restrictive licence of its sources; the dataset that of its mixtures",
@@ -196,8 +223,14 @@ def license_summary(mixtures: pa.Table, occurrences: pa.Table, events: list[Even
     return summary, buf.getvalue().encode("utf-8")
 
 
-def plot_timelines(stage: Path | None, picks: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]],
-                   segments_of: dict[str, list[LabelSegment]], path: Path, audio_of: dict[str, np.ndarray] | None = None) -> None:
+def plot_timelines(
+    stage: Path | None,
+    picks: list[MixtureRecipe],
+    occurrences_of: dict[str, list[EventOccurrence]],
+    segments_of: dict[str, list[LabelSegment]],
+    path: Path,
+    audio_of: dict[str, np.ndarray] | None = None,
+) -> None:
     """Spectrogram over lanes per label: placed occurrences (light) and relabeled segments (dark), one pair of panels per mixture in ``picks``.
 
     Each mixture's int16 samples come from ``audio_of`` (mixture id -> samples), else from its
@@ -219,8 +252,15 @@ def plot_timelines(stage: Path | None, picks: list[MixtureRecipe], occurrences_o
     width_in, height_in = 10.0, 3.2 * len(picks)
     longest = max((len(lane_label(o.label)) for m in picks for o in occurrences_of.get(m.mixture_id, [])), default=4)
     fig = plt.figure(figsize=(width_in, height_in))
-    rows = fig.add_gridspec(len(picks), 1, left=(0.25 + 0.062 * longest) / width_in, right=1 - 0.15 / width_in,
-                            top=1 - 0.3 / height_in, bottom=0.45 / height_in, hspace=0.32)
+    rows = fig.add_gridspec(
+        len(picks),
+        1,
+        left=(0.25 + 0.062 * longest) / width_in,
+        right=1 - 0.15 / width_in,
+        top=1 - 0.3 / height_in,
+        bottom=0.45 / height_in,
+        hspace=0.32,
+    )
     for k, m in enumerate(picks):
         panels = rows[k].subgridspec(2, 1, height_ratios=[2, 1.2], hspace=0.06)
         ax_s, ax_l = fig.add_subplot(panels[0]), fig.add_subplot(panels[1])
@@ -232,8 +272,15 @@ def plot_timelines(stage: Path | None, picks: list[MixtureRecipe], occurrences_o
         hop = n_fft // 4
         frames = np.lib.stride_tricks.sliding_window_view(np.pad(x, (0, n_fft)), n_fft)[::hop] * np.hanning(n_fft)
         power = 10 * np.log10(np.abs(np.fft.rfft(frames, axis=1)) ** 2 + 1e-10)
-        ax_s.imshow(power.T, origin="lower", aspect="auto", cmap="magma", vmin=power.max() - 80, vmax=power.max(),
-                    extent=(0, frames.shape[0] * hop / sr, 0, sr / 2000))
+        ax_s.imshow(
+            power.T,
+            origin="lower",
+            aspect="auto",
+            cmap="magma",
+            vmin=power.max() - 80,
+            vmax=power.max(),
+            extent=(0, frames.shape[0] * hop / sr, 0, sr / 2000),
+        )
         ax_s.set_xlim(0, m.duration_s)
         ax_s.set_ylabel("kHz")
         ax_s.set_title(f"{m.mixture_id}  ({m.num_occurrences} occurrences, background {m.background_id})", fontsize=9, loc="left")
@@ -291,8 +338,15 @@ def timeline_picks(tables: dict[str, pa.Table], count: int) -> tuple[list[Mixtur
     return recipes, mine(OCCURRENCES, EventOccurrence), mine(SEGMENTS, LabelSegment)
 
 
-def write_all(stage: Path, tables: dict[str, pa.Table], fragments: dict[str, list[Path]], p: MixParams, spec: MixSpec,
-              events: list[EventClip], backgrounds: list[BackgroundSegment]) -> dict:
+def write_all(
+    stage: Path,
+    tables: dict[str, pa.Table],
+    fragments: dict[str, list[Path]],
+    p: MixParams,
+    spec: MixSpec,
+    events: list[EventClip],
+    backgrounds: list[BackgroundSegment],
+) -> dict:
     """The run's exports from its three tables (keyed by file name) and its partitions' DCASE
     fragments (split -> prefixes, in order); returns the summary's counts. The tables are read
     column-wise, never as records. The timelines picture is not among them: the mix stage draws

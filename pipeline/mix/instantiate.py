@@ -100,21 +100,31 @@ class MixContext:
         or ``reverb.rooms`` simulated rooms drawn from the seed."""
         if self._rooms is None:
             rev = self.spec.reverb
-            self._rooms = usable_rooms(rev.rirs, self.sources.sample_rate_hz)[0] if rev.rirs else [
-                draw_room(np.random.default_rng([self.seed, ROOM_STREAM, k]), rev.room_size_m, rev.rt60_s) for k in range(rev.rooms)
-            ]
+            self._rooms = (
+                usable_rooms(rev.rirs, self.sources.sample_rate_hz)[0]
+                if rev.rirs
+                else [
+                    draw_room(np.random.default_rng([self.seed, ROOM_STREAM, k]), rev.room_size_m, rev.rt60_s)
+                    for k in range(rev.rooms)
+                ]
+            )
         return self._rooms
 
     def event_pools(self, split: str) -> list[tuple[float, list[EventClip]]]:
         """``spec.pools`` in ``split``: (share, clips) of each pool with clips, shares renormalised to 1."""
         if split not in self._pools:
             clips = self.events[split]
-            found = [(p.share, [c for c in clips if c.source_dataset.lower() in {d.lower() for d in p.datasets}]) for p in self.spec.pools]
+            found = [
+                (p.share, [c for c in clips if c.source_dataset.lower() in {d.lower() for d in p.datasets}])
+                for p in self.spec.pools
+            ]
             found = [(share, pool) for share, pool in found if pool and share > 0]
             if not found:
                 names = ", ".join(f"{p.name} ({', '.join(p.datasets)})" for p in self.spec.pools)
                 have = ", ".join(sorted({c.source_dataset for c in clips}))
-                raise ValueError(f"mix: no clip of split '{split}' is in a pool of mix.spec.pools ({names}); its clips come from {have}")
+                raise ValueError(
+                    f"mix: no clip of split '{split}' is in a pool of mix.spec.pools ({names}); its clips come from {have}"
+                )
             total = sum(share for share, _ in found)
             self._pools[split] = [(share / total, pool) for share, pool in found]
         return self._pools[split]
@@ -135,7 +145,9 @@ class MixContext:
         return remember(self._levels, key, measure()) if level is None else level
 
 
-MAX_CACHED = 4096  # entries per cache of a context (envelopes: about 6.5 KB each): a worker does not grow with the corpus or the mixtures
+MAX_CACHED = (
+    4096  # entries per cache of a context (envelopes: about 6.5 KB each): a worker does not grow with the corpus or the mixtures
+)
 
 
 def remember(cache: dict, key: object, value: T) -> T:
@@ -210,8 +222,15 @@ def _blocked(placed: list[tuple[int, int]], own: list[tuple[int, int]], spec: Mi
     return out
 
 
-def _place(spec: MixSpec, rng: np.random.Generator, length: int, num_samples: int,
-           placed: list[tuple[int, int]], own: list[tuple[int, int]], sr: int) -> int | None:
+def _place(
+    spec: MixSpec,
+    rng: np.random.Generator,
+    length: int,
+    num_samples: int,
+    placed: list[tuple[int, int]],
+    own: list[tuple[int, int]],
+    sr: int,
+) -> int | None:
     """An onset (samples) for an occurrence of ``length``, or None if none fits.
 
     The spec's onset distribution is tried ``placement_tries`` times; if every draw breaks a
@@ -330,8 +349,19 @@ def draw_mixture(ctx: MixContext, split: str, index: int, mixture_id: str, audio
             clips[clip.clip_id] = clip
     drawn.sort(key=lambda o: (o["onset_s"], o["event_index"], o["source_in_s"]))
     occurrences = [EventOccurrence(occurrence_index=i, **o) for i, o in enumerate(drawn)]
-    recipe = _recipe(split, index, mixture_id, audio_path, num_samples=num_samples, sr=sr, mode=spec.level_mode, bg=bg,
-                     occurrences=occurrences, clips=clips, placed=placed)
+    recipe = _recipe(
+        split,
+        index,
+        mixture_id,
+        audio_path,
+        num_samples=num_samples,
+        sr=sr,
+        mode=spec.level_mode,
+        bg=bg,
+        occurrences=occurrences,
+        clips=clips,
+        placed=placed,
+    )
     return Draw(recipe, occurrences, bg.segment, clips, dropped)
 
 
@@ -340,7 +370,9 @@ def _draw_position(d: Distribution, rng: np.random.Generator, fit_s: float, sr: 
     return int(round(min(max(float(d.sample(rng, fit=fit_s)), 0.0), fit_s) * sr))
 
 
-def _draw_background(ctx: MixContext, rng: np.random.Generator, backgrounds: list[BackgroundSegment], num_samples: int) -> _Background:
+def _draw_background(
+    ctx: MixContext, rng: np.random.Generator, backgrounds: list[BackgroundSegment], num_samples: int
+) -> _Background:
     spec, sr, mode = ctx.spec, ctx.sources.sample_rate_hz, ctx.spec.level_mode
     if spec.brownian_background > 0 and rng.random() < spec.brownian_background:
         bg = brownian_segment(int(rng.integers(2**31)), num_samples, sr)
@@ -351,8 +383,13 @@ def _draw_background(ctx: MixContext, rng: np.random.Generator, backgrounds: lis
         q = ctx.sources.background(bg.segment_id)
         start = _draw_position(spec.background_offset_s, rng, max(q.shape[0] - num_samples, 0) / sr, sr)
         window = q[start : start + num_samples]
+
         def measure() -> float:  # as mixed: zero-padded when the background is short
-            padded = window if window.shape[0] == num_samples else np.concatenate([window, np.zeros(num_samples - window.shape[0], np.int16)])
+            padded = (
+                window
+                if window.shape[0] == num_samples
+                else np.concatenate([window, np.zeros(num_samples - window.shape[0], np.int16)])
+            )
             return level_db(padded, mode, sr)
 
         level = ctx.level(("bg", bg.segment_id, start, num_samples, mode), measure)
@@ -389,7 +426,9 @@ def _draw_augmentation(ctx: MixContext, rng: np.random.Generator) -> _Augmentati
     pitch = float(spec.pitch_shift_semitones.sample(rng)) if spec.pitch_shift_semitones is not None else 0.0
     factor = float(spec.time_stretch_factor.sample(rng)) if spec.time_stretch_factor is not None else 1.0
     if spec.stretch_method == "varispeed":
-        factor, pitch = (2.0 ** (-pitch / 12.0), pitch) if spec.pitch_shift_semitones is not None else (factor, varispeed_semitones(factor))
+        factor, pitch = (
+            (2.0 ** (-pitch / 12.0), pitch) if spec.pitch_shift_semitones is not None else (factor, varispeed_semitones(factor))
+        )
     method = spec.stretch_method if (pitch != 0.0 or factor != 1.0) else ""
     return _Augmentation(pitch, factor, method, *_draw_room(ctx, rng, spec.reverb.probability))
 
@@ -402,8 +441,16 @@ def _event_level_db(span: np.ndarray, fades: tuple[int, int], aug: _Augmentation
     return _signal_level_db(apply_fades(x, *fades), mode, sr)
 
 
-def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, event_index: int, clip: EventClip,
-                bg: _Background, num_samples: int, placed: list[tuple[int, int]]) -> tuple[list[dict], int]:
+def _draw_event(
+    ctx: MixContext,
+    rng: np.random.Generator,
+    mixture_id: str,
+    event_index: int,
+    clip: EventClip,
+    bg: _Background,
+    num_samples: int,
+    placed: list[tuple[int, int]],
+) -> tuple[list[dict], int]:
     """One event's occurrences (:class:`~pipeline.schema.EventOccurrence` fields but ``occurrence_index``,
     set once the mixture's occurrences are in time order) and how many found no room.
 
@@ -425,8 +472,22 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
     gain = None
     if mode != "local":
         fades = (0, 0) if role == "piece" else (fade_in, fade_out)  # a split event is levelled whole
-        key = (clip.clip_id, src_start, length, *fades, mode, aug.pitch_shift_semitones, aug.time_stretch_factor, aug.stretch_method)
-        gain = bg.level_db + bg.gain_db + snr - ctx.level(key, lambda: _event_level_db(q[src_start : src_start + length], fades, aug, mode, sr))
+        key = (
+            clip.clip_id,
+            src_start,
+            length,
+            *fades,
+            mode,
+            aug.pitch_shift_semitones,
+            aug.time_stretch_factor,
+            aug.stretch_method,
+        )
+        gain = (
+            bg.level_db
+            + bg.gain_db
+            + snr
+            - ctx.level(key, lambda: _event_level_db(q[src_start : src_start + length], fades, aug, mode, sr))
+        )
     own: list[tuple[int, int]] = []
     out: list[dict] = []
     tail = tail_samples(aug.rir_id, sr)
@@ -442,18 +503,47 @@ def _draw_event(ctx: MixContext, rng: np.random.Generator, mixture_id: str, even
         if occ_gain is None:  # local: the background in this occurrence's own window
             window = bg.window[onset:end]
             level = level_db(window, "rms", sr) if window.shape[0] else -120.0
-            occ_gain = level + bg.gain_db + snr - _event_level_db(q[s_start : s_start + s_len], (fade_in, fade_out), aug, "rms", sr)
-        out.append(dict(
-            mixture_id=mixture_id, event_index=event_index, role=role, clip_id=clip.clip_id,
-            label=clip.label, mid=clip.mid, source_in_s=s_start / sr, source_out_s=(s_start + s_len) / sr,
-            onset_s=onset / sr, offset_s=min(end + tail, num_samples) / sr, fade_in_s=fade_in / sr, fade_out_s=fade_out / sr,
-            gain_db=float(occ_gain), snr_db=snr, realised_snr_db=float("nan"), license=clip.license, **aug.__dict__,
-        ))
+            occ_gain = (
+                level + bg.gain_db + snr - _event_level_db(q[s_start : s_start + s_len], (fade_in, fade_out), aug, "rms", sr)
+            )
+        out.append(
+            dict(
+                mixture_id=mixture_id,
+                event_index=event_index,
+                role=role,
+                clip_id=clip.clip_id,
+                label=clip.label,
+                mid=clip.mid,
+                source_in_s=s_start / sr,
+                source_out_s=(s_start + s_len) / sr,
+                onset_s=onset / sr,
+                offset_s=min(end + tail, num_samples) / sr,
+                fade_in_s=fade_in / sr,
+                fade_out_s=fade_out / sr,
+                gain_db=float(occ_gain),
+                snr_db=snr,
+                realised_snr_db=float("nan"),
+                license=clip.license,
+                **aug.__dict__,
+            )
+        )
     return out, len(spans) - len(out)
 
 
-def _recipe(split: str, index: int, mixture_id: str, audio_path: str, *, num_samples: int, sr: int, mode: str, bg: _Background,
-            occurrences: list[EventOccurrence], clips: dict[str, EventClip], placed: list[tuple[int, int]]) -> MixtureRecipe:
+def _recipe(
+    split: str,
+    index: int,
+    mixture_id: str,
+    audio_path: str,
+    *,
+    num_samples: int,
+    sr: int,
+    mode: str,
+    bg: _Background,
+    occurrences: list[EventOccurrence],
+    clips: dict[str, EventClip],
+    placed: list[tuple[int, int]],
+) -> MixtureRecipe:
     """The drawn mixture's recipe row, before rendering sets its mixture gain and peak."""
     segment = bg.segment
     licenses = sorted({c.license for c in clips.values()} | {license_name(segment.license)})
@@ -462,13 +552,29 @@ def _recipe(split: str, index: int, mixture_id: str, audio_path: str, *, num_sam
         | {f"{segment.source_id} by {segment.author} (ambience, {license_name(segment.license)})"}
     )
     return MixtureRecipe(
-        mixture_id=mixture_id, split=split, index=index, audio_path=audio_path, duration_s=num_samples / sr,
-        num_samples=num_samples, sample_rate_hz=sr, level_mode=mode, background_id=segment.segment_id,
-        background_offset_s=bg.start / sr, background_gain_db=float(bg.gain_db), background_level_db=float(bg.level_db),
-        mixture_gain_db=0.0, peak_dbfs=0.0, num_events=len({o.event_index for o in occurrences}),
-        num_occurrences=len(occurrences), max_polyphony=_max_depth(placed, 0, num_samples),
-        labels=tuple(sorted({o.label for o in occurrences})), license=most_restrictive(licenses),
-        licenses=tuple(licenses), attribution=tuple(attribution), background_rir_id=bg.rir_id, background_wet_db=bg.wet_db,
+        mixture_id=mixture_id,
+        split=split,
+        index=index,
+        audio_path=audio_path,
+        duration_s=num_samples / sr,
+        num_samples=num_samples,
+        sample_rate_hz=sr,
+        level_mode=mode,
+        background_id=segment.segment_id,
+        background_offset_s=bg.start / sr,
+        background_gain_db=float(bg.gain_db),
+        background_level_db=float(bg.level_db),
+        mixture_gain_db=0.0,
+        peak_dbfs=0.0,
+        num_events=len({o.event_index for o in occurrences}),
+        num_occurrences=len(occurrences),
+        max_polyphony=_max_depth(placed, 0, num_samples),
+        labels=tuple(sorted({o.label for o in occurrences})),
+        license=most_restrictive(licenses),
+        licenses=tuple(licenses),
+        attribution=tuple(attribution),
+        background_rir_id=bg.rir_id,
+        background_wet_db=bg.wet_db,
         background_dry_db=bg.dry_db,
     )
 
@@ -484,8 +590,9 @@ def render_mixture(ctx: MixContext, drawn: Draw) -> tuple[MixtureRecipe, list[Ev
     return recipe, occurrences, audio
 
 
-def _render(ctx: MixContext, drawn: Draw, decoded: bool = False) -> tuple[MixtureRecipe, list[EventOccurrence], np.ndarray,
-                                                                        tuple[np.ndarray | None, list[np.ndarray | None]]]:
+def _render(
+    ctx: MixContext, drawn: Draw, decoded: bool = False
+) -> tuple[MixtureRecipe, list[EventOccurrence], np.ndarray, tuple[np.ndarray | None, list[np.ndarray | None]]]:
     """:func:`render_mixture` (``decoded``: float32 samples as the stored int16 decode to), and the
     background and augmented occurrences as heard, for relabeling (None where nothing reads them).
 
@@ -501,14 +608,23 @@ def _render(ctx: MixContext, drawn: Draw, decoded: bool = False) -> tuple[Mixtur
     for o in drawn.occurrences:  # in occurrence_index order
         x = add_occurrence(mix, o, ctx.sources)
         # the constructor, not dataclasses.replace: the same record at a third of the cost
-        occurrences.append(EventOccurrence(**{**vars(o), "realised_snr_db": _realised_snr(x, o, background, bg_mixed_level, mode, sr)}))
+        occurrences.append(
+            EventOccurrence(**{**vars(o), "realised_snr_db": _realised_snr(x, o, background, bg_mixed_level, mode, sr)})
+        )
         parts.append(x if is_augmented(o) else None)
     ends = np.array([mix.max(), mix.min()], dtype=np.float32) if mix.size else None
     mixture_gain = _normalisation_db(mix, spec, sr, ends)
-    audio = (decoded_samples if decoded else stored_samples)(mix, mixture_gain, ends)  # mix is spent here: scaled in its own buffer
+    audio = (decoded_samples if decoded else stored_samples)(
+        mix, mixture_gain, ends
+    )  # mix is spent here: scaled in its own buffer
     peak = _stored_peak(ends, mixture_gain)
-    recipe = MixtureRecipe(**{**vars(r), "mixture_gain_db": mixture_gain,  # the constructor: 2 us less than replace
-                              "peak_dbfs": float(20.0 * math.log10(max(peak, 1.0) / FULL_SCALE_INT16))})
+    recipe = MixtureRecipe(
+        **{
+            **vars(r),
+            "mixture_gain_db": mixture_gain,  # the constructor: 2 us less than replace
+            "peak_dbfs": float(20.0 * math.log10(max(peak, 1.0) / FULL_SCALE_INT16)),
+        }
+    )
     return recipe, occurrences, audio, (background if keep else None, parts)
 
 
@@ -530,8 +646,14 @@ def _stored_peak(ends: np.ndarray | None, gain_db: float) -> float:
     return float(max(int(q[0]), -int(q[1])))
 
 
-def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[EventOccurrence], background: BackgroundSegment | None,
-                    clips: dict[str, EventClip], heard: tuple[np.ndarray, list[np.ndarray]] | None = None) -> list[LabelSegment]:
+def relabel_mixture(
+    ctx: MixContext,
+    recipe: MixtureRecipe,
+    occurrences: list[EventOccurrence],
+    background: BackgroundSegment | None,
+    clips: dict[str, EventClip],
+    heard: tuple[np.ndarray, list[np.ndarray]] | None = None,
+) -> list[LabelSegment]:
     """When each placed event is audible: :func:`pipeline.mix.relabel.relabel` on the sources' envelopes.
 
     Input: the context (envelope cache, sources, relabel params), the rendered recipe (its
@@ -568,7 +690,9 @@ def relabel_mixture(ctx: MixContext, recipe: MixtureRecipe, occurrences: list[Ev
         background_placement = (0.0, 0.0, _heard_envelope(x, sr, envelopes[0]))
     else:
         background_placement = (recipe.background_offset_s, recipe.background_gain_db, ctx.envelope(background))
-    return relabel(recipe.mixture_id, recipe.duration_s, judged, envelopes, background_placement, recipe.mixture_gain_db, ctx.relabel)
+    return relabel(
+        recipe.mixture_id, recipe.duration_s, judged, envelopes, background_placement, recipe.mixture_gain_db, ctx.relabel
+    )
 
 
 def _heard_envelope(x: np.ndarray, sr: int, like: Envelope) -> Envelope:
@@ -577,7 +701,9 @@ def _heard_envelope(x: np.ndarray, sr: int, like: Envelope) -> Envelope:
     return Envelope.from_db(env.frame_s, env.hop_s, env.energy_db)
 
 
-def _realised_snr(x: np.ndarray, occ: EventOccurrence, background: np.ndarray, background_level: float | None, mode: str, sr: int) -> float:
+def _realised_snr(
+    x: np.ndarray, occ: EventOccurrence, background: np.ndarray, background_level: float | None, mode: str, sr: int
+) -> float:
     """The occurrence's level against the background as mixed (its window in ``local`` mode)."""
     if mode == "local":
         start = int(round(occ.onset_s * sr))

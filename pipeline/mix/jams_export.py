@@ -69,9 +69,18 @@ def scaper_span(start: int, length: int, sample_rate_hz: int) -> tuple[float, fl
     return t, _step_up_until(length / sr, ok, step)
 
 
-def write_jams(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[str, list[EventOccurrence]], *, spec: MixSpec,
-               sources: Sources, events_dir: Path, backgrounds_dir: Path, events: list[EventClip],
-               backgrounds: list[BackgroundSegment]) -> None:
+def write_jams(
+    stage: Path,
+    recipes: list[MixtureRecipe],
+    occurrences_of: dict[str, list[EventOccurrence]],
+    *,
+    spec: MixSpec,
+    sources: Sources,
+    events_dir: Path,
+    backgrounds_dir: Path,
+    events: list[EventClip],
+    backgrounds: list[BackgroundSegment],
+) -> None:
     """One ``<id>.jams`` beside each mixture's FLAC; ``occurrences_of`` maps mixture ids to their occurrences."""
     try:
         import jams
@@ -119,15 +128,29 @@ def write_jams(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[s
             "n_events": len(occ),
         }
         ann.sandbox.sedsynth = {
-            "mixture_id": m.mixture_id, "preset": spec.preset, "level_mode": m.level_mode,
-            "mixture_gain_db": m.mixture_gain_db, "license": m.license,
+            "mixture_id": m.mixture_id,
+            "preset": spec.preset,
+            "level_mode": m.level_mode,
+            "mixture_gain_db": m.mixture_gain_db,
+            "license": m.license,
         }
         bg_time, bg_duration = scaper_span(bg_start, m.num_samples, sr)
-        ann.append(time=0.0, duration=bg_duration, confidence=1.0, value={
-            "label": b.category, "source_file": str((backgrounds_dir / b.audio_path).resolve()),
-            "source_time": bg_time, "event_time": 0.0, "event_duration": bg_duration,
-            "snr": 0.0, "role": "background", "pitch_shift": None, "time_stretch": None,
-        })
+        ann.append(
+            time=0.0,
+            duration=bg_duration,
+            confidence=1.0,
+            value={
+                "label": b.category,
+                "source_file": str((backgrounds_dir / b.audio_path).resolve()),
+                "source_time": bg_time,
+                "event_time": 0.0,
+                "event_duration": bg_duration,
+                "snr": 0.0,
+                "role": "background",
+                "pitch_shift": None,
+                "time_stretch": None,
+            },
+        )
         for o in occ:
             e = ev[o.clip_id]
             start = samples(o.source_in_s, sr)
@@ -136,11 +159,22 @@ def write_jams(stage: Path, recipes: list[MixtureRecipe], occurrences_of: dict[s
             snr = lufs("event", e.clip_id, start, length) + o.gain_db - ref_db
             source_time, event_duration = scaper_span(start, length, sr)
             event_time = scaper_seconds(onset, sr)
-            ann.append(time=event_time, duration=event_duration, confidence=1.0, value={
-                "label": o.label, "source_file": str((events_dir / e.audio_path).resolve()),
-                "source_time": source_time, "event_time": event_time, "event_duration": event_duration,
-                "snr": float(snr), "role": "foreground", "pitch_shift": None, "time_stretch": None,
-            })
+            ann.append(
+                time=event_time,
+                duration=event_duration,
+                confidence=1.0,
+                value={
+                    "label": o.label,
+                    "source_file": str((events_dir / e.audio_path).resolve()),
+                    "source_time": source_time,
+                    "event_time": event_time,
+                    "event_duration": event_duration,
+                    "snr": float(snr),
+                    "role": "foreground",
+                    "pitch_shift": None,
+                    "time_stretch": None,
+                },
+            )
         jam.annotations.append(ann)
         path = (stage / m.audio_path).with_suffix(".jams")
         jam.validate()

@@ -120,7 +120,9 @@ def render_partition(part: Partition) -> dict:
     for index in range(part.start, part.start + part.count):
         rel = audio_path(part.split, index)
         m = instantiate(ctx, part.split, index, mixture_id(part.split, index), rel)
-        with open(stage / rel, "wb") as f:  # in place, as pipeline.audio.write_flac writes: the staging folder is swapped in whole
+        with open(
+            stage / rel, "wb"
+        ) as f:  # in place, as pipeline.audio.write_flac writes: the staging folder is swapped in whole
             f.write(encode_mixture(m.audio, m.recipe.sample_rate_hz))
         rows[MIXTURES].append(m.recipe)
         rows[OCCURRENCES].extend(m.occurrences)
@@ -128,9 +130,23 @@ def render_partition(part: Partition) -> dict:
         dropped += m.dropped_occurrences
     parts = stage / PARTS
     r = part.run
-    exports.write_partition_files(stage, parts / part.key, rows[MIXTURES], rows[OCCURRENCES], rows[SEGMENTS], exports.PartitionExports(
-        write_txt=r.export_txt, write_jams=r.export_jams, spec=r.spec, sources=ctx.sources, events_dir=Path(r.events_dir),
-        backgrounds_dir=Path(r.backgrounds_dir), events=ctx.events[part.split], backgrounds=ctx.backgrounds[part.split]))
+    exports.write_partition_files(
+        stage,
+        parts / part.key,
+        rows[MIXTURES],
+        rows[OCCURRENCES],
+        rows[SEGMENTS],
+        exports.PartitionExports(
+            write_txt=r.export_txt,
+            write_jams=r.export_jams,
+            spec=r.spec,
+            sources=ctx.sources,
+            events_dir=Path(r.events_dir),
+            backgrounds_dir=Path(r.backgrounds_dir),
+            events=ctx.events[part.split],
+            backgrounds=ctx.backgrounds[part.split],
+        ),
+    )
     write_partition_tables(parts, part.key, rows)
     write_json(parts / f"{part.key}.done.json", {"dropped_occurrences": dropped})
     ctx.sources.release()  # the sources this partition read leave the worker's resident pages
@@ -146,7 +162,11 @@ def write_partition_tables(parts: Path, key: str, rows: dict[str, list]) -> None
 @lru_cache(maxsize=None)
 def _flat_schema(record_type: type) -> pa.Schema:
     schema = arrow_schema(record_type)
-    nested = [f.name for f in schema if pa.types.is_struct(f.type) or (pa.types.is_list(f.type) and not pa.types.is_string(f.type.value_type))]
+    nested = [
+        f.name
+        for f in schema
+        if pa.types.is_struct(f.type) or (pa.types.is_list(f.type) and not pa.types.is_string(f.type.value_type))
+    ]
     if nested:
         raise TypeError(f"{record_type.__name__} has nested fields {nested}: use pipeline.schema.to_table")
     return schema
@@ -164,9 +184,14 @@ def draw_timelines(task: Timelines) -> dict:
     """Make the pictured mixtures again and draw them into the staging folder's parts."""
     ctx = load_context(task.run)
     made = [instantiate(ctx, split, index, mixture_id(split, index), audio_path(split, index)) for split, index in task.mixtures]
-    exports.plot_timelines(None, [m.recipe for m in made], {m.recipe.mixture_id: m.occurrences for m in made},
-                           {m.recipe.mixture_id: m.segments for m in made}, Path(task.run.stage_dir) / PARTS / TIMELINES_PART,
-                           audio_of={m.recipe.mixture_id: m.audio for m in made})
+    exports.plot_timelines(
+        None,
+        [m.recipe for m in made],
+        {m.recipe.mixture_id: m.occurrences for m in made},
+        {m.recipe.mixture_id: m.segments for m in made},
+        Path(task.run.stage_dir) / PARTS / TIMELINES_PART,
+        audio_of={m.recipe.mixture_id: m.audio for m in made},
+    )
     return {}
 
 
@@ -175,8 +200,15 @@ def run_task(task: Partition | Timelines) -> dict:
     return draw_timelines(task) if isinstance(task, Timelines) else render_partition(task)
 
 
-def make_plan(params: Params, spec: MixSpec, events_dir: Path, backgrounds_dir: Path, event_pools: dict[str, list[EventClip]],
-              bg_pools: dict[str, list[BackgroundSegment]], rooms: dict[str, str]) -> tuple[bytes, str]:
+def make_plan(
+    params: Params,
+    spec: MixSpec,
+    events_dir: Path,
+    backgrounds_dir: Path,
+    event_pools: dict[str, list[EventClip]],
+    bg_pools: dict[str, list[BackgroundSegment]],
+    rooms: dict[str, str],
+) -> tuple[bytes, str]:
     """The run's plan as JSON bytes (written to the staging folder, where workers read the pools) and its sha256.
 
     The plan holds everything a partition's bytes depend on, so a resumed run only reuses the
@@ -202,11 +234,16 @@ def make_plan(params: Params, spec: MixSpec, events_dir: Path, backgrounds_dir: 
     return plan_bytes, hashlib.sha256(plan_bytes).hexdigest()
 
 
-def fill_bank(stage: Path, sample_rate_hz: int, event_pools: dict[str, list[EventClip]], bg_pools: dict[str, list[BackgroundSegment]],
-              events_dir: Path, backgrounds_dir: Path) -> None:
+def fill_bank(
+    stage: Path,
+    sample_rate_hz: int,
+    event_pools: dict[str, list[EventClip]],
+    bg_pools: dict[str, list[BackgroundSegment]],
+    events_dir: Path,
+    backgrounds_dir: Path,
+) -> None:
     """Decode every source the pools use into the staging folder's bank, unless a resumed run's bank is complete."""
     ensure_bank(stage / BANK, sample_rate_hz, *bank_sources(event_pools, bg_pools, events_dir, backgrounds_dir))
-
 
 
 def plan_partitions(p: MixParams, run: MixRun) -> list[Partition]:

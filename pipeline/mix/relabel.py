@@ -110,8 +110,12 @@ def smooth(active: np.ndarray, fill_gap_frames: int, drop_run_frames: int, span_
 
 
 def occurrence_activity(
-    occ: EventOccurrence, envelope: Envelope, rest: list[tuple[EventOccurrence, Envelope]], background: tuple[float, float, Envelope] | None,
-    mixture_gain_db: float, p: RelabelParams,
+    occ: EventOccurrence,
+    envelope: Envelope,
+    rest: list[tuple[EventOccurrence, Envelope]],
+    background: tuple[float, float, Envelope] | None,
+    mixture_gain_db: float,
+    p: RelabelParams,
 ) -> list[tuple[float, float]]:
     """Active intervals (mixture seconds) of one occurrence; see the module docstring."""
     hop = envelope.hop_s
@@ -192,7 +196,9 @@ def span_envelope(q: np.ndarray, sample_rate_hz: int, like: Envelope, source_in_
     return Envelope.from_db(env.frame_s, env.hop_s, env.energy_db, origin_s=source_in_s)
 
 
-def occurrence_envelopes(occurrences: Sequence[EventOccurrence], clip_envelopes: Mapping[str, Envelope], sources) -> list[Envelope]:
+def occurrence_envelopes(
+    occurrences: Sequence[EventOccurrence], clip_envelopes: Mapping[str, Envelope], sources
+) -> list[Envelope]:
     """Per occurrence: the stored clip envelope for a whole clip, else its span's own envelope."""
     out = []
     for o in occurrences:
@@ -205,8 +211,13 @@ def occurrence_envelopes(occurrences: Sequence[EventOccurrence], clip_envelopes:
 
 
 def relabel(
-    mixture_id: str, duration_s: float, occurrences: Sequence[EventOccurrence], envelopes: Mapping[str, Envelope] | Sequence[Envelope],
-    background: tuple[float, float, Envelope] | None, mixture_gain_db: float, p: RelabelParams,
+    mixture_id: str,
+    duration_s: float,
+    occurrences: Sequence[EventOccurrence],
+    envelopes: Mapping[str, Envelope] | Sequence[Envelope],
+    background: tuple[float, float, Envelope] | None,
+    mixture_gain_db: float,
+    p: RelabelParams,
 ) -> list[LabelSegment]:
     """All occurrences of a mixture -> merged label segments inside ``[0, duration_s]``.
 

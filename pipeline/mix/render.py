@@ -85,15 +85,28 @@ def kept_heard(sources: Sources, key: tuple, make: Callable[[], np.ndarray]) -> 
 def heard_background(recipe: MixtureRecipe, sources: Sources) -> np.ndarray:
     """The background as it sounds in the mixture: its window at its gain, in its room if it has one
     (then read-only)."""
+
     def dry() -> np.ndarray:
-        return background_signal(sources, recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples)
+        return background_signal(
+            sources, recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples
+        )
 
     if not recipe.background_rir_id:
         return dry()
-    key = ("background", recipe.background_id, recipe.background_offset_s, recipe.background_gain_db, recipe.num_samples,
-           recipe.background_rir_id, recipe.background_wet_db, recipe.background_dry_db)
+    key = (
+        "background",
+        recipe.background_id,
+        recipe.background_offset_s,
+        recipe.background_gain_db,
+        recipe.num_samples,
+        recipe.background_rir_id,
+        recipe.background_wet_db,
+        recipe.background_dry_db,
+    )
     room = load_room(recipe.background_rir_id, sources.sample_rate_hz)
-    return kept_heard(sources, key, lambda: reverberate(dry(), room, recipe.background_wet_db, recipe.background_dry_db)[: recipe.num_samples])
+    return kept_heard(
+        sources, key, lambda: reverberate(dry(), room, recipe.background_wet_db, recipe.background_dry_db)[: recipe.num_samples]
+    )
 
 
 def is_augmented(occ: EventOccurrence) -> bool:
@@ -110,8 +123,21 @@ def occurrence_signal(sources: Sources, occ: EventOccurrence) -> np.ndarray:
     if not is_augmented(occ):
         x = int16_to_float(sources.event(occ.clip_id)[start : start + length], db_to_gain(occ.gain_db))
         return apply_fades(x, samples(occ.fade_in_s, sr), samples(occ.fade_out_s, sr))
-    key = ("event", occ.clip_id, occ.source_in_s, occ.source_out_s, occ.stretch_method, occ.time_stretch_factor,
-           occ.pitch_shift_semitones, occ.gain_db, occ.fade_in_s, occ.fade_out_s, occ.rir_id, occ.reverb_wet_db, occ.reverb_dry_db)
+    key = (
+        "event",
+        occ.clip_id,
+        occ.source_in_s,
+        occ.source_out_s,
+        occ.stretch_method,
+        occ.time_stretch_factor,
+        occ.pitch_shift_semitones,
+        occ.gain_db,
+        occ.fade_in_s,
+        occ.fade_out_s,
+        occ.rir_id,
+        occ.reverb_wet_db,
+        occ.reverb_dry_db,
+    )
     return kept_heard(sources, key, lambda: _augmented(sources, occ))[:length]
 
 

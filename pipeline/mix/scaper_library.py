@@ -91,8 +91,11 @@ def label_folders(root: Path, extensions: tuple[str, ...]) -> list[str]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(d.name for d in root.iterdir()
-                  if d.is_dir() and not d.name.startswith(".") and any(_is_audio(f, extensions) for f in d.rglob("*")))
+    return sorted(
+        d.name
+        for d in root.iterdir()
+        if d.is_dir() and not d.name.startswith(".") and any(_is_audio(f, extensions) for f in d.rglob("*"))
+    )
 
 
 def label_problem(label: str) -> str | None:
@@ -102,8 +105,10 @@ def label_problem(label: str) -> str | None:
     files (``filename onset offset event_label``) the mix stage writes.
     """
     if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in label):
-        return (f"the label folder {label!r} has a tab, line break or other control character in its name, which would break "
-                "the rows of the DCASE TSV files; its files are left out: rename the folder")
+        return (
+            f"the label folder {label!r} has a tab, line break or other control character in its name, which would break "
+            "the rows of the DCASE TSV files; its files are left out: rename the folder"
+        )
     return None
 
 
@@ -119,14 +124,18 @@ def list_library(root: Path, extensions: tuple[str, ...]) -> tuple[list[LibraryF
         if not _visible(rel) or not _is_audio(path, extensions):
             continue
         if len(rel.parts) == 1:
-            skips.append(Skip(rel.as_posix(), rel.as_posix(), "no-label", "the file is not inside a label folder (<root>/<label>/file)"))
+            skips.append(
+                Skip(rel.as_posix(), rel.as_posix(), "no-label", "the file is not inside a label folder (<root>/<label>/file)")
+            )
             continue
         label = rel.parts[0]
         problem = label_problem(label)
         if problem:
             if label not in refused:  # one report per folder, not one per file
                 refused.add(label)
-                shown = json.dumps(label, ensure_ascii=False)[1:-1]  # the name with \t and \n written out: the report stays one line per skip
+                shown = json.dumps(label, ensure_ascii=False)[
+                    1:-1
+                ]  # the name with \t and \n written out: the report stays one line per skip
                 skips.append(Skip(shown, shown, "bad-label", problem))
             continue
         files.append(LibraryFile(rel.as_posix(), path, label))
@@ -152,15 +161,21 @@ def _decode(f: LibraryFile) -> tuple[np.ndarray, np.ndarray, int]:
     return decoded.samples, remove_dc(downmix(decoded.samples)), decoded.sample_rate_hz
 
 
-def analyse_event(f: LibraryFile, lib: SoundLibraryParams, clip: ClipParams, sample_rate_hz: int, audio_dir: Path,
-                  mid: str, audioset_name: str) -> EventClip | Skip:
+def analyse_event(
+    f: LibraryFile, lib: SoundLibraryParams, clip: ClipParams, sample_rate_hz: int, audio_dir: Path, mid: str, audioset_name: str
+) -> EventClip | Skip:
     """One event file -> its stored excerpt (``audio_dir/<id>.flac``) and record, or a Skip saying why not."""
     try:
         samples, x, sr = _decode(f)
         seg = find_segment(x, sr, clip.segmentation)
         loudest = float(seg.frame_energy_db.max())
         if loudest < clip.silence_dbfs:
-            return Skip(f.item_id, f.rel_path, "silent", f"loudest frame {loudest:.1f} dBFS < {clip.silence_dbfs} dBFS (clip.silence_dbfs)")
+            return Skip(
+                f.item_id,
+                f.rel_path,
+                "silent",
+                f"loudest frame {loudest:.1f} dBFS < {clip.silence_dbfs} dBFS (clip.silence_dbfs)",
+            )
         start, end = 0, x.shape[0]
         if lib.trim_events:
             if not seg.found:
@@ -173,7 +188,12 @@ def analyse_event(f: LibraryFile, lib: SoundLibraryParams, clip: ClipParams, sam
             return Skip(f.item_id, f.rel_path, "too-long", f"{duration_s:.3f} s > mix.library.max_event_s {lib.max_event_s} s")
         clipped = clipped_fraction(samples[start:end], clip.clip_level)
         if clipped > clip.max_clipped_fraction:
-            return Skip(f.item_id, f.rel_path, "clipped", f"{clipped:.2%} of samples at |x| >= {clip.clip_level} (clip.max_clipped_fraction)")
+            return Skip(
+                f.item_id,
+                f.rel_path,
+                "clipped",
+                f"{clipped:.2%} of samples at |x| >= {clip.clip_level} (clip.max_clipped_fraction)",
+            )
         q = quantize_int16(resample(x[start:end], sr, sample_rate_hz))
         y = int16_to_float(q)  # the statistics describe exactly what is stored
         envelope = a_weighted_envelope(y, sample_rate_hz, clip.envelope_frame_s, clip.envelope_hop_s)
@@ -184,13 +204,32 @@ def analyse_event(f: LibraryFile, lib: SoundLibraryParams, clip: ClipParams, sam
         (audio_dir / f"{f.item_id}.flac").unlink(missing_ok=True)
         return Skip(f.item_id, f.rel_path, "unexpected-error", f"{type(e).__name__}: {e}")
     return EventClip(
-        clip_id=f.item_id, audio_path=f"{AUDIO_DIR}/{f.item_id}.flac", source_dataset=LIBRARY_DATASET, source_id=f.rel_path,
-        source_split="", source_path=f.rel_path, label=f.label, mid=mid, audioset_name=audioset_name,
-        onset_in_source_s=start / sr, offset_in_source_s=end / sr, duration_s=q.shape[0] / sample_rate_hz, num_samples=int(q.shape[0]),
-        sample_rate_hz=sample_rate_hz, source_sample_rate_hz=sr, source_channels=int(samples.shape[1]), rms_dbfs=rms_dbfs(y),
-        peak_dbfs=peak_dbfs(y), loudness_lufs=integrated_lufs(y, sample_rate_hz), envelope_frame_s=envelope.frame_s,
-        envelope_hop_s=envelope.hop_s, envelope_db=envelope.energy_db, license_url=lib.license if "://" in lib.license else "",
-        license=license_name(lib.license), uploader="", title=Path(f.rel_path).stem,
+        clip_id=f.item_id,
+        audio_path=f"{AUDIO_DIR}/{f.item_id}.flac",
+        source_dataset=LIBRARY_DATASET,
+        source_id=f.rel_path,
+        source_split="",
+        source_path=f.rel_path,
+        label=f.label,
+        mid=mid,
+        audioset_name=audioset_name,
+        onset_in_source_s=start / sr,
+        offset_in_source_s=end / sr,
+        duration_s=q.shape[0] / sample_rate_hz,
+        num_samples=int(q.shape[0]),
+        sample_rate_hz=sample_rate_hz,
+        source_sample_rate_hz=sr,
+        source_channels=int(samples.shape[1]),
+        rms_dbfs=rms_dbfs(y),
+        peak_dbfs=peak_dbfs(y),
+        loudness_lufs=integrated_lufs(y, sample_rate_hz),
+        envelope_frame_s=envelope.frame_s,
+        envelope_hop_s=envelope.hop_s,
+        envelope_db=envelope.energy_db,
+        license_url=lib.license if "://" in lib.license else "",
+        license=license_name(lib.license),
+        uploader="",
+        title=Path(f.rel_path).stem,
     )
 
 
@@ -211,15 +250,23 @@ def segment_spans(num_samples: int, segment_samples: int) -> list[tuple[int, int
     return [(i * segment_samples, (i + 1) * segment_samples if i < k - 1 else num_samples) for i in range(k)]
 
 
-def analyse_background(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int, min_background_s: float, audio_dir: Path,
-                       license_text: str) -> BackgroundSegment | Skip:
+def analyse_background(
+    f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int, min_background_s: float, audio_dir: Path, license_text: str
+) -> BackgroundSegment | Skip:
     """One background file -> its stored excerpt (looped up to ``min_background_s``) and record, or a Skip."""
     out = background_segments(f, amb, sample_rate_hz, min_background_s, audio_dir, license_text, cut=False)
     return out if isinstance(out, Skip) else out[0]
 
 
-def background_segments(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int, min_background_s: float, audio_dir: Path,
-                        license_text: str, cut: bool) -> list[BackgroundSegment] | Skip:
+def background_segments(
+    f: LibraryFile,
+    amb: AmbienceParams,
+    sample_rate_hz: int,
+    min_background_s: float,
+    audio_dir: Path,
+    license_text: str,
+    cut: bool,
+) -> list[BackgroundSegment] | Skip:
     """One background file -> its stored excerpts and records, or a Skip.
 
     The file is looped up to ``min_background_s``; with ``cut`` it is then cut into segments of
@@ -231,11 +278,18 @@ def background_segments(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int
         samples, x, sr = _decode(f)
         clipped = clipped_fraction(samples, amb.clip_level)
         if clipped > amb.max_clipped_fraction:
-            return Skip(f.item_id, f.rel_path, "clipped", f"{clipped:.3%} of samples at |x| >= {amb.clip_level} (ambience.max_clipped_fraction)")
+            return Skip(
+                f.item_id,
+                f.rel_path,
+                "clipped",
+                f"{clipped:.3%} of samples at |x| >= {amb.clip_level} (ambience.max_clipped_fraction)",
+            )
         q = quantize_int16(resample(x, sr, sample_rate_hz))
         level = rms_dbfs(int16_to_float(q))
         if level < amb.silence_dbfs:
-            return Skip(f.item_id, f.rel_path, "silent", f"RMS {level:.1f} dBFS < {amb.silence_dbfs} dBFS (ambience.silence_dbfs)")
+            return Skip(
+                f.item_id, f.rel_path, "silent", f"RMS {level:.1f} dBFS < {amb.silence_dbfs} dBFS (ambience.silence_dbfs)"
+            )
         segment_samples = int(round(min_background_s * sample_rate_hz))
         q = loop_to(q, segment_samples)
         spans = segment_spans(q.shape[0], segment_samples) if cut else [(0, q.shape[0])]
@@ -248,14 +302,30 @@ def background_segments(f: LibraryFile, amb: AmbienceParams, sample_rate_hz: int
             salience = peak_to_median_db(y, sample_rate_hz, amb.salience_frame_s)
             written.append(audio_dir / f"{segment_id}.flac")
             write_flac(written[-1], piece, sample_rate_hz)
-            out.append(BackgroundSegment(
-                segment_id=segment_id, audio_path=f"{AUDIO_DIR}/{segment_id}.flac", source_id=f.rel_path, source_path=f.rel_path,
-                category=f.label, offset_in_source_s=start / sample_rate_hz, duration_s=piece.shape[0] / sample_rate_hz,
-                num_samples=int(piece.shape[0]), sample_rate_hz=sample_rate_hz, source_sample_rate_hz=sr,
-                source_channels=int(samples.shape[1]), rms_dbfs=rms_dbfs(y), peak_dbfs=peak_dbfs(y),
-                loudness_lufs=integrated_lufs(y, sample_rate_hz), peak_to_median_db=salience, envelope_frame_s=envelope.frame_s,
-                envelope_hop_s=envelope.hop_s, envelope_db=envelope.energy_db, license=license_text, author="",
-            ))
+            out.append(
+                BackgroundSegment(
+                    segment_id=segment_id,
+                    audio_path=f"{AUDIO_DIR}/{segment_id}.flac",
+                    source_id=f.rel_path,
+                    source_path=f.rel_path,
+                    category=f.label,
+                    offset_in_source_s=start / sample_rate_hz,
+                    duration_s=piece.shape[0] / sample_rate_hz,
+                    num_samples=int(piece.shape[0]),
+                    sample_rate_hz=sample_rate_hz,
+                    source_sample_rate_hz=sr,
+                    source_channels=int(samples.shape[1]),
+                    rms_dbfs=rms_dbfs(y),
+                    peak_dbfs=peak_dbfs(y),
+                    loudness_lufs=integrated_lufs(y, sample_rate_hz),
+                    peak_to_median_db=salience,
+                    envelope_frame_s=envelope.frame_s,
+                    envelope_hop_s=envelope.hop_s,
+                    envelope_db=envelope.energy_db,
+                    license=license_text,
+                    author="",
+                )
+            )
     except AudioError as e:
         for path in written:
             path.unlink(missing_ok=True)
@@ -280,16 +350,26 @@ class _Task:
     classes: tuple[str, str]  # (MID, AudioSet name) of an event's label
 
 
-def _analyse(task: _Task, params: Params, min_background_s: float, folders: dict[str, Path]) -> EventClip | list[BackgroundSegment] | Skip:
+def _analyse(
+    task: _Task, params: Params, min_background_s: float, folders: dict[str, Path]
+) -> EventClip | list[BackgroundSegment] | Skip:
     audio_dir = folders[task.kind] / AUDIO_DIR
     if task.kind == "events":
         return analyse_event(task.file, params.mix.library, params.clip, params.sample_rate_hz, audio_dir, *task.classes)
-    return background_segments(task.file, params.ambience, params.sample_rate_hz, min_background_s, audio_dir, params.mix.library.license,
-                               cut=params.mix.background_split == "segment")
+    return background_segments(
+        task.file,
+        params.ambience,
+        params.sample_rate_hz,
+        min_background_s,
+        audio_dir,
+        params.mix.library.license,
+        cut=params.mix.background_split == "segment",
+    )
 
 
-def write_libraries(roots: dict[str, Path], folders: dict[str, Path], params: Params, min_background_s: float
-                    ) -> dict[str, tuple[list, list[Skip]]]:
+def write_libraries(
+    roots: dict[str, Path], folders: dict[str, Path], params: Params, min_background_s: float
+) -> dict[str, tuple[list, list[Skip]]]:
     """Analyse every file of each library (``roots``: kind ``events`` / ``backgrounds`` -> library root) into ``folders[kind]``.
 
     ``events`` folders get the clip stage's layout, ``backgrounds`` folders the ambience
@@ -297,8 +377,11 @@ def write_libraries(roots: dict[str, Path], folders: dict[str, Path], params: Pa
     """
     ontology = default_ontology()
     listed = {kind: list_library(root, params.mix.library.extensions) for kind, root in roots.items()}
-    tasks = [_Task(kind, f, label_class(f.label, ontology) if kind == "events" else ("", ""))
-             for kind, (files, _) in listed.items() for f in files]
+    tasks = [
+        _Task(kind, f, label_class(f.label, ontology) if kind == "events" else ("", ""))
+        for kind, (files, _) in listed.items()
+        for f in files
+    ]
     work = partial(_analyse, params=params, min_background_s=min_background_s, folders=folders)
     results = map_ordered(work, tasks, params.compute, desc="library files")
     out: dict[str, tuple[list, list[Skip]]] = {}

@@ -37,8 +37,9 @@ FSD50K_TO_MIX_SPLIT = {"train": "train", "val": "valid", "eval": "test"}
 MIX_TO_FSD50K_SPLIT = {v: k for k, v in FSD50K_TO_MIX_SPLIT.items()}
 
 
-def filter_licenses(events: list[EventClip], backgrounds: list[BackgroundSegment], allowed: tuple[str, ...],
-                    from_library: tuple[str, ...] = ()) -> tuple[list[EventClip], list[BackgroundSegment], list[Skip], dict[str, dict[str, int]]]:
+def filter_licenses(
+    events: list[EventClip], backgrounds: list[BackgroundSegment], allowed: tuple[str, ...], from_library: tuple[str, ...] = ()
+) -> tuple[list[EventClip], list[BackgroundSegment], list[Skip], dict[str, dict[str, int]]]:
     """Keep the sources whose licence is in ``allowed``: (events, backgrounds, skips, dropped).
 
     ``dropped`` counts the sources left out per kind (``events``, ``backgrounds``) and licence.
@@ -52,23 +53,40 @@ def filter_licenses(events: list[EventClip], backgrounds: list[BackgroundSegment
     kept_backgrounds = [b for b in backgrounds if license_name(b.license) in allowed]
     event_path = (lambda e: e.source_path) if "events" in from_library else (lambda e: e.audio_path)
     background_path = (lambda b: b.source_path) if "backgrounds" in from_library else (lambda b: b.audio_path)
-    skips = [Skip(e.clip_id, event_path(e), "license-not-allowed", f"licence {e.license} is not in mix.allowed_licenses [{allowed_text}]")
-             for e in events if e.license not in allowed]
+    skips = [
+        Skip(
+            e.clip_id,
+            event_path(e),
+            "license-not-allowed",
+            f"licence {e.license} is not in mix.allowed_licenses [{allowed_text}]",
+        )
+        for e in events
+        if e.license not in allowed
+    ]
     for b in backgrounds:
         name = license_name(b.license)
         if name not in allowed:
             stated = f"'{b.license}'" if b.license.strip() else "none in the library's metadata"
-            skips.append(Skip(b.segment_id, background_path(b), "license-not-allowed",
-                              f"licence {name} (stated: {stated}) is not in mix.allowed_licenses [{allowed_text}]"))
+            skips.append(
+                Skip(
+                    b.segment_id,
+                    background_path(b),
+                    "license-not-allowed",
+                    f"licence {name} (stated: {stated}) is not in mix.allowed_licenses [{allowed_text}]",
+                )
+            )
     dropped = {
         "events": dict(sorted(Counter(e.license for e in events if e.license not in allowed).items())),
-        "backgrounds": dict(sorted(Counter(n for n in (license_name(b.license) for b in backgrounds) if n not in allowed).items())),
+        "backgrounds": dict(
+            sorted(Counter(n for n in (license_name(b.license) for b in backgrounds) if n not in allowed).items())
+        ),
     }
     return kept_events, kept_backgrounds, skips, dropped
 
 
 def describe_license_drops(dropped: dict[str, dict[str, int]], allowed: tuple[str, ...]) -> str:
     """One phrase: what ``mix.allowed_licenses`` left out, per kind and licence."""
+
     def part(counts: dict[str, int], what: str) -> str:
         n = sum(counts.values())
         per = ", ".join(f"{lic} {k}" for lic, k in counts.items())
@@ -76,8 +94,10 @@ def describe_license_drops(dropped: dict[str, dict[str, int]], allowed: tuple[st
 
     if not any(dropped.values()):
         return f"mix.allowed_licenses [{', '.join(allowed)}] dropped no source"
-    text = (f"mix.allowed_licenses [{', '.join(allowed)}] dropped {part(dropped['events'], 'event clips')} and "
-            f"{part(dropped['backgrounds'], 'background segments')}")
+    text = (
+        f"mix.allowed_licenses [{', '.join(allowed)}] dropped {part(dropped['events'], 'event clips')} and "
+        f"{part(dropped['backgrounds'], 'background segments')}"
+    )
     if "unknown" in dropped["events"] or "unknown" in dropped["backgrounds"]:
         text += "; sources without licence metadata are 'unknown': add unknown to mix.allowed_licenses to use them"
     return text
@@ -126,20 +146,25 @@ def label_counts(n: int, fractions: dict[str, float], needed: list[str]) -> dict
         return {s: int(s in must[:n]) for s in SPLITS}
     quota = {s: fractions[s] * n for s in SPLITS}
     counts = {s: int(math.floor(quota[s])) for s in SPLITS}
-    by_remainder = sorted((s for s in LABEL_PRIORITY if fractions[s] > 0), key=lambda s: (-(quota[s] - counts[s]), LABEL_PRIORITY.index(s)))
+    by_remainder = sorted(
+        (s for s in LABEL_PRIORITY if fractions[s] > 0), key=lambda s: (-(quota[s] - counts[s]), LABEL_PRIORITY.index(s))
+    )
     for s in by_remainder[: n - sum(counts.values())]:
         counts[s] += 1
     for s in must:
         if counts[s] == 0:  # taken from the largest share that can spare one
-            donor = max((d for d in LABEL_PRIORITY if counts[d] > (1 if d in must else 0)),
-                        key=lambda d: (counts[d], -LABEL_PRIORITY.index(d)))
+            donor = max(
+                (d for d in LABEL_PRIORITY if counts[d] > (1 if d in must else 0)),
+                key=lambda d: (counts[d], -LABEL_PRIORITY.index(d)),
+            )
             counts[donor] -= 1
             counts[s] = 1
     return counts
 
 
-def allocate_per_label(items: list[tuple[str, str]], fractions: dict[str, float], needed: list[str], seed: int, salt: str
-                       ) -> dict[str, str]:
+def allocate_per_label(
+    items: list[tuple[str, str]], fractions: dict[str, float], needed: list[str], seed: int, salt: str
+) -> dict[str, str]:
     """(label, source id) pairs -> source id -> split, each label's sources apart in :func:`label_counts`' numbers.
 
     Within a label the sources are taken in the hashed order of (seed, source id): adding a
@@ -160,7 +185,9 @@ def allocate_per_label(items: list[tuple[str, str]], fractions: dict[str, float]
     return out
 
 
-def split_backgrounds(backgrounds: list[BackgroundSegment], p: MixParams, needed: list[str], seed: int) -> dict[str, list[BackgroundSegment]]:
+def split_backgrounds(
+    backgrounds: list[BackgroundSegment], p: MixParams, needed: list[str], seed: int
+) -> dict[str, list[BackgroundSegment]]:
     """Background pools per split by ``mix.background_split``: whole recordings, single segments, or all shared."""
     fractions = dataclasses.asdict(p.holdout)
     if p.background_split == "shared":
@@ -175,18 +202,24 @@ def split_backgrounds(backgrounds: list[BackgroundSegment], p: MixParams, needed
 def _no_background(split: str, backgrounds: list[BackgroundSegment], p: MixParams, needed: list[str]) -> MixError:
     """The refusal of a split left without backgrounds, naming ``mix.background_split``'s other choices."""
     recordings = len({b.source_id for b in backgrounds})
-    choices = ("set mix.background_split: segment (a recording's mixture-length segments split across the splits) or shared "
-               "(every background in every split, so the splits' backgrounds are not held out)")
+    choices = (
+        "set mix.background_split: segment (a recording's mixture-length segments split across the splits) or shared "
+        "(every background in every split, so the splits' backgrounds are not held out)"
+    )
     if p.background_split == "segment":
         return MixError(
             f"mix: split '{split}' has no background: {len(backgrounds)} segments cannot give each of the {len(needed)} splits "
             f"that make mixtures its own segments; set mix.background_split: shared (every background in every split, not held "
-            f"out), add background recordings or longer ones, set mix.mixtures.{split}: 0, or change mix.holdout")
+            f"out), add background recordings or longer ones, set mix.mixtures.{split}: 0, or change mix.holdout"
+        )
     few = recordings < len(needed)
     return MixError(
         f"mix: split '{split}' has no background: {len(backgrounds)} segments from {recordings} recordings cannot give "
-        + (f"each of the {len(needed)} splits that make mixtures its own recordings, whatever mix.holdout says; " if few
-           else "every split its own recordings; ")
+        + (
+            f"each of the {len(needed)} splits that make mixtures its own recordings, whatever mix.holdout says; "
+            if few
+            else "every split its own recordings; "
+        )
         + f"{choices}, add background recordings, set mix.mixtures.{split}: 0"
         + ("" if few else ", or change mix.holdout")
     )
@@ -212,8 +245,9 @@ def events_by_fsd50k(events: list[EventClip], p: MixParams) -> bool:
     return p.event_split == "fsd50k" and (not events or any(e.source_dataset != LIBRARY_DATASET for e in events))
 
 
-def split_pools(events: list[EventClip], backgrounds: list[BackgroundSegment], p: MixParams, seed: int
-                ) -> tuple[dict[str, list[EventClip]], dict[str, list[BackgroundSegment]]]:
+def split_pools(
+    events: list[EventClip], backgrounds: list[BackgroundSegment], p: MixParams, seed: int
+) -> tuple[dict[str, list[EventClip]], dict[str, list[BackgroundSegment]]]:
     """Event and background pools per split: events never shared; backgrounds as ``mix.background_split`` says."""
     fractions = dataclasses.asdict(p.holdout)
     needed = needed_splits(p)
@@ -231,8 +265,14 @@ def split_pools(events: list[EventClip], backgrounds: list[BackgroundSegment], p
     return event_pools, split_backgrounds(backgrounds, p, needed, seed)
 
 
-def check_pools(event_pools: dict[str, list[EventClip]], bg_pools: dict[str, list[BackgroundSegment]], events: list[EventClip],
-                backgrounds: list[BackgroundSegment], p: MixParams, spec: MixSpec) -> None:
+def check_pools(
+    event_pools: dict[str, list[EventClip]],
+    bg_pools: dict[str, list[BackgroundSegment]],
+    events: list[EventClip],
+    backgrounds: list[BackgroundSegment],
+    p: MixParams,
+    spec: MixSpec,
+) -> None:
     """Raise :class:`MixError` if a split that makes mixtures has no background, or fewer event
     clips than the smallest draw of ``events_per_mixture`` can use (``distinct_clips``: each
     clip at most once per mixture), or none. A split with fewer clips than the largest draw is
@@ -250,18 +290,28 @@ def check_pools(event_pools: dict[str, list[EventClip]], bg_pools: dict[str, lis
         have = len(event_pools[s])
         need = (max(least, 1) if spec.distinct_clips else 1) if most > 0 else 0
         if have < need:
-            source = (f" (the clips of FSD50K's '{MIX_TO_FSD50K_SPLIT[s]}' split; mix.event_split: random splits by source clip instead)"
-                      if by_fsd50k and not library else "")
+            source = (
+                f" (the clips of FSD50K's '{MIX_TO_FSD50K_SPLIT[s]}' split; mix.event_split: random splits by source clip instead)"
+                if by_fsd50k and not library
+                else ""
+            )
             if spec.distinct_clips and have > 0:
-                wanted = (f"a mixture draws up to {most} distinct clips" + (f" and at least {least}" if least < most else "")
-                          + ": mix.spec.distinct_clips: true uses a clip at most once in a mixture (its repeats aside), so no "
-                          "mixture could hold as many events as the spec asks")
+                wanted = (
+                    f"a mixture draws up to {most} distinct clips"
+                    + (f" and at least {least}" if least < most else "")
+                    + ": mix.spec.distinct_clips: true uses a clip at most once in a mixture (its repeats aside), so no "
+                    "mixture could hold as many events as the spec asks"
+                )
             else:
                 wanted = f"a mixture draws up to {most} distinct clips" if spec.distinct_clips else "a mixture needs at least one"
             raise MixError(
                 f"mix: split '{s}' has {have} event clips{source} but {wanted}; add source clips, set mix.mixtures.{s}: 0"
-                + (", lower mix.spec.events_per_mixture, or set mix.spec.distinct_clips: false to let one mixture use a clip "
-                   "more than once" if spec.distinct_clips and have > 0 else "")
+                + (
+                    ", lower mix.spec.events_per_mixture, or set mix.spec.distinct_clips: false to let one mixture use a clip "
+                    "more than once"
+                    if spec.distinct_clips and have > 0
+                    else ""
+                )
             )
 
 

@@ -66,7 +66,6 @@ class SourceFolders:
             shutil.rmtree(self.library_dir, ignore_errors=True)
 
 
-
 LIBRARY_PARTS = {"events": "foreground", "backgrounds": "background"}  # Scaper's sub-folders of a library root
 
 
@@ -81,8 +80,10 @@ def source_layout(folder: Path, kind: str, extensions: tuple[str, ...]) -> str:
         return "manifest"
     if folder.is_dir() and all((folder / part).is_dir() for part in LIBRARY_PARTS.values()):
         setting = "mix.events" if kind == "events" else "mix.backgrounds"
-        raise MixError(f"mix: {setting} is {folder}, a sound library's root (it holds foreground/ and background/, which would be "
-                       f"read as two labels): set {setting} to {folder / LIBRARY_PARTS[kind]}")
+        raise MixError(
+            f"mix: {setting} is {folder}, a sound library's root (it holds foreground/ and background/, which would be "
+            f"read as two labels): set {setting} to {folder / LIBRARY_PARTS[kind]}"
+        )
     if label_folders(folder, extensions):
         return "library"
     stage, setting = ("clip", "mix.events") if kind == "events" else ("ambience", "mix.backgrounds")
@@ -100,8 +101,11 @@ def prepare_sources(params: Params, spec: MixSpec, events_dir: Path, backgrounds
     Library files below ``sample_rate_hz`` stop the run (:class:`MixError`): mixing must not upsample.
     """
     extensions = params.mix.library.extensions
-    kinds = {kind: folder for kind, folder in (("events", events_dir), ("backgrounds", backgrounds_dir))
-             if source_layout(folder, kind, extensions) == "library"}
+    kinds = {
+        kind: folder
+        for kind, folder in (("events", events_dir), ("backgrounds", backgrounds_dir))
+        if source_layout(folder, kind, extensions) == "library"
+    }
     if not kinds:
         return SourceFolders(events_dir, backgrounds_dir, None, {}, [])
     library_dir = out_dir.parent / f".{out_dir.name}.{SOURCES}"
@@ -115,17 +119,22 @@ def prepare_sources(params: Params, spec: MixSpec, events_dir: Path, backgrounds
         folders[kind] = library_dir / kind
         skips += kind_skips
         files = len({r.source_path for r in records})
-        counts[kind] = {"root": str(kinds[kind]), "kept": files, "skipped": len(kind_skips),
-                        **({"segments": len(records)} if len(records) != files else {})}  # backgrounds cut by background_split: segment
+        counts[kind] = {
+            "root": str(kinds[kind]),
+            "kept": files,
+            "skipped": len(kind_skips),
+            **({"segments": len(records)} if len(records) != files else {}),
+        }  # backgrounds cut by background_split: segment
         below = list(dict.fromkeys(r.source_path for r in records if r.source_sample_rate_hz < params.sample_rate_hz))
         if below:
             low.append(f"{len(below)} {kind} files of {kinds[kind]} (e.g. {below[0]})")
     if low:
         shutil.rmtree(library_dir, ignore_errors=True)
-        raise MixError(f"mix: sample_rate_hz is {params.sample_rate_hz} Hz but {' and '.join(low)} have a lower rate, and mixing must "
-                       f"not upsample them; remove those files or mix at their rate (sample_rate_hz in params.yaml)")
+        raise MixError(
+            f"mix: sample_rate_hz is {params.sample_rate_hz} Hz but {' and '.join(low)} have a lower rate, and mixing must "
+            f"not upsample them; remove those files or mix at their rate (sample_rate_hz in params.yaml)"
+        )
     return SourceFolders(folders["events"], folders["backgrounds"], library_dir, counts, skips)
-
 
 
 def read_parquet(path: Path, names: list[str] | None = None) -> pa.Table:
@@ -137,7 +146,9 @@ def read_parquet(path: Path, names: list[str] | None = None) -> pa.Table:
 WITHOUT_ENVELOPE = {"envelope_db": ()}  # records read with their envelopes kept apart (:class:`StoredEnvelopes`)
 
 
-def read_sources(events_dir: Path, backgrounds_dir: Path, envelopes: bool = True) -> tuple[list[EventClip], list[BackgroundSegment]]:
+def read_sources(
+    events_dir: Path, backgrounds_dir: Path, envelopes: bool = True
+) -> tuple[list[EventClip], list[BackgroundSegment]]:
     """The records of two manifest folders (a clip-stage and an ambience-stage layout).
 
     With ``envelopes=False`` every record's ``envelope_db`` is ``()``: the mix stage reads the
@@ -180,8 +191,9 @@ def read_envelopes(folder: Path, id_column: str) -> StoredEnvelopes:
     return StoredEnvelopes(dict(zip(ids, zip(firsts.tolist(), frames.tolist()))), values)
 
 
-def check_sample_rates(spec: MixSpec, events: list[EventClip], backgrounds: list[BackgroundSegment],
-                       events_dir: Path, backgrounds_dir: Path) -> None:
+def check_sample_rates(
+    spec: MixSpec, events: list[EventClip], backgrounds: list[BackgroundSegment], events_dir: Path, backgrounds_dir: Path
+) -> None:
     """Raise :class:`MixError` if mixing at ``spec.sample_rate_hz`` would upsample a source.
 
     Upsampled audio has nothing above the source's Nyquist frequency, so a 48 kHz dataset made
@@ -190,9 +202,11 @@ def check_sample_rates(spec: MixSpec, events: list[EventClip], backgrounds: list
     their outputs were made at another rate and must be made again.
     """
     rate = spec.sample_rate_hz
-    low = [(folder, what, min(x.sample_rate_hz for x in items))
-           for folder, what, items in ((events_dir, "clips", events), (backgrounds_dir, "background segments", backgrounds))
-           if items and min(x.sample_rate_hz for x in items) < rate]
+    low = [
+        (folder, what, min(x.sample_rate_hz for x in items))
+        for folder, what, items in ((events_dir, "clips", events), (backgrounds_dir, "background segments", backgrounds))
+        if items and min(x.sample_rate_hz for x in items) < rate
+    ]
     if not low:
         return
     held = " and ".join(f"{folder} holds {source_rate} Hz {what}" for folder, what, source_rate in low)
@@ -208,8 +222,10 @@ def check_envelope_hops(events: list[EventClip], backgrounds: list[BackgroundSeg
     """Raise :class:`MixError` unless every event and background envelope uses the same hop (relabeling compares them frame by frame)."""
     hops = {round(x.envelope_hop_s, 9) for x in [*events, *backgrounds]}
     if len(hops) > 1:
-        raise MixError(f"mix: event and background envelopes use different hops {sorted(hops)} s; "
-                       "set clip.envelope_hop_s and ambience.envelope_hop_s to the same value and re-run both stages")
+        raise MixError(
+            f"mix: event and background envelopes use different hops {sorted(hops)} s; "
+            "set clip.envelope_hop_s and ambience.envelope_hop_s to the same value and re-run both stages"
+        )
 
 
 def room_digests(spec: MixSpec) -> tuple[dict[str, str], list[Skip]]:

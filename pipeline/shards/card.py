@@ -39,12 +39,21 @@ def statistics(folder: Path, index: dict) -> dict:
     out = {}
     for split in index["splits"]:
         seconds = 0
-        figures = {"mixtures": 0, "labels_per_mixture": [], "phrases": Counter(), "clusters": Counter(), "segment_s": [], "snr_db": []}
+        figures = {
+            "mixtures": 0,
+            "labels_per_mixture": [],
+            "phrases": Counter(),
+            "clusters": Counter(),
+            "segment_s": [],
+            "snr_db": [],
+        }
         # a batch of rows at a time, in order: the split's rows as Python objects at once grew with the dataset
         for f in index["files"]:
             if f["split"] != split:
                 continue
-            batches = pq.ParquetFile(folder / f["path"]).iter_batches(batch_size=STATISTICS_BATCH_ROWS, columns=["duration_s", "phrases"])
+            batches = pq.ParquetFile(folder / f["path"]).iter_batches(
+                batch_size=STATISTICS_BATCH_ROWS, columns=["duration_s", "phrases"]
+            )
             for r in (r for batch in batches for r in batch.to_pylist()):
                 figures["mixtures"] += 1
                 seconds += r["duration_s"]
@@ -54,8 +63,11 @@ def statistics(folder: Path, index: dict) -> dict:
                     figures["clusters"][ph["cluster_id"]] += 1
                     figures["segment_s"].extend(s["end_s"] - s["start_s"] for s in ph["segments"])
                     figures["snr_db"].extend(ph["snr_db"])
-        out[split] = {"mixtures": figures["mixtures"], "hours": seconds / 3600.0,
-                      **{k: v for k, v in figures.items() if k != "mixtures"}}
+        out[split] = {
+            "mixtures": figures["mixtures"],
+            "hours": seconds / 3600.0,
+            **{k: v for k, v in figures.items() if k != "mixtures"},
+        }
     return out
 
 
@@ -89,8 +101,13 @@ def plot(stats: dict, cluster_names: dict[int, str], path: Path, unit: str = "mi
     save_png(fig, path, dpi=80)
 
 
-def front_matter(params, index: dict, licenses: dict, title: str | None = None,
-                 tags: tuple[str, ...] = ("sound-event-detection", "text-to-audio-grounding", "synthetic", "audio")) -> dict:
+def front_matter(
+    params,
+    index: dict,
+    licenses: dict,
+    title: str | None = None,
+    tags: tuple[str, ...] = ("sound-event-detection", "text-to-audio-grounding", "synthetic", "audio"),
+) -> dict:
     """The card's YAML: title (default ``shards.card_title``), licence, tags, ``configs`` and ``dataset_info``."""
     info = {
         "features": features(index["sample_rate_hz"])._to_yaml_list(),
@@ -99,7 +116,11 @@ def front_matter(params, index: dict, licenses: dict, title: str | None = None,
         "dataset_size": sum(f["num_bytes"] for f in index["files"]),
     }
     n = sum(v["num_rows"] for v in index["splits"].values())
-    size = next(c for limit, c in ((1e3, "n<1K"), (1e4, "1K<n<10K"), (1e5, "10K<n<100K"), (1e6, "100K<n<1M"), (float("inf"), "n>1M")) if n < limit)
+    size = next(
+        c
+        for limit, c in ((1e3, "n<1K"), (1e4, "1K<n<10K"), (1e5, "10K<n<100K"), (1e6, "100K<n<1M"), (float("inf"), "n>1M"))
+        if n < limit
+    )
     return {
         "pretty_name": title or params.shards.card_title,
         "license": HF_LICENSES.get(licenses.get("dataset_license", ""), "other"),
@@ -177,13 +198,24 @@ def _statistics_row(split: str, s: dict) -> list:
     seg = np.asarray(s["segment_s"], float)
     snr = np.asarray(s["snr_db"], float)
     return [
-        split, s["mixtures"], f"{s['hours']:.2f}", f"{lpm.mean():.2f}" if lpm.size else "-", len(s["phrases"]), len(s["clusters"]),
-        f"{np.median(seg):.2f}" if seg.size else "-", f"{snr.min():.1f} to {snr.max():.1f}" if snr.size else "-",
+        split,
+        s["mixtures"],
+        f"{s['hours']:.2f}",
+        f"{lpm.mean():.2f}" if lpm.size else "-",
+        len(s["phrases"]),
+        len(s["clusters"]),
+        f"{np.median(seg):.2f}" if seg.size else "-",
+        f"{snr.min():.1f} to {snr.max():.1f}" if snr.size else "-",
     ]
 
 
-def _statistics_section(splits: list[str], stats: dict, cluster_names: dict[int, str], unit: str = "mixture",
-                        pictures: tuple[str, ...] = ("statistics", "timelines")) -> str:
+def _statistics_section(
+    splits: list[str],
+    stats: dict,
+    cluster_names: dict[int, str],
+    unit: str = "mixture",
+    pictures: tuple[str, ...] = ("statistics", "timelines"),
+) -> str:
     header = ["split", f"{unit}s", "hours", f"labels per {unit}", "distinct phrases", "clusters", "median segment s", "SNR dB"]
     clusters = sum((s["clusters"] for s in stats.values()), Counter()).most_common(10)
     phrases = sum((s["phrases"] for s in stats.values()), Counter()).most_common(10)
@@ -240,13 +272,17 @@ def body(params, index: dict, stats: dict, licenses: dict, attribution: list[lis
     return "\n" + "\n\n".join(sections) + "\n"
 
 
-def card_text(params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]], cluster_names: dict[int, str]) -> str:
+def card_text(
+    params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]], cluster_names: dict[int, str]
+) -> str:
     """``README.md``: the YAML front matter, then :func:`body`."""
     meta = yaml.safe_dump(front_matter(params, index, licenses), sort_keys=False, allow_unicode=True)
     return f"---\n{meta}---\n{body(params, index, stats, licenses, attribution, cluster_names)}"
 
 
-def _statistics_picture(folder: Path, licence_dir: Path, index: dict, unit: str) -> tuple[dict, list[list[str]], dict[int, str], dict]:
+def _statistics_picture(
+    folder: Path, licence_dir: Path, index: dict, unit: str
+) -> tuple[dict, list[list[str]], dict[int, str], dict]:
     """Draw ``images/statistics.png`` of the dataset folder being built; returns what its card needs:
     (licences, attribution rows, cluster names, statistics), the first two from ``licence_dir``."""
     licenses = json.loads((licence_dir / "licenses.json").read_text(encoding="utf-8"))
@@ -286,16 +322,16 @@ IMPORTED_FIELDS_SECTION = """## Fields
 | `seed` | int | the seed that drew the caption templates |"""
 
 IMPORTED_SOURCES = {
-    "audioset-strong": "AudioSet-Strong: Hershey et al., \"The benefit of temporally-strong labels in audio event classification\", "
-                       "ICASSP 2021; labels CC BY 4.0 (Google), audio from YouTube (licence unknown). AudioSet ontology: "
-                       "Gemmeke et al., 2017.",
-    "tacos": "TACOS: Primus et al., \"TACOS: Temporally-aligned audio captions for language-queried sound event detection\", 2025; "
-             "audio from Freesound (the clips' own licences).",
-    "desed": "DESED: Turpault et al., \"Sound event detection in domestic environments with weakly labeled data and soundscape "
-             "synthesis\", DCASE 2019 workshop; real recordings from AudioSet (YouTube).",
+    "audioset-strong": 'AudioSet-Strong: Hershey et al., "The benefit of temporally-strong labels in audio event classification", '
+    "ICASSP 2021; labels CC BY 4.0 (Google), audio from YouTube (licence unknown). AudioSet ontology: "
+    "Gemmeke et al., 2017.",
+    "tacos": 'TACOS: Primus et al., "TACOS: Temporally-aligned audio captions for language-queried sound event detection", 2025; '
+    "audio from Freesound (the clips' own licences).",
+    "desed": 'DESED: Turpault et al., "Sound event detection in domestic environments with weakly labeled data and soundscape '
+    'synthesis", DCASE 2019 workshop; real recordings from AudioSet (YouTube).',
     "dcase-tsv": "A DCASE-format strong-label corpus (filename, onset, offset, event_label).",
-    "urban-sed": "URBAN-SED: Salamon et al., \"Scaper: A library for soundscape synthesis and augmentation\", WASPAA 2017; "
-                 "sources from UrbanSound8K (Freesound).",
+    "urban-sed": 'URBAN-SED: Salamon et al., "Scaper: A library for soundscape synthesis and augmentation", WASPAA 2017; '
+    "sources from UrbanSound8K (Freesound).",
 }
 
 
@@ -324,8 +360,16 @@ none); the dataset as a whole is **{licenses.get("dataset_license", "unknown")}*
 {_table(["id", "credit", "licence"], [[a[1], a[4], a[6]] for a in shown])}"""
 
 
-def imported_card_text(params, index: dict, stats: dict, licenses: dict, attribution: list[list[str]],
-                       cluster_names: dict[int, str], kind: str, summary: dict) -> str:
+def imported_card_text(
+    params,
+    index: dict,
+    stats: dict,
+    licenses: dict,
+    attribution: list[list[str]],
+    cluster_names: dict[int, str],
+    kind: str,
+    summary: dict,
+) -> str:
     """``README.md`` of an imported corpus: front matter, then its sections."""
     title = params.imports.card_title.format(kind=kind)
     tags = ("sound-event-detection", "text-to-audio-grounding", "audio", kind)
@@ -349,4 +393,6 @@ def write_imported(folder: Path, params, index: dict, kind: str, summary: dict) 
     The folder already holds its shards, ``clusters/``, ``licenses.json`` and ``attribution.csv``.
     """
     licenses, attribution, names, stats = _statistics_picture(folder, folder, index, "clip")
-    write_atomic(folder / CARD, imported_card_text(params, index, stats, licenses, attribution, names, kind, summary).encode("utf-8"))
+    write_atomic(
+        folder / CARD, imported_card_text(params, index, stats, licenses, attribution, names, kind, summary).encode("utf-8")
+    )

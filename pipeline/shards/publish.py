@@ -96,8 +96,10 @@ def _refusal(status: int | None, repo_id: str, token_env: str) -> str:
     if status == 401:
         return f"the token in ${token_env} is not valid: create a write token at {TOKENS_URL} and export {token_env}=..."
     if status == 403:
-        return (f"the token in ${token_env} may not write to {repo_id}: use a token with write access to it "
-                f"({TOKENS_URL}), or a repo id under your own account or organisation")
+        return (
+            f"the token in ${token_env} may not write to {repo_id}: use a token with write access to it "
+            f"({TOKENS_URL}), or a repo id under your own account or organisation"
+        )
     if status == 404:
         return f"check the repo id {repo_id!r} (owner/name) and that the token in ${token_env} can see it"
     if status == 429:
@@ -132,11 +134,15 @@ def hub_call(repo_id: str, doing: str, token_env: str) -> Iterator[None]:
             raise PublishError(f"publish to {repo_id}: {doing} {limit.reason}; {limit.todo}") from None
         if isinstance(e, HfHubHTTPError):
             status = getattr(getattr(e, "response", None), "status_code", None)
-            raise PublishError(f"publish to {repo_id}: {doing} failed ({_first_line(e)}); {_refusal(status, repo_id, token_env)}") from None
+            raise PublishError(
+                f"publish to {repo_id}: {doing} failed ({_first_line(e)}); {_refusal(status, repo_id, token_env)}"
+            ) from None
         if isinstance(e, _network_errors()):
-            raise PublishError(f"publish to {repo_id}: {doing} failed, the hub did not answer ({type(e).__name__}: {_first_line(e)}); "
-                               "check the network (and HF_ENDPOINT if set), then run the same command again "
-                               "(it uploads only what is missing)") from None
+            raise PublishError(
+                f"publish to {repo_id}: {doing} failed, the hub did not answer ({type(e).__name__}: {_first_line(e)}); "
+                "check the network (and HF_ENDPOINT if set), then run the same command again "
+                "(it uploads only what is missing)"
+            ) from None
         raise
 
 
@@ -228,7 +234,9 @@ def _bounded_network():
             self._backend = backend
 
         def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-            return Stream(self._backend.connect_tcp(host, port, _within(timeout, httpcore2.ConnectTimeout), local_address, socket_options))
+            return Stream(
+                self._backend.connect_tcp(host, port, _within(timeout, httpcore2.ConnectTimeout), local_address, socket_options)
+            )
 
         def connect_unix_socket(self, path, timeout=None, socket_options=None):
             return Stream(self._backend.connect_unix_socket(path, _within(timeout, httpcore2.ConnectTimeout), socket_options))
@@ -251,8 +259,10 @@ def request_budget_s(request_timeout_s: float, body_bytes: int | str | None) -> 
 
 
 def _deadline_reached(run: _Run) -> HubTimeLimit:
-    return HubTimeLimit(f"stopped at the run's time limit of {run.deadline_s:g} s (--deadline-s)",
-                        "run the same command again, on a slow link with a larger --deadline-s (it uploads only what is missing)")
+    return HubTimeLimit(
+        f"stopped at the run's time limit of {run.deadline_s:g} s (--deadline-s)",
+        "run the same command again, on a slow link with a larger --deadline-s (it uploads only what is missing)",
+    )
 
 
 def _out_of_time(run: _Run, ends_at: float, started: float, read_s: float, error: Exception) -> HubTimeLimit:
@@ -260,10 +270,12 @@ def _out_of_time(run: _Run, ends_at: float, started: float, read_s: float, error
     wait allowed for a byte) tells the user."""
     if ends_at >= run.ends_at and time.monotonic() >= run.ends_at:
         return _deadline_reached(run)
-    return HubTimeLimit(f"failed, the hub did not answer in time ({type(error).__name__} after {time.monotonic() - started:.1f} s; "
-                        f"a request may take {run.request_s:g} s in all, --request-timeout-s, and wait "
-                        f"{read_s:g} s for a byte)",
-                        "check the network (and HF_ENDPOINT if set), then run the same command again (it uploads only what is missing)")
+    return HubTimeLimit(
+        f"failed, the hub did not answer in time ({type(error).__name__} after {time.monotonic() - started:.1f} s; "
+        f"a request may take {run.request_s:g} s in all, --request-timeout-s, and wait "
+        f"{read_s:g} s for a byte)",
+        "check the network (and HF_ENDPOINT if set), then run the same command again (it uploads only what is missing)",
+    )
 
 
 def _asked_wait_s(response) -> int | None:
@@ -293,9 +305,11 @@ def _refuse_waits_past_the_deadline(response) -> None:
         when = f"after {datetime.now(timezone.utc) + timedelta(seconds=wait):%Y-%m-%d %H:%M} UTC"
     except OverflowError:
         when = f"in {wait} s"
-    raise HubTimeLimit(f"stopped: the hub answered {response.status_code} and asks to wait {wait} s before retrying, more than the "
-                       f"{max(0.0, left):.0f} s left of the run's time limit ({run.deadline_s:g} s, --deadline-s)",
-                       f"run the same command again {when} (it uploads only what is missing)")
+    raise HubTimeLimit(
+        f"stopped: the hub answered {response.status_code} and asks to wait {wait} s before retrying, more than the "
+        f"{max(0.0, left):.0f} s left of the run's time limit ({run.deadline_s:g} s, --deadline-s)",
+        f"run the same command again {when} (it uploads only what is missing)",
+    )
 
 
 def bound_hub_requests(timeouts_s: dict[str, float] | None = None) -> None:
@@ -372,8 +386,11 @@ def bound_hub_requests(timeouts_s: dict[str, float] | None = None) -> None:
         return httpx2.Client(transport=BoundedTransport(), mounts=mounts, event_hooks=hooks, follow_redirects=True)
 
     hooks = get_session().event_hooks
-    hooks = {"request": list(hooks.get("request", [])),
-             "response": [h for h in hooks.get("response", []) if h is not _refuse_waits_past_the_deadline] + [_refuse_waits_past_the_deadline]}
+    hooks = {
+        "request": list(hooks.get("request", [])),
+        "response": [h for h in hooks.get("response", []) if h is not _refuse_waits_past_the_deadline]
+        + [_refuse_waits_past_the_deadline],
+    }
     set_client_factory(client)
 
 
@@ -442,8 +459,10 @@ def refuse_special_files(folder: Path) -> None:
     if odd:
         (rel, why), more = next(iter(odd.items())), len(odd) - 1
         others = f" (and {more} more such entr{'y' if more == 1 else 'ies'})" if more else ""
-        raise PublishError(f"publish: {folder / rel} {why}{others}; publish uploads regular files only: put a copy of the "
-                           "file itself there or remove it, then run the same command again (nothing was uploaded)")
+        raise PublishError(
+            f"publish: {folder / rel} {why}{others}; publish uploads regular files only: put a copy of the "
+            "file itself there or remove it, then run the same command again (nothing was uploaded)"
+        )
 
 
 def pending(folder: Path, remote_sha256: dict[str, str | None], index: dict | None = None) -> list[str]:
@@ -471,8 +490,18 @@ def _seconds(value: object, name: str, flag: str, default: float) -> float:
     return float(value)
 
 
-def publish(folder: Path | str, repo_id: str, *, token_env: str = "HF_TOKEN", private: bool = False, dry_run: bool = False,
-            batch_files: int = 50, api=None, request_timeout_s: float = REQUEST_TIMEOUT_S, deadline_s: float = DEADLINE_S) -> list[str]:
+def publish(
+    folder: Path | str,
+    repo_id: str,
+    *,
+    token_env: str = "HF_TOKEN",
+    private: bool = False,
+    dry_run: bool = False,
+    batch_files: int = 50,
+    api=None,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+    deadline_s: float = DEADLINE_S,
+) -> list[str]:
     """Upload what the hub lacks; returns the files uploaded (or, with ``dry_run``, that would be).
 
     ``batch_files`` (>= 1): shards per commit. ``api``: an ``HfApi``-like object (default: one
@@ -483,7 +512,9 @@ def publish(folder: Path | str, repo_id: str, *, token_env: str = "HF_TOKEN", pr
     raises :class:`PublishError` (one line).
     """
     if isinstance(batch_files, bool) or not isinstance(batch_files, int) or batch_files < 1:
-        raise PublishError(f"batch_files is {batch_files!r}: pass a whole number of shards per commit, 1 or more (--batch-files 50)")
+        raise PublishError(
+            f"batch_files is {batch_files!r}: pass a whole number of shards per commit, 1 or more (--batch-files 50)"
+        )
     request_timeout_s = _seconds(request_timeout_s, "request_timeout_s", "--request-timeout-s", REQUEST_TIMEOUT_S)
     deadline_s = _seconds(deadline_s, "deadline_s", "--deadline-s", DEADLINE_S)
     folder = Path(folder)
@@ -493,8 +524,10 @@ def publish(folder: Path | str, repo_id: str, *, token_env: str = "HF_TOKEN", pr
     token = os.environ.get(token_env) or None
     if api is None and (token or not dry_run):
         if not token:
-            raise PublishError(f"${token_env} is not set: create a write token at https://huggingface.co/settings/tokens "
-                               f"and export {token_env}=..., or pass --dry-run to list what would be uploaded")
+            raise PublishError(
+                f"${token_env} is not set: create a write token at https://huggingface.co/settings/tokens "
+                f"and export {token_env}=..., or pass --dry-run to list what would be uploaded"
+            )
         from huggingface_hub import HfApi
 
         api = HfApi(token=token)
@@ -506,19 +539,28 @@ def publish(folder: Path | str, repo_id: str, *, token_env: str = "HF_TOKEN", pr
         if dry_run:
             for p in todo:
                 print(f"would upload {p} ({(folder / p).stat().st_size / 1e6:.1f} MB)")
-            print(f"{len(todo)} files, {sum((folder / p).stat().st_size for p in todo) / 1e6:.1f} MB to {repo_id}"
-                  + ("" if api is not None else " (no token: the hub was not asked what it already has)"))
+            print(
+                f"{len(todo)} files, {sum((folder / p).stat().st_size for p in todo) / 1e6:.1f} MB to {repo_id}"
+                + ("" if api is not None else " (no token: the hub was not asked what it already has)")
+            )
             return todo
         with hub_call(repo_id, "creating the dataset repo", token_env):
             _before_deadline(run, lambda: api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True))
         shard_paths = {f["path"] for f in index["files"]}
         shards = [p for p in todo if p in shard_paths]
         rest = [p for p in todo if p not in shard_paths]
-        batches = [shards[i:i + batch_files] for i in range(0, len(shards), batch_files)] + ([rest] if rest else [])
+        batches = [shards[i : i + batch_files] for i in range(0, len(shards), batch_files)] + ([rest] if rest else [])
         for n, batch in enumerate(batches, 1):
             with hub_call(repo_id, f"uploading batch {n} of {len(batches)}", token_env):
-                _before_deadline(run, lambda: api.upload_folder(
-                    repo_id=repo_id, folder_path=folder, repo_type="dataset", allow_patterns=batch,
-                    commit_message=f"sedsynth publish: batch {n} of {len(batches)} ({len(batch)} files)"))
+                _before_deadline(
+                    run,
+                    lambda: api.upload_folder(
+                        repo_id=repo_id,
+                        folder_path=folder,
+                        repo_type="dataset",
+                        allow_patterns=batch,
+                        commit_message=f"sedsynth publish: batch {n} of {len(batches)} ({len(batch)} files)",
+                    ),
+                )
             print(f"uploaded batch {n} of {len(batches)} ({len(batch)} files)")
     return todo

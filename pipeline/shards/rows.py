@@ -69,8 +69,11 @@ def text_problem(text: str) -> str | None:
 def label_problem(label: str) -> str | None:
     """A ``bad-label`` message for a label that cannot be a DCASE TSV cell (:func:`text_problem`), else ``None``."""
     problem = text_problem(label)
-    return None if problem is None else (f"the label {shown(label)} {problem}, which would forge rows of the DCASE TSV files; "
-                                         "rename it")
+    return (
+        None
+        if problem is None
+        else (f"the label {shown(label)} {problem}, which would forge rows of the DCASE TSV files; rename it")
+    )
 
 
 def phrase_faults(phrases: object, duration_s: object, cluster_ids: Container[int] | None = None) -> list[Fault]:
@@ -97,10 +100,18 @@ def phrase_faults(phrases: object, duration_s: object, cluster_ids: Container[in
         if not isinstance(segments, list):
             faults.append(("malformed-row", f"malformed row: the segments of {shown(label)} are null"))
         else:
-            faults += [("malformed-row", f"segment {s} of {shown(label)} is outside [0, {duration_s}] s, empty, reversed or not a number")
-                       for s in segments if not segment_ok(s, duration_s)]
+            faults += [
+                (
+                    "malformed-row",
+                    f"segment {s} of {shown(label)} is outside [0, {duration_s}] s, empty, reversed or not a number",
+                )
+                for s in segments
+                if not segment_ok(s, duration_s)
+            ]
         if cluster_ids is not None and ph.get("cluster_id") not in cluster_ids:
-            faults.append(("malformed-row", f"cluster id {ph.get('cluster_id')} of {shown(label)} is not in clusters/clusters.parquet"))
+            faults.append(
+                ("malformed-row", f"cluster id {ph.get('cluster_id')} of {shown(label)} is not in clusters/clusters.parquet")
+            )
     return faults
 
 
@@ -178,8 +189,12 @@ def _audio(t: pa.DataType) -> bool:
 def _phrases(t: pa.DataType) -> bool:
     f = _fields(t, of_list=True)
     segments = _fields(f.get("segments", pa.null()), of_list=True)
-    return (_text(f.get("phrase", pa.null())) and _text(f.get("label", pa.string())) and pa.types.is_integer(f.get("cluster_id", pa.null()))
-            and all(_number(segments.get(k, pa.null())) for k in ("start_s", "end_s")))
+    return (
+        _text(f.get("phrase", pa.null()))
+        and _text(f.get("label", pa.string()))
+        and pa.types.is_integer(f.get("cluster_id", pa.null()))
+        and all(_number(segments.get(k, pa.null())) for k in ("start_s", "end_s"))
+    )
 
 
 COLUMN_TYPES = {  # the columns the readers use: a test of the Arrow type, and what it should be

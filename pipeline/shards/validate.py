@@ -71,12 +71,20 @@ def _schema_problems(name: str, schema: pa.Schema, rate: int) -> list[str]:
     want = {f.name: f for f in expected}
     if set(got) != set(want):
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-        return [f"{name}: columns differ from the shard schema (missing {missing}, unexpected {extra}); "
-                "it was not written by `sedsynth shards` (or by another version): re-run `sedsynth shards`"]
-    problems = [f"{name}: column {k!r} is {got[k].type}{'' if got[k].nullable else ' not null'}, datasets writes {want[k].type}; "
-                "re-run `sedsynth shards`" for k in want if not got[k].equals(want[k])]
+        return [
+            f"{name}: columns differ from the shard schema (missing {missing}, unexpected {extra}); "
+            "it was not written by `sedsynth shards` (or by another version): re-run `sedsynth shards`"
+        ]
+    problems = [
+        f"{name}: column {k!r} is {got[k].type}{'' if got[k].nullable else ' not null'}, datasets writes {want[k].type}; "
+        "re-run `sedsynth shards`"
+        for k in want
+        if not got[k].equals(want[k])
+    ]
     if schema.names != expected.names:
-        problems.append(f"{name}: columns are in the order {schema.names}, the shard schema's is {expected.names}; re-run `sedsynth shards`")
+        problems.append(
+            f"{name}: columns are in the order {schema.names}, the shard schema's is {expected.names}; re-run `sedsynth shards`"
+        )
     if problems:
         return problems
     inferred = datasets.Features.from_arrow_schema(schema)
@@ -88,8 +96,10 @@ def _schema_problems(name: str, schema: pa.Schema, rate: int) -> list[str]:
     feats = features(rate)
     untyped = [k for k in feats if k != "audio" and inferred[k] != feats[k]]
     if untyped:
-        problems.append(f"{name}: datasets would read columns {untyped} otherwise than the card says (its 'huggingface' "
-                        "schema metadata disagrees); re-run `sedsynth shards`")
+        problems.append(
+            f"{name}: datasets would read columns {untyped} otherwise than the card says (its 'huggingface' "
+            "schema metadata disagrees); re-run `sedsynth shards`"
+        )
     return problems
 
 
@@ -108,8 +118,10 @@ def _header_problems(info, r: dict) -> list[str]:
     if info.frames >= UNKNOWN_LENGTH:
         problems.append(f"audio header gives no length, so a reader could not bound it (the row says {duration} s); {todo}")
     elif info.frames > round(duration * info.samplerate):
-        problems.append(f"audio header says {info.frames} frames at {info.samplerate} Hz ({info.frames / info.samplerate:.1f} s), "
-                        f"longer than the row's duration_s {duration} s, and a reader would decode all of it; {todo}")
+        problems.append(
+            f"audio header says {info.frames} frames at {info.samplerate} Hz ({info.frames / info.samplerate:.1f} s), "
+            f"longer than the row's duration_s {duration} s, and a reader would decode all of it; {todo}"
+        )
     return problems
 
 
@@ -120,8 +132,10 @@ def _cell_problems(r: dict, decode: bool) -> list[str]:
         return ["malformed row: the audio cell has no bytes; re-run `sedsynth shards`"]
     problems = []
     if hashlib.sha256(data).hexdigest() != r["audio_sha256"]:
-        problems.append("audio bytes do not match audio_sha256 (the cell changed after it was written); "
-                        "copy the shard again or re-run `sedsynth shards`")
+        problems.append(
+            "audio bytes do not match audio_sha256 (the cell changed after it was written); "
+            "copy the shard again or re-run `sedsynth shards`"
+        )
     try:
         info = sf.info(io.BytesIO(data))
     except (RuntimeError, TypeError, ValueError) as e:  # soundfile's LibsndfileError is a RuntimeError
@@ -138,8 +152,10 @@ def _cell_problems(r: dict, decode: bool) -> list[str]:
         return problems + [f"audio does not decode ({e}); re-run `sedsynth mix` and `sedsynth shards`"]
     expected = round(r["duration_s"] * r["sample_rate_hz"])
     if rate != r["sample_rate_hz"] or samples.shape[0] != expected:
-        problems.append(f"audio is {samples.shape[0]} frames at {rate} Hz, the recipe says {expected} frames "
-                        f"({r['duration_s']} s at {r['sample_rate_hz']} Hz); re-run `sedsynth mix` and `sedsynth shards`")
+        problems.append(
+            f"audio is {samples.shape[0]} frames at {rate} Hz, the recipe says {expected} frames "
+            f"({r['duration_s']} s at {r['sample_rate_hz']} Hz); re-run `sedsynth mix` and `sedsynth shards`"
+        )
     return problems
 
 
@@ -155,8 +171,11 @@ def _row_problems(name: str, first_row: int, rows: list[dict], num_clusters: int
         where = f"{name}: row {k} (mixture {r.get('id')})"
         try:
             # every field of a ShardRow has a value (phrases, duration_s and audio: named by the checks below)
-            found = [f"malformed row: {field} is null; re-run `sedsynth shards`" for field, value in r.items()
-                     if value is None and field not in ("phrases", "duration_s", "audio")]
+            found = [
+                f"malformed row: {field} is null; re-run `sedsynth shards`"
+                for field, value in r.items()
+                if value is None and field not in ("phrases", "duration_s", "audio")
+            ]
             # the rule the trainer and the evaluator skip rows by
             found += [f"{p}; re-run `sedsynth shards`" for p in phrase_problems(r["phrases"], r["duration_s"], cluster_ids)]
             found += _cell_problems(r, decode)
@@ -225,16 +244,26 @@ def _read_index(folder: Path) -> dict:
             index = json.loads(stream.read().decode("utf-8"))
         files = index["files"]
         index["sample_rate_hz"]  # a KeyError names it
-        if not all(isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("split"), str)
-                   and {"sha256", "num_rows"} <= f.keys() for f in files):
+        if not all(
+            isinstance(f, dict)
+            and isinstance(f.get("path"), str)
+            and isinstance(f.get("split"), str)
+            and {"sha256", "num_rows"} <= f.keys()
+            for f in files
+        ):
             raise ValueError("an entry of 'files' lacks path, split, sha256 or num_rows")
     except NotRegularFileError as e:
         raise ValidationError(folder, [f"{e}; {todo}"]) from None
     except (ValueError, KeyError, TypeError) as e:
         raise ValidationError(folder, [f"{INDEX} is malformed ({type(e).__name__}: {e}); re-run `sedsynth shards`"]) from None
     if index.get("version") != INDEX_VERSION:
-        raise ValidationError(folder, [f"{INDEX} has version {index.get('version')!r}; this version reads {INDEX_VERSION}: "
-                                       "re-run `sedsynth shards` with this version"])
+        raise ValidationError(
+            folder,
+            [
+                f"{INDEX} has version {index.get('version')!r}; this version reads {INDEX_VERSION}: "
+                "re-run `sedsynth shards` with this version"
+            ],
+        )
     return index
 
 
@@ -263,7 +292,9 @@ def _shard_problems(folder: Path, f: dict, rate: int, num_clusters: int | None, 
     problems = []
     with stream:
         if hashlib.file_digest(stream, "sha256").hexdigest() != f["sha256"]:
-            problems.append(f"{name}: sha256 differs from {INDEX} (the file was changed or truncated); copy it again or re-run `sedsynth shards`")
+            problems.append(
+                f"{name}: sha256 differs from {INDEX} (the file was changed or truncated); copy it again or re-run `sedsynth shards`"
+            )
         stream.seek(0)
         try:
             pf = pq.ParquetFile(stream)
@@ -308,14 +339,19 @@ def validate(folder: Path | str, decode: bool = False) -> dict:
     indexed = {f["path"] for f in files}
     regular, odd = folder_files(folder)
     on_disk = {p for p in [*regular, *odd] if Path(p).parent == Path(DATA) and p.endswith(".parquet")}
-    problems += [f"{p}: not listed in {INDEX} (a foreign or stale shard); remove it or re-run `sedsynth shards`" for p in sorted(on_disk - indexed)]
+    problems += [
+        f"{p}: not listed in {INDEX} (a foreign or stale shard); remove it or re-run `sedsynth shards`"
+        for p in sorted(on_disk - indexed)
+    ]
     problems += [odd_file_problem(p, why) for p, why in odd.items() if p not in indexed and p not in on_disk]
     num_clusters = _num_clusters(folder, regular, problems)
     for f in files:
         unsafe = _entry_problem(folder, f["path"])
         if unsafe:
-            problems.append(f"{INDEX} entry {f['path']!r} {unsafe}; every entry must be a file under {folder}: "
-                            "re-run `sedsynth shards` or download the folder again")
+            problems.append(
+                f"{INDEX} entry {f['path']!r} {unsafe}; every entry must be a file under {folder}: "
+                "re-run `sedsynth shards` or download the folder again"
+            )
             continue
         problems += _shard_problems(folder, f, rate, num_clusters, decode)
     problems += _card_problems(folder, {f["split"] for f in files}, regular, odd)
@@ -335,7 +371,9 @@ def _card_problems(folder: Path, splits: set[str], regular: list[str], odd: dict
     except NotRegularFileError as e:
         return [f"{e}; re-run `sedsynth shards`"]
     if len(data) > CARD_MAX_BYTES:
-        return [f"{CARD} is larger than {CARD_MAX_BYTES} bytes, which the card `sedsynth shards` writes never is; re-run `sedsynth shards`"]
+        return [
+            f"{CARD} is larger than {CARD_MAX_BYTES} bytes, which the card `sedsynth shards` writes never is; re-run `sedsynth shards`"
+        ]
     try:
         text = data.decode("utf-8")
         meta = yaml.safe_load(text.split("---", 2)[1]) if text.startswith("---") else None

@@ -96,15 +96,27 @@ def audio_column(files: Sequence[Path], sizes: Sequence[int], names: Sequence[st
     view = memoryview(data)
     for f, start, size in zip(files, offsets[:-1].tolist(), sizes):
         with open(f, "rb") as stream:
-            if stream.readinto(view[start:start + size]) != size:
+            if stream.readinto(view[start : start + size]) != size:
                 raise OSError(f"{f} is shorter than the {size} bytes expected")
-    binary = pa.BinaryArray.from_buffers(pa.binary(), len(files), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+    binary = pa.BinaryArray.from_buffers(
+        pa.binary(), len(files), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    )
     return pa.StructArray.from_arrays([binary, paths], fields=list(audio_type))
 
 
-def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, Sequence], size_of: Callable[[object], int], *,
-                 row_of: Callable[[object], ShardRow] | None, shard_size_mb: float, row_group_size_mb: float, compression: str,
-                 desc: str = "shards", table_of: Callable[[Sequence], pa.Table] | None = None) -> dict:
+def write_shards(
+    staging: Path,
+    sample_rate_hz: int,
+    items_by_split: dict[str, Sequence],
+    size_of: Callable[[object], int],
+    *,
+    row_of: Callable[[object], ShardRow] | None,
+    shard_size_mb: float,
+    row_group_size_mb: float,
+    compression: str,
+    desc: str = "shards",
+    table_of: Callable[[Sequence], pa.Table] | None = None,
+) -> dict:
     """Write every split's rows into ``staging/data/`` and ``staging/index.json``; returns the index.
 
     ``items_by_split`` keeps the output order (splits in dict order, items in list order);
@@ -115,6 +127,7 @@ def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, S
     """
     schema = shard_schema(sample_rate_hz)
     if table_of is None:
+
         def table_of(items: Sequence) -> pa.Table:
             # records are non-nullable; the cast gives the nullable fields datasets writes
             return to_table([row_of(item) for item in items], ShardRow).cast(schema)
@@ -130,19 +143,38 @@ def write_shards(staging: Path, sample_rate_hz: int, items_by_split: dict[str, S
             for i, (a, b) in enumerate(shards):
                 name = shard_name(split, i, len(shards))
                 groups = [(a + x, a + y) for x, y in plan_chunks(sizes[a:b], row_group_size_mb * MB)]
-                with pq.ParquetWriter(staging / name, schema, compression=codecs, use_dictionary=dictionary,
-                                      data_page_size=PAGE_BYTES, write_batch_size=page_rows(sizes[a:b])) as writer:
+                with pq.ParquetWriter(
+                    staging / name,
+                    schema,
+                    compression=codecs,
+                    use_dictionary=dictionary,
+                    data_page_size=PAGE_BYTES,
+                    write_batch_size=page_rows(sizes[a:b]),
+                ) as writer:
                     for x, y in groups:
                         writer.write_table(table_of(items[x:y]), row_group_size=y - x)
                         bar.update(y - x)
-                files.append({"path": name, "split": split, "num_rows": b - a, "num_row_groups": len(groups),
-                              "num_bytes": (staging / name).stat().st_size, "sha256": file_sha256(staging / name)})
+                files.append(
+                    {
+                        "path": name,
+                        "split": split,
+                        "num_rows": b - a,
+                        "num_row_groups": len(groups),
+                        "num_bytes": (staging / name).stat().st_size,
+                        "sha256": file_sha256(staging / name),
+                    }
+                )
     index = {
         "version": INDEX_VERSION,
         "sample_rate_hz": sample_rate_hz,
         "schema": [f.name for f in schema],
-        "splits": {s: {"num_rows": sum(f["num_rows"] for f in files if f["split"] == s),
-                       "num_bytes": sum(f["num_bytes"] for f in files if f["split"] == s)} for s in items_by_split},
+        "splits": {
+            s: {
+                "num_rows": sum(f["num_rows"] for f in files if f["split"] == s),
+                "num_bytes": sum(f["num_bytes"] for f in files if f["split"] == s),
+            }
+            for s in items_by_split
+        },
         "files": files,
     }
     write_json(staging / INDEX, index)

@@ -60,7 +60,9 @@ from pipeline.schema import BackgroundSegment, Skip
 AUDIO_DIR = "audio"
 
 
-def segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int, audio_dir: Path) -> list[BackgroundSegment | Skip]:
+def segment_one(
+    rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int, audio_dir: Path
+) -> list[BackgroundSegment | Skip]:
     """All segments of one recording, each kept (a record) or rejected (a Skip)."""
     try:
         return _segment_one(rec, p, sample_rate_hz, audio_dir)
@@ -72,7 +74,9 @@ def segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int, 
         return [Skip(rec.recording_id, rec.rel_path, "unexpected-error", f"{type(e).__name__}: {e}")]
 
 
-def _segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int, audio_dir: Path) -> list[BackgroundSegment | Skip]:
+def _segment_one(
+    rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int, audio_dir: Path
+) -> list[BackgroundSegment | Skip]:
     out: list[BackgroundSegment | Skip] = []
     with open_audio(rec.path) as f:
         sr, channels, total = int(f.samplerate), int(f.channels), int(f.frames)
@@ -94,10 +98,29 @@ def _segment_one(rec: AmbienceRecording, p: AmbienceParams, sample_rate_hz: int,
                     continue  # bad samples here say nothing about the next segment
                 break  # a decoder error: nothing after it can be trusted
             if block.shape[0] < span:
-                out.append(Skip(seg_id, rec.rel_path, "unreadable", f"file ends at sample {k * span + block.shape[0]}, header says {total}"))
+                out.append(
+                    Skip(
+                        seg_id,
+                        rec.rel_path,
+                        "unreadable",
+                        f"file ends at sample {k * span + block.shape[0]}, header says {total}",
+                    )
+                )
                 break
-            out.append(_one_segment(rec, seg_id, k, block, sr, channels=channels, target_len=target_len, p=p,
-                                    sample_rate_hz=sample_rate_hz, audio_dir=audio_dir))
+            out.append(
+                _one_segment(
+                    rec,
+                    seg_id,
+                    k,
+                    block,
+                    sr,
+                    channels=channels,
+                    target_len=target_len,
+                    p=p,
+                    sample_rate_hz=sample_rate_hz,
+                    audio_dir=audio_dir,
+                )
+            )
     return out
 
 
@@ -163,7 +186,9 @@ def run(params: Params, ambience_dir: Path | None = None, out_dir: Path | None =
     """Run the stage; returns the summary written to ``summary.json``."""
     ambience_dir = Path(ambience_dir or params.sources.ambience_dir)
     out_dir = Path(out_dir or params.ambience.out_dir)
-    check_out_dir(out_dir, "ambience.out_dir", {**folders_besides(params, "ambience.out_dir"), "sources.ambience_dir": ambience_dir})
+    check_out_dir(
+        out_dir, "ambience.out_dir", {**folders_besides(params, "ambience.out_dir"), "sources.ambience_dir": ambience_dir}
+    )
     recordings, skips, selection = read_ambience_library(ambience_dir, params.ambience)
     num_inputs = len(recordings) + len(skips)
     with staged_dir(out_dir) as stage:
@@ -183,7 +208,9 @@ def run(params: Params, ambience_dir: Path | None = None, out_dir: Path | None =
             background_seconds=round(sum(r.duration_s for r in records), 3),
         )
         if not records:
-            hint = "; ambience.keywords: all selects every recording" if "filtered-category" in summary["skipped_by_reason"] else ""
+            hint = (
+                "; ambience.keywords: all selects every recording" if "filtered-category" in summary["skipped_by_reason"] else ""
+            )
             refuse_empty(out_dir, summary, skips, "background segments", "recordings and rows", hint)
         write_json(stage / SUMMARY, summary)
     rejected_report_path(out_dir).unlink(missing_ok=True)  # a report of an earlier empty run no longer applies

@@ -63,8 +63,13 @@ from pipeline.text.timeline import timeline_prompt, validate_timeline_caption
 CAPTION_STREAM = 0xCA
 
 
-def label_phrases_of(recipe: MixtureRecipe, occurrences: list[EventOccurrence], segments: list[LabelSegment],
-                     by_label: dict[str, list[str]], rng: np.random.Generator) -> list[LabelPhrase]:
+def label_phrases_of(
+    recipe: MixtureRecipe,
+    occurrences: list[EventOccurrence],
+    segments: list[LabelSegment],
+    by_label: dict[str, list[str]],
+    rng: np.random.Generator,
+) -> list[LabelPhrase]:
     """One :class:`LabelPhrase` per label with segments, in temporal order (then label)."""
     events: dict[str, dict[int, EventOccurrence]] = defaultdict(dict)
     for o in sorted(occurrences, key=lambda o: o.occurrence_index):
@@ -77,15 +82,17 @@ def label_phrases_of(recipe: MixtureRecipe, occurrences: list[EventOccurrence], 
         segs = sorted(spans[label], key=lambda s: s.onset_s)
         choices = by_label[label]
         firsts = [events[label][k] for k in sorted(events[label])]
-        out.append(LabelPhrase(
-            mixture_id=recipe.mixture_id,
-            label=label,
-            mid=segs[0].mid,
-            phrase=choices[int(rng.integers(len(choices)))],
-            segments=tuple(TimeSpan(s.onset_s, s.offset_s) for s in segs),
-            source_clip_ids=tuple(o.clip_id for o in firsts),
-            snr_db=tuple(o.snr_db for o in firsts),
-        ))
+        out.append(
+            LabelPhrase(
+                mixture_id=recipe.mixture_id,
+                label=label,
+                mid=segs[0].mid,
+                phrase=choices[int(rng.integers(len(choices)))],
+                segments=tuple(TimeSpan(s.onset_s, s.offset_s) for s in segs),
+                source_clip_ids=tuple(o.clip_id for o in firsts),
+                snr_db=tuple(o.snr_db for o in firsts),
+            )
+        )
     return out
 
 
@@ -108,19 +115,25 @@ def read_mixtures(mix_dir: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
         order = np.argsort(position, kind="stable")
         return table.take(order).append_column("_position", pa.array(position[order]))
 
-    return (recipes, in_recipe_order(pq.read_table(mix_dir / "occurrences.parquet")),
-            in_recipe_order(pq.read_table(mix_dir / "segments.parquet")))
+    return (
+        recipes,
+        in_recipe_order(pq.read_table(mix_dir / "occurrences.parquet")),
+        in_recipe_order(pq.read_table(mix_dir / "segments.parquet")),
+    )
 
 
-def mixtures_in_order(recipes: pa.Table, occurrences: pa.Table, segments: pa.Table,
-                      chunk: int = MIXTURES_PER_CHUNK) -> Iterator[tuple[MixtureRecipe, list[EventOccurrence], list[LabelSegment]]]:
+def mixtures_in_order(
+    recipes: pa.Table, occurrences: pa.Table, segments: pa.Table, chunk: int = MIXTURES_PER_CHUNK
+) -> Iterator[tuple[MixtureRecipe, list[EventOccurrence], list[LabelSegment]]]:
     """Each recipe of :func:`read_mixtures`' tables with its occurrences and segments, as records,
     ``chunk`` recipes at a time: memory holds the tables' columns, not every mixture's records."""
     bounds = [np.searchsorted(t["_position"].to_numpy(), np.arange(recipes.num_rows + 1)) for t in (occurrences, segments)]
     for start in range(0, recipes.num_rows, chunk):
         stop = min(start + chunk, recipes.num_rows)
-        rows = [from_table(t.slice(b[start], b[stop] - b[start]), kind) for t, b, kind in
-                ((occurrences, bounds[0], EventOccurrence), (segments, bounds[1], LabelSegment))]
+        rows = [
+            from_table(t.slice(b[start], b[stop] - b[start]), kind)
+            for t, b, kind in ((occurrences, bounds[0], EventOccurrence), (segments, bounds[1], LabelSegment))
+        ]
         for i, recipe in enumerate(from_table(recipes.slice(start, stop - start), MixtureRecipe), start):
             yield recipe, *(r[b[i] - b[start] : b[i + 1] - b[start]] for r, b in zip(rows, bounds))
 
@@ -165,7 +178,13 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
 
         phrase_rows: list[LabelPhrase] = []
         captions: list[Caption] = []
-        for recipe, occurrences, segments in tqdm(mixtures_in_order(*tables, chunk=MIXTURES_PER_CHUNK), total=tables[0].num_rows, desc="captions", unit="mix", disable=None):
+        for recipe, occurrences, segments in tqdm(
+            mixtures_in_order(*tables, chunk=MIXTURES_PER_CHUNK),
+            total=tables[0].num_rows,
+            desc="captions",
+            unit="mix",
+            disable=None,
+        ):
             rng = np.random.default_rng([params.seed, CAPTION_STREAM, SPLITS.index(recipe.split), recipe.index])
             phrases = label_phrases_of(recipe, occurrences, segments, by_label, rng)
             phrase_rows += phrases
@@ -175,7 +194,9 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
                 captions.append(Caption(recipe.mixture_id, p.empty_caption, "", "empty"))
             elif p.timeline:
                 prompt = timeline_prompt(recipe.duration_s, phrases)
-                captions.append(Caption(recipe.mixture_id, get_completer().complete(prompt, validate_timeline_caption), "", "timeline"))
+                captions.append(
+                    Caption(recipe.mixture_id, get_completer().complete(prompt, validate_timeline_caption), "", "timeline")
+                )
             else:
                 captions.append(Caption(recipe.mixture_id, fill(template, words), template, "template"))
     finally:
@@ -197,6 +218,9 @@ def run(params, mix_dir: Path | None = None, out_dir: Path | None = None) -> dic
         (staging / "templates.txt").write_text("".join(t + "\n" for t in templates), encoding="utf-8")
         write_json(staging / "label_phrases.json", by_label)
         write_json(staging / "summary.json", summary)
-    print(f"captions: {summary['mixtures']} captions, {summary['phrases']} label phrases "
-          f"({summary['distinct_phrases']} distinct) from {summary['templates']} templates -> {out_dir}", file=sys.stderr)
+    print(
+        f"captions: {summary['mixtures']} captions, {summary['phrases']} label phrases "
+        f"({summary['distinct_phrases']} distinct) from {summary['templates']} templates -> {out_dir}",
+        file=sys.stderr,
+    )
     return summary

@@ -68,7 +68,11 @@ def run(params, captions_dir: Path | None = None, out_dir: Path | None = None) -
 
     first_phrase = {}
     for row in rows:
-        if row.source == "dataset" and row.label not in first_phrase and row.phrase == label_variants.get(row.label, [row.phrase])[0]:
+        if (
+            row.source == "dataset"
+            and row.label not in first_phrase
+            and row.phrase == label_variants.get(row.label, [row.phrase])[0]
+        ):
             first_phrase[row.label] = row
     summary = {
         "clusters": len(clusters),
@@ -83,14 +87,34 @@ def run(params, captions_dir: Path | None = None, out_dir: Path | None = None) -
     with staged_dir(out_dir) as staging:
         write_manifest(staging / "clusters.parquet", relations, Cluster)
         write_manifest(staging / "phrases.parquet", rows, PhraseAssignment)
-        _write_csv(staging / "labels.csv", ["label", "mid", "phrase", "cluster_id", "cluster_name", "cluster_mid", "method", "similarity"],
-                   [[r.label, r.mid, r.phrase, r.cluster_id, r.cluster_name, clusters[r.cluster_id]["mid"], r.method, r.similarity]
-                    for _, r in sorted(first_phrase.items())])
-        _write_csv(staging / "low_similarity.csv", ["phrase", "label", "cluster_id", "cluster_name", "similarity", "runner_up_id", "runner_up_name", "runner_up_similarity"],
-                   [[k[0], k[1], a[0], clusters[a[0]]["name"], a[1], a[3], clusters[a[3]]["name"], a[4]] for k, a in low])
+        _write_csv(
+            staging / "labels.csv",
+            ["label", "mid", "phrase", "cluster_id", "cluster_name", "cluster_mid", "method", "similarity"],
+            [
+                [r.label, r.mid, r.phrase, r.cluster_id, r.cluster_name, clusters[r.cluster_id]["mid"], r.method, r.similarity]
+                for _, r in sorted(first_phrase.items())
+            ],
+        )
+        _write_csv(
+            staging / "low_similarity.csv",
+            [
+                "phrase",
+                "label",
+                "cluster_id",
+                "cluster_name",
+                "similarity",
+                "runner_up_id",
+                "runner_up_name",
+                "runner_up_similarity",
+            ],
+            [[k[0], k[1], a[0], clusters[a[0]]["name"], a[1], a[3], clusters[a[3]]["name"], a[4]] for k, a in low],
+        )
         write_json(staging / "summary.json", summary)
-    print(f"clusters: {summary['phrases']} phrases in {summary['clusters_used']} of {summary['clusters']} clusters "
-          f"({summary['by_method']}), {summary['low_similarity']} below similarity {p.min_similarity} -> {out_dir}", file=sys.stderr)
+    print(
+        f"clusters: {summary['phrases']} phrases in {summary['clusters_used']} of {summary['clusters']} clusters "
+        f"({summary['by_method']}), {summary['low_similarity']} below similarity {p.min_similarity} -> {out_dir}",
+        file=sys.stderr,
+    )
     return summary
 
 

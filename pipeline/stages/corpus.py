@@ -20,8 +20,12 @@ from pipeline.outputs import check_out_dir, staged_dir
 def run(params: Params, fsd50k_dir: Path | None = None, ambience_dir: Path | None = None) -> None:
     c = params.corpus
     fsd50k_dir, ambience_dir = Path(fsd50k_dir or c.fsd50k_dir), Path(ambience_dir or c.ambience_dir)
-    check_out_dir(fsd50k_dir, "corpus.fsd50k_dir", {**folders_besides(params, "corpus.fsd50k_dir"), "corpus.ambience_dir": ambience_dir})
-    check_out_dir(ambience_dir, "corpus.ambience_dir", {**folders_besides(params, "corpus.ambience_dir"), "corpus.fsd50k_dir": fsd50k_dir})
+    check_out_dir(
+        fsd50k_dir, "corpus.fsd50k_dir", {**folders_besides(params, "corpus.fsd50k_dir"), "corpus.ambience_dir": ambience_dir}
+    )
+    check_out_dir(
+        ambience_dir, "corpus.ambience_dir", {**folders_besides(params, "corpus.ambience_dir"), "corpus.fsd50k_dir": fsd50k_dir}
+    )
     t0 = time.perf_counter()
     with staged_dir(fsd50k_dir) as stage:
         write_fsd50k_corpus(stage, n_clips=c.fsd50k_clips, seed=c.seed, compute=params.compute)

@@ -35,7 +35,9 @@ def run(params, kind: str, root: Path | str, out_dir: Path | str | None = None, 
         raise CorpusImportError(f"params: imports.options names unknown corpus kind(s) {unknown}; use {', '.join(KINDS)}")
     root = Path(root)
     if not root.is_dir():
-        raise CorpusImportError(f"import {kind}: corpus root {root} is not a folder; pass the folder that holds the corpus's annotation files")
+        raise CorpusImportError(
+            f"import {kind}: corpus root {root} is not a folder; pass the folder that holds the corpus's annotation files"
+        )
     out_dir = Path(out_dir or params.imports.out_dir.format(kind=kind))
     check_out_dir(out_dir, "imports.out_dir", {**folders_besides(params, "imports.out_dir"), "the corpus root": root})
     merged = {**params.imports.options.get(kind, {}), **(options or {})}

@@ -112,7 +112,11 @@ def run(params: Params, events_dir: Path | None = None, backgrounds_dir: Path | 
     events_dir = Path(events_dir or p.events or params.clip.out_dir).resolve()
     backgrounds_dir = Path(backgrounds_dir or p.backgrounds or params.ambience.out_dir).resolve()
     out_dir = Path(out_dir or p.out_dir)
-    check_out_dir(out_dir, "mix.out_dir", {**folders_besides(params, "mix.out_dir"), "mix.events": events_dir, "mix.backgrounds": backgrounds_dir})
+    check_out_dir(
+        out_dir,
+        "mix.out_dir",
+        {**folders_besides(params, "mix.out_dir"), "mix.events": events_dir, "mix.backgrounds": backgrounds_dir},
+    )
     with output_lock(out_dir):
         return _run(params, events_dir, backgrounds_dir, out_dir)
 
@@ -125,13 +129,17 @@ def _run(params: Params, events_dir: Path, backgrounds_dir: Path, out_dir: Path)
     events, backgrounds = read_sources(events_dir, backgrounds_dir, envelopes=False)  # the workers read the envelopes
     check_sample_rates(spec, events, backgrounds, events_dir, backgrounds_dir)
 
-    events, backgrounds, skips, license_drops = filter_licenses(events, backgrounds, p.allowed_licenses, from_library=tuple(folders.libraries))
+    events, backgrounds, skips, license_drops = filter_licenses(
+        events, backgrounds, p.allowed_licenses, from_library=tuple(folders.libraries)
+    )
     skips = folders.skips + skips
     coverage: dict[str, dict[str, int]] = {}
     try:
         check_envelope_hops(events, backgrounds)
         if sum(dataclasses.asdict(p.mixtures).values()) == 0:
-            raise MixError("mix: mix.mixtures asks for 0 mixtures in every split; set mix.mixtures.train, valid or test to the number to make")
+            raise MixError(
+                "mix: mix.mixtures asks for 0 mixtures in every split; set mix.mixtures.train, valid or test to the number to make"
+            )
         event_pools, bg_pools = split_pools(events, backgrounds, p, params.seed)
         coverage = label_coverage(event_pools)
         check_pools(event_pools, bg_pools, events, backgrounds, p, spec)
@@ -146,9 +154,17 @@ def _run(params: Params, events_dir: Path, backgrounds_dir: Path, out_dir: Path)
     with Workers(compute, preload=(run_task.__module__,)) as workers, resumable_dir(out_dir, fingerprint) as (stage, resumed):
         (stage / PLAN).write_bytes(plan)
         fill_bank(stage, spec.sample_rate_hz, event_pools, bg_pools, events_dir, backgrounds_dir)
-        mix_run = MixRun(str(stage), fingerprint, spec, params.seed, p.relabel, export_txt=p.export.txt, export_jams=p.export.jams,
-                         events_dir=str(folders.final_dir("events", out_dir)),
-                         backgrounds_dir=str(folders.final_dir("backgrounds", out_dir)))
+        mix_run = MixRun(
+            str(stage),
+            fingerprint,
+            spec,
+            params.seed,
+            p.relabel,
+            export_txt=p.export.txt,
+            export_jams=p.export.jams,
+            events_dir=str(folders.final_dir("events", out_dir)),
+            backgrounds_dir=str(folders.final_dir("backgrounds", out_dir)),
+        )
         parts = plan_partitions(p, mix_run)
         todo = pending(stage, parts)
         if resumed:
@@ -165,13 +181,24 @@ def _run(params: Params, events_dir: Path, backgrounds_dir: Path, out_dir: Path)
         folders.keep_libraries(stage)
         if folders.library_dir is not None:
             summary["libraries"] = folders.libraries
-        summary.update({"skipped": len(skips), "skipped_by_reason": dict(sorted(Counter(x.reason for x in skips).items())),
-                        "license_filter": {"allowed": list(p.allowed_licenses), "dropped": license_drops},
-                        "dropped_occurrences": dropped, "preset": p.preset, "sample_rate_hz": spec.sample_rate_hz,
-                        "split_rule": split_rule(p, events, bg_pools),
-                        "label_coverage": coverage_summary(coverage, needed_splits(p)),
-                        **({"events_per_mixture_capped": capped} if (capped := capped_splits(event_pools, spec, needed_splits(p))) else {}),
-                        **({"room_files": rooms} if rooms else {})})
+        summary.update(
+            {
+                "skipped": len(skips),
+                "skipped_by_reason": dict(sorted(Counter(x.reason for x in skips).items())),
+                "license_filter": {"allowed": list(p.allowed_licenses), "dropped": license_drops},
+                "dropped_occurrences": dropped,
+                "preset": p.preset,
+                "sample_rate_hz": spec.sample_rate_hz,
+                "split_rule": split_rule(p, events, bg_pools),
+                "label_coverage": coverage_summary(coverage, needed_splits(p)),
+                **(
+                    {"events_per_mixture_capped": capped}
+                    if (capped := capped_splits(event_pools, spec, needed_splits(p)))
+                    else {}
+                ),
+                **({"room_files": rooms} if rooms else {}),
+            }
+        )
         write_json(stage / SUMMARY, summary)
         clear_staging(stage)
     # reports of an earlier refused run no longer apply
@@ -200,8 +227,15 @@ def clear_reports(out_dir: Path) -> None:
             break
 
 
-def refusal(error: MixError, out_dir: Path, skips: list[Skip], license_drops: dict, allowed: tuple[str, ...],
-            coverage: dict[str, dict[str, int]] | None = None, needed: list[str] | None = None) -> MixError:
+def refusal(
+    error: MixError,
+    out_dir: Path,
+    skips: list[Skip],
+    license_drops: dict,
+    allowed: tuple[str, ...],
+    coverage: dict[str, dict[str, int]] | None = None,
+    needed: list[str] | None = None,
+) -> MixError:
     """The error a run that cannot make its mixtures stops with.
 
     Its skip report (and, once the splits were drawn, its label coverage) go to
@@ -275,37 +309,60 @@ def split_rule(p: MixParams, events: list[EventClip], bg_pools: dict[str, list[B
         for b in bg_pools[s]:
             splits_of.setdefault(b.source_id, set()).add(s)
     shared = sum(1 for owners in splits_of.values() if len(owners) > 1)
-    return {"events": rule, "backgrounds": p.background_split, "backgrounds_rule": BACKGROUND_SPLITS[p.background_split],
-            "backgrounds_held_out": shared == 0, "shared_backgrounds": shared}
+    return {
+        "events": rule,
+        "backgrounds": p.background_split,
+        "backgrounds_rule": BACKGROUND_SPLITS[p.background_split],
+        "backgrounds_held_out": shared == 0,
+        "shared_backgrounds": shared,
+    }
 
 
 def format_mix_summary(summary: dict) -> str:
-    lines = [f"mix: {summary['mixtures']} mixtures ({', '.join(f'{k} {v}' for k, v in summary['mixtures_by_split'].items())}), "
-             f"{summary['occurrences']} event occurrences, {summary['segments']} label segments"]
-    lines.append(f"  realised SNR - drawn SNR: median {summary['snr_error_db']['median']:+.3f} dB, "
-                 f"max |.| {summary['snr_error_db']['max_abs']:.3f} dB ({summary['level_mode']} mode)")
+    lines = [
+        f"mix: {summary['mixtures']} mixtures ({', '.join(f'{k} {v}' for k, v in summary['mixtures_by_split'].items())}), "
+        f"{summary['occurrences']} event occurrences, {summary['segments']} label segments"
+    ]
+    lines.append(
+        f"  realised SNR - drawn SNR: median {summary['snr_error_db']['median']:+.3f} dB, "
+        f"max |.| {summary['snr_error_db']['max_abs']:.3f} dB ({summary['level_mode']} mode)"
+    )
     license_filter = summary["license_filter"]
     for kind, lib in summary.get("libraries", {}).items():
         cut = f" (cut into {lib['segments']} segments)" if "segments" in lib else ""
-        lines.append(f"  library {kind}: {lib['kept']} files kept{cut}, {lib['skipped']} skipped (skipped.csv), from {lib['root']}")
+        lines.append(
+            f"  library {kind}: {lib['kept']} files kept{cut}, {lib['skipped']} skipped (skipped.csv), from {lib['root']}"
+        )
     cover = summary.get("label_coverage")
     if cover:
-        by_split = ", ".join(f"{s} {n}/{cover['labels']}" for s, n in cover["labels_by_split"].items()
-                             if summary["mixtures_by_split"].get(s, 0) > 0)
+        by_split = ", ".join(
+            f"{s} {n}/{cover['labels']}"
+            for s, n in cover["labels_by_split"].items()
+            if summary["mixtures_by_split"].get(s, 0) > 0
+        )
         line = f"  labels per split: {by_split}"
         if cover["missing"]:
             shown = list(cover["missing"].items())[:5]
-            line += ("; missing: " + ", ".join(f"{label} from {' '.join(splits)}" for label, splits in shown)
-                     + (f" and {len(cover['missing']) - len(shown)} more" if len(cover["missing"]) > len(shown) else "")
-                     + f" ({cover['report']})")
+            line += (
+                "; missing: "
+                + ", ".join(f"{label} from {' '.join(splits)}" for label, splits in shown)
+                + (f" and {len(cover['missing']) - len(shown)} more" if len(cover["missing"]) > len(shown) else "")
+                + f" ({cover['report']})"
+            )
         lines.append(line)
     for split, n in summary.get("events_per_mixture_capped", {}).items():
-        lines.append(f"  split {split}: {n} event clips, fewer than a mixture may draw; with distinct_clips its mixtures hold at most {n} events")
+        lines.append(
+            f"  split {split}: {n} event clips, fewer than a mixture may draw; with distinct_clips its mixtures hold at most {n} events"
+        )
     rule = summary.get("split_rule", {})
     if rule and not rule["backgrounds_held_out"]:
-        lines.append(f"  backgrounds (mix.background_split: {rule['backgrounds']}): {rule['backgrounds_rule']}; "
-                     f"{rule['shared_backgrounds']} recordings serve more than one split")
-    lines.append(f"  dataset licence: {summary['licenses']['dataset_license']}; "
-                 f"{describe_license_drops(license_filter['dropped'], tuple(license_filter['allowed']))}; "
-                 f"{summary['dropped_occurrences']} occurrences dropped by placement")
+        lines.append(
+            f"  backgrounds (mix.background_split: {rule['backgrounds']}): {rule['backgrounds_rule']}; "
+            f"{rule['shared_backgrounds']} recordings serve more than one split"
+        )
+    lines.append(
+        f"  dataset licence: {summary['licenses']['dataset_license']}; "
+        f"{describe_license_drops(license_filter['dropped'], tuple(license_filter['allowed']))}; "
+        f"{summary['dropped_occurrences']} occurrences dropped by placement"
+    )
     return "\n".join(lines)

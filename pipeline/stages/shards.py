@@ -58,7 +58,15 @@ def _need(path: Path, stage: str) -> Path:
 PHRASE_FIELDS = tuple(f.name for f in dataclasses.fields(ShardPhrase))
 _KEPT_PHRASE_FIELDS = tuple(name for name in PHRASE_FIELDS if name != "cluster_id")
 PHRASE_KEY = ("phrase", "label", "mid")  # what the phrase database assigns a cluster by
-RECIPE_FIELDS = ("sample_rate_hz", "duration_s", "background_id", "split", "license", "licenses", "attribution")  # same name in a row
+RECIPE_FIELDS = (
+    "sample_rate_hz",
+    "duration_s",
+    "background_id",
+    "split",
+    "license",
+    "licenses",
+    "attribution",
+)  # same name in a row
 INDEX_FIELDS = ("id", "audio_path", "caption", "phrases", *RECIPE_FIELDS)
 
 
@@ -80,14 +88,20 @@ def _recipes_in_row_order(mix_dir: Path) -> pa.Table:
 def _cluster_ids(phrases: pa.Table, clusters_dir: Path) -> pa.Array:
     """Each row of ``phrases`` -> its cluster id in the phrase database, found by (phrase, label, MID)."""
     database = pq.read_table(_need(clusters_dir / "phrases.parquet", "clusters"), columns=[*PHRASE_KEY, "cluster_id"])
-    cluster_of = {tuple(a[k] for k in PHRASE_KEY): a["cluster_id"] for a in database.to_pylist()}  # a key listed twice: its last row
-    keys = pa.Table.from_pylist([dict(zip(PHRASE_KEY, key), cluster_id=c) for key, c in cluster_of.items()], schema=database.schema)
+    cluster_of = {
+        tuple(a[k] for k in PHRASE_KEY): a["cluster_id"] for a in database.to_pylist()
+    }  # a key listed twice: its last row
+    keys = pa.Table.from_pylist(
+        [dict(zip(PHRASE_KEY, key), cluster_id=c) for key, c in cluster_of.items()], schema=database.schema
+    )
     rows = phrases.select(list(PHRASE_KEY)).append_column("row", pa.array(np.arange(len(phrases))))
     found = rows.join(keys, keys=list(PHRASE_KEY), join_type="left outer").sort_by("row")  # a join keeps no order
     missing = found.filter(pc.is_null(found["cluster_id"]))
     if missing.num_rows:
         ph = missing.slice(0, 1).to_pylist()[0]
-        raise ShardError(f"phrase {ph['phrase']!r} ({ph['label']}) has no cluster: re-run `sedsynth clusters` after `sedsynth captions`")
+        raise ShardError(
+            f"phrase {ph['phrase']!r} ({ph['label']}) has no cluster: re-run `sedsynth clusters` after `sedsynth captions`"
+        )
     return found["cluster_id"].combine_chunks()
 
 
@@ -98,8 +112,10 @@ def _phrase_lists(ids: pa.Array, captions_dir: Path, clusters_dir: Path) -> pa.A
     phrases, owner = phrases.filter(pc.is_valid(owner)), owner.filter(pc.is_valid(owner)).combine_chunks().to_numpy()
     phrases = phrases.take(np.argsort(owner, kind="stable"))
     cluster_id = _cluster_ids(phrases, clusters_dir)
-    structs = pa.StructArray.from_arrays([cluster_id if name == "cluster_id" else phrases[name].combine_chunks() for name in PHRASE_FIELDS],
-                                         names=list(PHRASE_FIELDS))
+    structs = pa.StructArray.from_arrays(
+        [cluster_id if name == "cluster_id" else phrases[name].combine_chunks() for name in PHRASE_FIELDS],
+        names=list(PHRASE_FIELDS),
+    )
     offsets = np.zeros(len(ids) + 1, np.int32)
     np.cumsum(np.bincount(owner, minlength=len(ids)), out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), structs)
@@ -124,8 +140,13 @@ def mixture_index(mix_dir: Path, captions_dir: Path, clusters_dir: Path) -> pa.T
     if at.null_count:
         missing = pc.filter(ids, pc.is_null(at))[0].as_py()
         raise ShardError(f"mixture {missing} has no caption: the captions stage is older than the mix stage; re-run `dvc repro`")
-    columns = {"id": ids, "audio_path": recipes["audio_path"], "caption": captions["caption"].take(at),
-               "phrases": _phrase_lists(ids, captions_dir, clusters_dir), **{name: recipes[name] for name in RECIPE_FIELDS}}
+    columns = {
+        "id": ids,
+        "audio_path": recipes["audio_path"],
+        "caption": captions["caption"].take(at),
+        "phrases": _phrase_lists(ids, captions_dir, clusters_dir),
+        **{name: recipes[name] for name in RECIPE_FIELDS},
+    }
     return pa.table({name: columns[name] for name in INDEX_FIELDS}).combine_chunks()
 
 
@@ -140,8 +161,12 @@ def row_group_table(index: pa.Table, rows: range, mix_dir: Path, schema: pa.Sche
     files = [mix_dir / p for p in part["audio_path"].to_pylist()]
     audio = audio_column(files, [f.stat().st_size for f in files], [f.name for f in files], schema.field("audio").type)
     data = audio.field("bytes")
-    columns = {"audio": audio, "audio_sha256": pa.array([hashlib.sha256(data[i].as_buffer()).hexdigest() for i in range(len(data))], pa.string()),
-               "seed": pa.array([seed] * len(rows), pa.int64()), **{name: part[name] for name in INDEX_FIELDS}}
+    columns = {
+        "audio": audio,
+        "audio_sha256": pa.array([hashlib.sha256(data[i].as_buffer()).hexdigest() for i in range(len(data))], pa.string()),
+        "seed": pa.array([seed] * len(rows), pa.int64()),
+        **{name: part[name] for name in INDEX_FIELDS},
+    }
     return pa.table({f.name: columns[f.name] for f in schema}).cast(schema).combine_chunks()
 
 
@@ -155,24 +180,45 @@ def _split_rows(index: pa.Table) -> dict[str, range]:
     return rows
 
 
-def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, clusters_dir: Path | None = None,
-        out_dir: Path | None = None) -> dict:
+def run(
+    params,
+    mix_dir: Path | None = None,
+    captions_dir: Path | None = None,
+    clusters_dir: Path | None = None,
+    out_dir: Path | None = None,
+) -> dict:
     """Write the dataset folder; returns the index (also written to ``index.json``)."""
     p = params.shards
     mix_dir = Path(mix_dir or params.mix.out_dir)
     captions_dir = Path(captions_dir or params.captions.out_dir)
     clusters_dir = Path(clusters_dir or params.clusters.out_dir)
     out_dir = Path(out_dir or p.out_dir)
-    check_out_dir(out_dir, "shards.out_dir", {**folders_besides(params, "shards.out_dir"), "mix.out_dir": mix_dir,
-                                              "captions.out_dir": captions_dir, "clusters.out_dir": clusters_dir})
+    check_out_dir(
+        out_dir,
+        "shards.out_dir",
+        {
+            **folders_besides(params, "shards.out_dir"),
+            "mix.out_dir": mix_dir,
+            "captions.out_dir": captions_dir,
+            "clusters.out_dir": clusters_dir,
+        },
+    )
     mixtures = mixture_index(mix_dir, captions_dir, clusters_dir)
     rate = mixtures["sample_rate_hz"][0].as_py()
     audio_paths = mixtures["audio_path"]
     with staged_dir(out_dir) as staging:
-        index = write_shards(staging, rate, _split_rows(mixtures), lambda row: (mix_dir / audio_paths[row].as_py()).stat().st_size,
-                             row_of=None, shard_size_mb=p.shard_size_mb, row_group_size_mb=p.row_group_size_mb,
-                             compression=p.compression, desc="shards",
-                             table_of=functools.partial(row_group_table, mixtures, mix_dir=mix_dir, schema=shard_schema(rate), seed=params.seed))
+        index = write_shards(
+            staging,
+            rate,
+            _split_rows(mixtures),
+            lambda row: (mix_dir / audio_paths[row].as_py()).stat().st_size,
+            row_of=None,
+            shard_size_mb=p.shard_size_mb,
+            row_group_size_mb=p.row_group_size_mb,
+            compression=p.compression,
+            desc="shards",
+            table_of=functools.partial(row_group_table, mixtures, mix_dir=mix_dir, schema=shard_schema(rate), seed=params.seed),
+        )
         files = index["files"]
         (staging / "clusters").mkdir()
         for name in ("clusters.parquet", "phrases.parquet", "labels.csv"):
@@ -181,6 +227,9 @@ def run(params, mix_dir: Path | None = None, captions_dir: Path | None = None, c
             shutil.copyfile(_need(mix_dir / name, "mix"), staging / name)
         card.write(staging, params, mix_dir, index)
     per_split = ", ".join(f"{s} {v['num_rows']}" for s, v in index["splits"].items())
-    print(f"shards: {mixtures.num_rows} rows in {len(files)} shards ({per_split}), "
-          f"{sum(f['num_bytes'] for f in files) / MB:.1f} MB -> {out_dir}", file=sys.stderr)
+    print(
+        f"shards: {mixtures.num_rows} rows in {len(files)} shards ({per_split}), "
+        f"{sum(f['num_bytes'] for f in files) / MB:.1f} MB -> {out_dir}",
+        file=sys.stderr,
+    )
     return index

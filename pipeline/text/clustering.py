@@ -47,14 +47,18 @@ def load_inventory(setting: str = "default") -> list[dict]:
         raise ClusterError(f"clusters: inventory {path} not found; set clusters.inventory to default or a clusters.json file")
     raw = json.loads(path.read_text(encoding="utf-8"))
     if raw.get("version") != FORMAT_VERSION or not isinstance(raw.get("clusters"), list):
-        raise ClusterError(f"clusters: {path} is not an inventory file (format version {FORMAT_VERSION} with a 'clusters' list); "
-                           "see `python -m pipeline.text.inventory`")
+        raise ClusterError(
+            f"clusters: {path} is not an inventory file (format version {FORMAT_VERSION} with a 'clusters' list); "
+            "see `python -m pipeline.text.inventory`"
+        )
     clusters = raw["clusters"]
     for i, c in enumerate(clusters):
         missing = {"id", "mid", "name", "alternatives", "parent_ids"} - set(c)
         if missing or c["id"] != i or not c["alternatives"]:
-            raise ClusterError(f"clusters: {path} cluster {i} is malformed (ids must be 0..N-1 in order, each with "
-                               f"mid, name, alternatives and parent_ids; missing {sorted(missing)})")
+            raise ClusterError(
+                f"clusters: {path} cluster {i} is malformed (ids must be 0..N-1 in order, each with "
+                f"mid, name, alternatives and parent_ids; missing {sorted(missing)})"
+            )
     return clusters
 
 
@@ -93,15 +97,19 @@ def _load_sentence_transformer(model: str, device: str):
     try:
         return SentenceTransformer(model, device=device)
     except OSError as e:
-        raise ClusterError(f"clusters: cannot load sentence-transformers model {model!r} ({e}); "
-                           f"use {OFFLINE_MODEL!r} offline, or a local model folder") from None
+        raise ClusterError(
+            f"clusters: cannot load sentence-transformers model {model!r} ({e}); "
+            f"use {OFFLINE_MODEL!r} offline, or a local model folder"
+        ) from None
 
 
 def encode(model: str, texts: list[str], batch_size: int = 256) -> np.ndarray:
     """Unit-norm embeddings (N, D) as float64, computed in float64 (see the module docstring)."""
     if not texts:
         return np.zeros((0, 1), np.float64)
-    emb = load_encoder(model).encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    emb = load_encoder(model).encode(
+        texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+    )
     return np.asarray(emb, np.float64)
 
 
@@ -154,8 +162,18 @@ def cluster_rows(clusters: list[dict], index: ClusterIndex, near_synonym_similar
     ancestors, descendants = _closure(parents), _closure(children)
     synonyms = index.near_synonyms(near_synonym_similarity)
     return [
-        Cluster(c["id"], c["mid"], c["name"], tuple(c["alternatives"]), tuple(c.get("sources", ())), tuple(sorted(parents[i])),
-                tuple(sorted(children[i])), ancestors[i], descendants[i], synonyms[i])
+        Cluster(
+            c["id"],
+            c["mid"],
+            c["name"],
+            tuple(c["alternatives"]),
+            tuple(c.get("sources", ())),
+            tuple(sorted(parents[i])),
+            tuple(sorted(children[i])),
+            ancestors[i],
+            descendants[i],
+            synonyms[i],
+        )
         for i, c in enumerate(clusters)
     ]
 
@@ -163,8 +181,9 @@ def cluster_rows(clusters: list[dict], index: ClusterIndex, near_synonym_similar
 Key = tuple[str, str, str]  # (phrase, label, mid)
 
 
-def phrase_database(index: ClusterIndex, entries: dict[Key, str], counts: dict[Key, int], include_inventory_phrases: bool
-                    ) -> tuple[list[PhraseAssignment], list[tuple[Key, tuple[int, float, str, int, float]]]]:
+def phrase_database(
+    index: ClusterIndex, entries: dict[Key, str], counts: dict[Key, int], include_inventory_phrases: bool
+) -> tuple[list[PhraseAssignment], list[tuple[Key, tuple[int, float, str, int, float]]]]:
     """The phrase database: every entry (``(phrase, label, mid) -> source``, in order), then, with
     ``include_inventory_phrases``, each cluster's alternatives not yet listed (source ``inventory``),
     assigned to clusters. ``counts``: uses per entry (0 where absent). Returns the
@@ -177,7 +196,18 @@ def phrase_database(index: ClusterIndex, entries: dict[Key, str], counts: dict[K
                 entries.setdefault((phrase, c["name"], c["mid"]), "inventory")
     keys = list(entries)
     assigned = index.assign([k[0] for k in keys], [k[2] for k in keys])
-    rows = [PhraseAssignment(phrase, label, mid, cid, index.clusters[cid]["name"], sim, method, counts.get((phrase, label, mid), 0),
-                             entries[(phrase, label, mid)])
-            for (phrase, label, mid), (cid, sim, method, _, _) in zip(keys, assigned)]
+    rows = [
+        PhraseAssignment(
+            phrase,
+            label,
+            mid,
+            cid,
+            index.clusters[cid]["name"],
+            sim,
+            method,
+            counts.get((phrase, label, mid), 0),
+            entries[(phrase, label, mid)],
+        )
+        for (phrase, label, mid), (cid, sim, method, _, _) in zip(keys, assigned)
+    ]
     return rows, list(zip(keys, assigned))

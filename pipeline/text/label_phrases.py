@@ -21,7 +21,7 @@ LABELS_PER_PROMPT = 40
 
 PHRASE_PROMPT = (
     "For each sound event label below, write {n} short natural English phrases (2 to 6 words) that describe "
-    "the sound, for example \"Bark\" -> \"a dog barking\". Answer with one JSON object that maps every label, "
+    'the sound, for example "Bark" -> "a dog barking". Answer with one JSON object that maps every label, '
     "exactly as written below, to a list of phrases, and nothing else.\n\nLabels:\n{labels}"
 )
 
@@ -64,7 +64,7 @@ def llm_phrase_variants(labels: list[str], completer: Completer, n: int) -> dict
     """Label -> LLM phrases, asked in batches of :data:`LABELS_PER_PROMPT` (cached)."""
     out: dict[str, list[str]] = {}
     for start in range(0, len(labels), LABELS_PER_PROMPT):
-        batch = labels[start:start + LABELS_PER_PROMPT]
+        batch = labels[start : start + LABELS_PER_PROMPT]
         prompt = PHRASE_PROMPT.format(n=n, labels="\n".join(batch))
         out.update(completer.complete(prompt, _parse_phrase_variants(batch)))
     return out

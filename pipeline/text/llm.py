@@ -123,7 +123,7 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     if at < 0:
         return url, None
     user, _, password = url[start:at].partition(":")
-    return url[:start] + url[at + 1:], (urllib.parse.unquote(user), urllib.parse.unquote(password))
+    return url[:start] + url[at + 1 :], (urllib.parse.unquote(user), urllib.parse.unquote(password))
 
 
 def split_query(url: str) -> tuple[str, dict[str, str]]:
@@ -267,8 +267,10 @@ class ResponseCache:
         header = _json_or_none(first) if newline else None
         if isinstance(header, dict) and header.get("format") == CACHE_FORMAT:
             if header.get("version") != CACHE_VERSION:
-                raise LLMError(f"{self.path} has cache format version {header.get('version')!r}; this version of sedsynth "
-                               f"reads {CACHE_VERSION} (and converts {LEGACY_CACHE_VERSION}): use the sedsynth that wrote it")
+                raise LLMError(
+                    f"{self.path} has cache format version {header.get('version')!r}; this version of sedsynth "
+                    f"reads {CACHE_VERSION} (and converts {LEGACY_CACHE_VERSION}): use the sedsynth that wrote it"
+                )
             self._read_lines(body)
             return
         whole = _json_or_none(data)
@@ -276,11 +278,16 @@ class ResponseCache:
             self._read_legacy(whole)
             return
         if CACHE_HEADER.startswith(data):  # the first put was cut short inside the header
-            log.warning("%s holds only a cut-short header left by an interrupted run; it is read as empty and "
-                        "rewritten by the next completion stored", self.path)
+            log.warning(
+                "%s holds only a cut-short header left by an interrupted run; it is read as empty and "
+                "rewritten by the next completion stored",
+                self.path,
+            )
             return
-        raise LLMError(f"{self.path} is not an LLM cache (neither sedsynth's JSON-lines cache nor its older JSON one); "
-                       "restore it from git, or point captions.llm.cache at another file")
+        raise LLMError(
+            f"{self.path} is not an LLM cache (neither sedsynth's JSON-lines cache nor its older JSON one); "
+            "restore it from git, or point captions.llm.cache at another file"
+        )
 
     def _read_lines(self, body: bytes) -> None:
         lines = body.split(b"\n")
@@ -295,20 +302,31 @@ class ResponseCache:
             self.entries[self.key(entry["model"], entry["prompt"])] = {k: entry[k] for k in ("model", "prompt", "response")}
         if self.skipped_lines:
             shown = ", ".join(map(str, self.skipped_lines[:10])) + (", ..." if len(self.skipped_lines) > 10 else "")
-            log.warning("%s: %d line(s) are not cache entries and are ignored (line %s); fix or delete them, or restore "
-                        "the file from git", self.path, len(self.skipped_lines), shown)
+            log.warning(
+                "%s: %d line(s) are not cache entries and are ignored (line %s); fix or delete them, or restore "
+                "the file from git",
+                self.path,
+                len(self.skipped_lines),
+                shown,
+            )
         if torn.strip():
             entry = _json_or_none(torn)
             if _entry_problem(entry) is None:  # a whole entry whose newline an editor dropped: keep it
                 self.entries[self.key(entry["model"], entry["prompt"])] = {k: entry[k] for k in ("model", "prompt", "response")}
             else:
-                log.warning("%s: the last line (%d bytes) was cut short by an interrupted run and is ignored; the next "
-                            "completion stored replaces it", self.path, len(torn))
+                log.warning(
+                    "%s: the last line (%d bytes) was cut short by an interrupted run and is ignored; the next "
+                    "completion stored replaces it",
+                    self.path,
+                    len(torn),
+                )
 
     def _read_legacy(self, whole: dict) -> None:
         if whole.get("version") != LEGACY_CACHE_VERSION or not isinstance(whole["entries"], dict):
-            raise LLMError(f"{self.path} has cache format version {whole.get('version')!r}; this version of sedsynth "
-                           f"reads {CACHE_VERSION} (and converts {LEGACY_CACHE_VERSION}): use the sedsynth that wrote it")
+            raise LLMError(
+                f"{self.path} has cache format version {whole.get('version')!r}; this version of sedsynth "
+                f"reads {CACHE_VERSION} (and converts {LEGACY_CACHE_VERSION}): use the sedsynth that wrote it"
+            )
         for key, entry in whole["entries"].items():
             if _entry_problem(entry) is None:
                 self.entries[self.key(entry["model"], entry["prompt"])] = {k: entry[k] for k in ("model", "prompt", "response")}
@@ -356,8 +374,9 @@ class ResponseCache:
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise NotRegularFileError(f"captions.llm.cache {self.path} is not a regular file (a FIFO or device); "
-                                          "point it at a file")
+                raise NotRegularFileError(
+                    f"captions.llm.cache {self.path} is not a regular file (a FIFO or device); point it at a file"
+                )
             os.set_blocking(fd, True)
             size = info.st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -372,7 +391,7 @@ class ResponseCache:
                 data = CACHE_HEADER + data
             view = memoryview(data)
             while view:  # one write in practice; a short write continues where it stopped
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -480,8 +499,14 @@ class Completer:
     so a process that never calls it still exits).
     """
 
-    def __init__(self, params: LLMParams, cache: ResponseCache | None = None, system: str | None = None,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        params: LLMParams,
+        cache: ResponseCache | None = None,
+        system: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+    ):
         problem = api_key_env_problem(params.api_key_env)
         if problem:
             raise LLMError(f"captions.llm.api_key_env {problem}")
@@ -502,9 +527,11 @@ class Completer:
             try:
                 return validate(cached)
             except MalformedCompletion as e:
-                raise LLMError(f"{self.cache.path}: the cached completion for model {self.params.model!r} "
-                               f"(entry {self.cache.key(self.params.model, prompt)[:12]}...) is no longer usable ({e}); "
-                               "delete that entry to ask the endpoint again") from None
+                raise LLMError(
+                    f"{self.cache.path}: the cached completion for model {self.params.model!r} "
+                    f"(entry {self.cache.key(self.params.model, prompt)[:12]}...) is no longer usable ({e}); "
+                    "delete that entry to ask the endpoint again"
+                ) from None
         text, value = self._request(prompt, validate)
         self.cache.put(self.params.model, prompt, text)
         return value
@@ -540,8 +567,14 @@ class Completer:
         if query:
             _redact_query_in_logs(base_url)
         http_client = openai.DefaultAsyncHttpxClient(auth=credentials, timeout=self.params.timeout_s) if credentials else None
-        return openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=self.params.timeout_s, max_retries=0,
-                                  http_client=http_client, default_query=query or None)
+        return openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=key,
+            timeout=self.params.timeout_s,
+            max_retries=0,
+            http_client=http_client,
+            default_query=query or None,
+        )
 
     def _delay(self, attempt: int, asked_s: float | None) -> tuple[float, str]:
         """Seconds to wait before retry ``attempt`` (1, 2, ...) and why, when the server said."""
@@ -563,15 +596,20 @@ class Completer:
         for attempt in range(self.params.max_retries + 1):
             if attempt:
                 delay, why = self._delay(attempt, asked_s)
-                log.warning("LLM request failed (%s); retry %d of %d in %.1f s%s", last, attempt, self.params.max_retries, delay, why)
+                log.warning(
+                    "LLM request failed (%s); retry %d of %d in %.1f s%s", last, attempt, self.params.max_retries, delay, why
+                )
                 self._sleep(delay)
             asked_s = None
             self.limiter.wait()
             self.requests += 1
             try:
-                response = runner.run(runner.client.chat.completions.create(
-                    model=self.params.model, messages=messages, temperature=self.params.temperature
-                ), self.params.timeout_s)
+                response = runner.run(
+                    runner.client.chat.completions.create(
+                        model=self.params.model, messages=messages, temperature=self.params.temperature
+                    ),
+                    self.params.timeout_s,
+                )
                 text = _completion_text(response)
                 return text, validate(text)
             except MalformedCompletion as e:

@@ -24,8 +24,8 @@ MIN_LLM_TEMPLATES = 5
 
 TEMPLATE_PROMPT = (
     "Write {n} different caption templates for short audio recordings. Each template is one English sentence "
-    "with exactly one {{}} slot, which will be replaced by a list of sound events such as \"a dog barking, rain "
-    "and a door slam\". Vary the wording and the sentence structure. Output one template per line and nothing else."
+    'with exactly one {{}} slot, which will be replaced by a list of sound events such as "a dog barking, rain '
+    'and a door slam". Vary the wording and the sentence structure. Output one template per line and nothing else.'
 )
 
 
@@ -79,7 +79,9 @@ def load_templates(setting: str, completer_factory, num_llm: int) -> list[str]:
         return read_templates(DEFAULT_TEMPLATES)
     if setting == "llm":
         prompt = TEMPLATE_PROMPT.format(n=num_llm)
-        return completer_factory().complete(prompt, lambda text: validate_templates(strip_fences(text).splitlines(), MIN_LLM_TEMPLATES))
+        return completer_factory().complete(
+            prompt, lambda text: validate_templates(strip_fences(text).splitlines(), MIN_LLM_TEMPLATES)
+        )
     return read_templates(Path(setting))
 
 

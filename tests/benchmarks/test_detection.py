@@ -14,7 +14,9 @@ from tests.conftest import tiny_train_params
 def test_every_epoch_is_scored_on_the_test_split(shard_folder, tmp_path):
     params, folder = shard_folder
     p = tiny_train_params(params, folder, tmp_path / "unused")
-    p = replace(p, evaluate=replace(p.evaluate, shards=str(folder), device="cpu", event_clips=None, probe_steps=20, probe_clips=16))
+    p = replace(
+        p, evaluate=replace(p.evaluate, shards=str(folder), device="cpu", event_clips=None, probe_steps=20, probe_clips=16)
+    )
     rows = run(p, tmp_path / "bench", epochs=2)
     assert [r["epoch"] for r in rows] == [0, 1, 2]
     assert rows[0]["step"] == 0 and rows[0]["train_min"] == 0.0

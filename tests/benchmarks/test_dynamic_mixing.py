@@ -12,19 +12,38 @@ from benchmarks.dynamic_mixing import bench_dynamic_mixing, print_figures
 from benchmarks.mix_stage import NO_SCAPER, find_scaper_python
 from tests.conftest import tiny_train_params
 
-FIGURES = {"rows": 200, "encoder": "small", "sample_rate_hz": 16000, "shards_cold_items_per_s": 300.0,
-           "shards_warm_items_per_s": 400.0, "mixing_cold_items_per_s": 200.0, "mixing_warm_items_per_s": 600.0,
-           "mixing_warm_passes": [580.0, 600.0], "mixing_open_s": 0.5, "shard_audio_bytes": 43 * 2**20, "ratio_warm_mixing_to_shards": 1.5,
-           "augmented_warm_items_per_s": {"reverb": 170.0, "pitch/stretch": 7.0}}
+FIGURES = {
+    "rows": 200,
+    "encoder": "small",
+    "sample_rate_hz": 16000,
+    "shards_cold_items_per_s": 300.0,
+    "shards_warm_items_per_s": 400.0,
+    "mixing_cold_items_per_s": 200.0,
+    "mixing_warm_items_per_s": 600.0,
+    "mixing_warm_passes": [580.0, 600.0],
+    "mixing_open_s": 0.5,
+    "shard_audio_bytes": 43 * 2**20,
+    "ratio_warm_mixing_to_shards": 1.5,
+    "augmented_warm_items_per_s": {"reverb": 170.0, "pitch/stretch": 7.0},
+}
 
 
 def test_the_report_states_scaper_s_rate_both_ratios_and_what_each_side_writes(capsys) -> None:
-    print_figures({**FIGURES, "scaper": {"mixtures": 200, "seconds": 8.0, "mixtures_per_s": 25.0}, "scaper_passes": [25.0, 22.2],
-                   "ratio_warm_mixing_to_scaper": 24.0, "ratio_cold_mixing_to_scaper": 8.0})
+    print_figures(
+        {
+            **FIGURES,
+            "scaper": {"mixtures": 200, "seconds": 8.0, "mixtures_per_s": 25.0},
+            "scaper_passes": [25.0, 22.2],
+            "ratio_warm_mixing_to_scaper": 24.0,
+            "ratio_cold_mixing_to_scaper": 8.0,
+        }
+    )
     out = capsys.readouterr().out
     assert "best of 2 interleaved rounds" in out and "(passes: 580.0, 600.0)" in out
     assert "Scaper 1.6.5 (1 process, 1 core)           25.0 mixtures/s" in out
-    assert "200 mixtures in 8.0 s, each written as WAV + JAMS + txt (the mixing source writes nothing)  (passes: 25.0, 22.2)" in out
+    assert (
+        "200 mixtures in 8.0 s, each written as WAV + JAMS + txt (the mixing source writes nothing)  (passes: 25.0, 22.2)" in out
+    )
     assert "mixing warm / Scaper (per core)            24.0x  (target >= 20x; round by round: 23.2x, 27.0x)" in out
     assert "mixing cold / Scaper (per core)             8.0x" in out
 
@@ -56,9 +75,11 @@ def test_scaper_mixes_as_many_mixtures_from_the_mixing_source_s_folders(mixed, s
     p = replace(p, mix=replace(p.mix, events=str(events), backgrounds=str(backgrounds)))
     stand_in = tmp_path / "python"
     calls = tmp_path / "calls"
-    stand_in.write_text(f"#!/bin/sh\ncp \"$2\" '{tmp_path / 'config.json'}'\necho x >> '{calls}'\n"
-                        f"if [ $(wc -l < '{calls}') -eq 1 ]; then s=0.5; else s=0.25; fi\n"
-                        "echo \"{\\\"mixtures\\\": 4, \\\"seconds\\\": $s}\"\n")
+    stand_in.write_text(
+        f"#!/bin/sh\ncp \"$2\" '{tmp_path / 'config.json'}'\necho x >> '{calls}'\n"
+        f"if [ $(wc -l < '{calls}') -eq 1 ]; then s=0.5; else s=0.25; fi\n"
+        'echo "{\\"mixtures\\": 4, \\"seconds\\": $s}"\n'
+    )
     stand_in.chmod(0o755)
     monkeypatch.setattr("benchmarks.dynamic_mixing.AUGMENTED", {})
     f = bench_dynamic_mixing(p, rows=4, scaper_python=str(stand_in), repeat=2)

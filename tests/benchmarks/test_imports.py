@@ -31,9 +31,11 @@ def test_rows_written_are_the_kept_clips_and_the_missing_share_is_as_generated(f
 def test_per_format_runs_hold_one_format_each(figures):
     assert list(figures["per_format"]) == list(PER_FORMAT)
     rates = {name: r["import"]["summary"]["source_rates_hz"] for name, r in figures["per_format"].items()}
-    assert rates == {"16 kHz mono FLAC": {"16000": rates["16 kHz mono FLAC"]["16000"]},
-                     "16 kHz mono WAV": {"16000": rates["16 kHz mono WAV"]["16000"]},
-                     "44.1 kHz stereo WAV": {"44100": rates["44.1 kHz stereo WAV"]["44100"]}}
+    assert rates == {
+        "16 kHz mono FLAC": {"16000": rates["16 kHz mono FLAC"]["16000"]},
+        "16 kHz mono WAV": {"16000": rates["16 kHz mono WAV"]["16000"]},
+        "44.1 kHz stereo WAV": {"44100": rates["44.1 kHz stereo WAV"]["44100"]},
+    }
     flac = figures["per_format"]["16 kHz mono FLAC"]["import"]["summary"]
     assert flac["kept_source_flac"] == flac["outputs"] and figures["flac_reencoded"]["summary"]["kept_source_flac"] == 0
     for r in figures["per_format"].values():

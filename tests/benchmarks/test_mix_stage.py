@@ -13,16 +13,34 @@ Usage = namedtuple("Usage", "total used free")
 def test_the_report_states_the_two_worker_ratio_and_the_100k_time(capsys) -> None:
     run = {"seconds": 10.0, "mixtures_per_s": 100.0, "mixtures_per_s_per_core": 100.0, "peak_rss_mib": 300.0}
     two = {**run, "seconds": 5.4, "mixtures_per_s": 185.0, "mixtures_per_s_per_core": 92.5}
-    print_figures({"mixtures": 1000, "preset": "finelap", "runs": {1: run, 2: two}, "scaper": {"mixtures": 0, "seconds": 0.0,
-                                                                                                   "mixtures_per_s": 0.0}})
+    print_figures(
+        {
+            "mixtures": 1000,
+            "preset": "finelap",
+            "runs": {1: run, 2: two},
+            "scaper": {"mixtures": 0, "seconds": 0.0, "mixtures_per_s": 0.0},
+        }
+    )
     out = capsys.readouterr().out
     assert "2 workers / 1 worker: 1.85x the rate (target >= 1.8x)" in out
     assert "100k mixtures on 2 workers at this rate: 9.0 min (target <= 6)" in out
 
 
 def test_repeated_passes_report_the_best_and_list_every_pass(capsys) -> None:
-    one = {"seconds": 9.0, "mixtures_per_s": 111.1, "mixtures_per_s_per_core": 111.1, "peak_rss_mib": 300.0, "pass_seconds": [10.0, 9.0]}
-    two = {"seconds": 5.0, "mixtures_per_s": 200.0, "mixtures_per_s_per_core": 100.0, "peak_rss_mib": 700.0, "pass_seconds": [5.0, 5.6]}
+    one = {
+        "seconds": 9.0,
+        "mixtures_per_s": 111.1,
+        "mixtures_per_s_per_core": 111.1,
+        "peak_rss_mib": 300.0,
+        "pass_seconds": [10.0, 9.0],
+    }
+    two = {
+        "seconds": 5.0,
+        "mixtures_per_s": 200.0,
+        "mixtures_per_s_per_core": 100.0,
+        "peak_rss_mib": 700.0,
+        "pass_seconds": [5.0, 5.6],
+    }
     print_figures({"mixtures": 1000, "preset": "finelap", "repeat": 2, "runs": {1: one, 2: two}, "scaper": {"mixtures": 0}})
     out = capsys.readouterr().out
     assert "(best of 2 interleaved passes)" in out
@@ -33,8 +51,15 @@ def test_repeated_passes_report_the_best_and_list_every_pass(capsys) -> None:
 def test_the_report_states_the_floor_and_the_stage_share_of_it(capsys) -> None:
     one = {"seconds": 10.0, "mixtures_per_s": 300.0, "mixtures_per_s_per_core": 300.0, "peak_rss_mib": 300.0}
     floor = {"seconds": 5.0, "mixtures_per_s": 400.0, "arithmetic_ms": 0.2, "encode_ms": 2.3}
-    print_figures({"mixtures": 1000, "preset": "finelap", "runs": {1: one}, "floor": floor,
-                   "scaper": {"mixtures": 100, "seconds": 4.0, "mixtures_per_s": 25.0}})
+    print_figures(
+        {
+            "mixtures": 1000,
+            "preset": "finelap",
+            "runs": {1: one},
+            "floor": floor,
+            "scaper": {"mixtures": 100, "seconds": 4.0, "mixtures_per_s": 25.0},
+        }
+    )
     out = capsys.readouterr().out
     assert "stage / floor (1 worker): 0.75 of the floor's rate (target >= 0.7)" in out
     assert "arithmetic 0.20 ms + FLAC 2.30 ms per mixture; stage 3.33 ms" in out
@@ -92,7 +117,11 @@ def test_the_profile_splits_a_pass_into_parts_that_add_up_and_leaves_the_stage_a
     rows = profile_pass(run, params, events_dir, backgrounds_dir, tmp_path / "out", n)
     assert {name: getattr(instantiate, name) for name in before} == before  # every wrapped function restored
     ms = {part: value for _, part, value in rows}
-    assert {part for _, _, part, _ in PARTS} <= set(ms) and all(ms[p] > 0 for p in ("FLAC encode", "relabeling", "drawing (RNG, placement, levels, recipe)"))
+    assert {part for _, _, part, _ in PARTS} <= set(ms) and all(
+        ms[p] > 0 for p in ("FLAC encode", "relabeling", "drawing (RNG, placement, levels, recipe)")
+    )
     partition_parts = [value for depth, part, value in rows if depth == 2]
     assert abs(sum(partition_parts) - ms["partitions (every mixture's work)"]) < 1e-9  # the rest closes the sum
-    assert sorted(p.name for p in (tmp_path / "out" / "audio").rglob("*.flac")) == sorted(p.name for p in (mix_dir / "audio").rglob("*.flac"))
+    assert sorted(p.name for p in (tmp_path / "out" / "audio").rglob("*.flac")) == sorted(
+        p.name for p in (mix_dir / "audio").rglob("*.flac")
+    )

@@ -28,8 +28,22 @@ def test_mixtures_scale_to_100k_at_full_size_in_the_params_proportions() -> None
 
 def test_a_tiny_run_prints_the_table_and_writes_scale_csv_and_png(tmp_path, capsys) -> None:
     out = tmp_path / "scale"
-    status = main(["bench", "scale", "--sizes", "12,24", "--stages", "corpus", "--out", str(out),
-                   "--set", "compute.workers=1", "--set", "corpus.ambience_recordings=8"])
+    status = main(
+        [
+            "bench",
+            "scale",
+            "--sizes",
+            "12,24",
+            "--stages",
+            "corpus",
+            "--out",
+            str(out),
+            "--set",
+            "compute.workers=1",
+            "--set",
+            "corpus.ambience_recordings=8",
+        ]
+    )
     assert status == 0
     printed = capsys.readouterr().out
     for column in ("stage", "items", "wall s", "CPU s", "CPU/wall", "ms/item", "peak RSS", "anon", "PSS", "max proc", "output"):
@@ -39,9 +53,14 @@ def test_a_tiny_run_prints_the_table_and_writes_scale_csv_and_png(tmp_path, caps
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == COLUMNS
     assert [(r["size"], r["stage"]) for r in rows] == [("12", "corpus"), ("24", "corpus")]
-    assert all(float(r["wall_s"]) > 0 and float(r["cpu_s"]) > 0 and float(r["peak_rss_mib"]) >= float(r["peak_anon_mib"]) > 0
-               and float(r["peak_rss_mib"]) >= float(r["peak_pss_mib"]) > 0 and int(r["output_bytes"]) > 0
-               for r in rows)
+    assert all(
+        float(r["wall_s"]) > 0
+        and float(r["cpu_s"]) > 0
+        and float(r["peak_rss_mib"]) >= float(r["peak_anon_mib"]) > 0
+        and float(r["peak_rss_mib"]) >= float(r["peak_pss_mib"]) > 0
+        and int(r["output_bytes"]) > 0
+        for r in rows
+    )
     assert (out / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "24" / "logs" / "corpus.log").exists() and not (out / "24" / "sources").exists()  # data removed, log kept
 
@@ -68,7 +87,14 @@ def test_an_unknown_stage_is_refused_before_anything_runs(tmp_path) -> None:
 
 def test_the_parser_takes_the_flags() -> None:
     args = build_parser().parse_args(["bench", "scale", "--sizes", "full", "--train", "--keep", "--reuse"])
-    assert (args.what, args.sizes, args.out, args.train, args.keep, args.reuse) == ("scale", "full", "bench-out/scale", True, True, True)
+    assert (args.what, args.sizes, args.out, args.train, args.keep, args.reuse) == (
+        "scale",
+        "full",
+        "bench-out/scale",
+        True,
+        True,
+        True,
+    )
 
 
 def test_reuse_runs_the_named_stages_on_a_kept_run_and_refuses_a_missing_one(tmp_path, capsys) -> None:

@@ -41,9 +41,12 @@ def tone(seconds: float, rate: int) -> bytes:
 def test_a_cell_longer_than_max_s_is_refused_from_its_header(frames_read):
     cell = silence(240)  # four minutes: 3.8 M frames in a few kilobytes
     assert len(cell) < 100_000
-    for decode in (lambda: decode_mono(cell, SR, max_s=10.0), lambda: A.decoded_frames(cell, max_s=10.0),
-                   lambda: list(read_blocks(cell, SR, max_s=10.0)),
-                   lambda: A.decode_crop(cell, SR, 4 * SR, lambda total: 0, max_s=10.0)):
+    for decode in (
+        lambda: decode_mono(cell, SR, max_s=10.0),
+        lambda: A.decoded_frames(cell, max_s=10.0),
+        lambda: list(read_blocks(cell, SR, max_s=10.0)),
+        lambda: A.decode_crop(cell, SR, 4 * SR, lambda total: 0, max_s=10.0),
+    ):
         with pytest.raises(AudioError) as caught:
             decode()
         assert caught.value.reason == "too-long" and "3840000 frames" in caught.value.detail
@@ -61,9 +64,9 @@ def test_a_crop_decodes_only_its_frames_and_equals_the_whole_decode_there(frames
         wave, picked = A.decode_crop(cell, SR, n, lambda total: start)
         assert picked == start and wave.shape == (n,) and wave.dtype == np.float32
         if rate == SR:
-            assert wave.tobytes() == whole[start:start + n].tobytes()
+            assert wave.tobytes() == whole[start : start + n].tobytes()
         else:  # only the crop and 0.1 s each side resampled
-            np.testing.assert_allclose(wave, whole[start:start + n], atol=1e-6)
+            np.testing.assert_allclose(wave, whole[start : start + n], atol=1e-6)
     crop_frames = (5 + 2 * 0.1 + 0.01) * rate + 2  # the crop, 0.1 s each side, up to 10 ms to start on the output grid
     assert max(frames_read) <= crop_frames, "more than a crop was decoded at once"
     assert sum(frames_read) <= 4 * crop_frames

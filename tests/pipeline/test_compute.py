@@ -27,7 +27,9 @@ def test_one_worker_runs_in_this_process_and_starts_nothing() -> None:
     assert runs_in_process(compute)
     with Workers(compute) as workers:
         assert workers.client() is None
-        assert map_ordered(_pid_and_square, range(5), compute, "test", workers=workers) == [(os.getpid(), x * x) for x in range(5)]
+        assert map_ordered(_pid_and_square, range(5), compute, "test", workers=workers) == [
+            (os.getpid(), x * x) for x in range(5)
+        ]
 
 
 def test_started_workers_preload_and_serve_several_maps_in_order() -> None:
@@ -46,7 +48,11 @@ def test_started_workers_preload_and_serve_several_maps_in_order() -> None:
 def _worker_settings(_: int) -> tuple[object, str | None, str | None]:
     import dask
 
-    return dask.config.get("distributed.worker.profile.enabled"), os.environ.get("OMP_NUM_THREADS"), os.environ.get("MALLOC_TRIM_THRESHOLD_")
+    return (
+        dask.config.get("distributed.worker.profile.enabled"),
+        os.environ.get("OMP_NUM_THREADS"),
+        os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+    )
 
 
 def test_local_workers_run_without_the_profiler_and_with_one_thread_per_library(monkeypatch) -> None:
@@ -112,7 +118,9 @@ def test_a_worker_that_joins_after_the_check_with_other_kernels_makes_nothing(mo
         with Workers(compute) as workers:
             assert workers.client() is not None  # connected and checked: no worker has joined yet
             cluster.scale(1)
-            with pytest.raises(ComputeError, match=f"dask worker [a-z]+://.* uses numpy kernels '{other}' where this process uses '{here}'"):
+            with pytest.raises(
+                ComputeError, match=f"dask worker [a-z]+://.* uses numpy kernels '{other}' where this process uses '{here}'"
+            ):
                 map_ordered(_square, range(6), compute, "test", workers=workers)
 
 
@@ -124,11 +132,14 @@ def test_workers_with_the_same_kernels_run_a_remote_map(monkeypatch) -> None:
         assert map_ordered(_square, range(5), compute, "test") == [0, 1, 4, 9, 16]
 
 
-@pytest.mark.parametrize("trim, profile, expected", [
-    ("65536", True, "run with MALLOC_TRIM_THRESHOLD_ and distributed.worker.profile.enabled set"),
-    (None, True, "run with distributed.worker.profile.enabled set"),
-    (None, False, None),
-])
+@pytest.mark.parametrize(
+    "trim, profile, expected",
+    [
+        ("65536", True, "run with MALLOC_TRIM_THRESHOLD_ and distributed.worker.profile.enabled set"),
+        (None, True, "run with distributed.worker.profile.enabled set"),
+        (None, False, None),
+    ],
+)
 def test_remote_workers_with_dask_defaults_are_named_once(monkeypatch, capsys, trim, profile, expected) -> None:
     """A cluster you start yourself gets dask's defaults unless told otherwise; the stage says so in
     one line, names the fix, and runs on (the bytes are the same, only slower)."""
@@ -139,8 +150,10 @@ def test_remote_workers_with_dask_defaults_are_named_once(monkeypatch, capsys, t
         monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     else:
         monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", trim)  # in-process workers share this environment
-    with dask.config.set({"distributed.worker.profile.enabled": profile}), \
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with (
+        dask.config.set({"distributed.worker.profile.enabled": profile}),
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+    ):
         compute = ComputeParams(scheduler=cluster.scheduler_address, workers=1, chunk_size=2)
         assert map_ordered(_square, range(3), compute, "test") == [0, 1, 4]
     lines = [line for line in capsys.readouterr().err.splitlines() if "dask workers" in line]
@@ -159,9 +172,11 @@ def test_the_worker_config_file_unsets_what_slows_workers() -> None:
 
     from pipeline.compute import WORKER_CONFIG
 
-    code = ("import dask, json, distributed; from distributed.nanny import _get_env_variables; "
-            "print(json.dumps([dask.config.get('distributed.worker.profile.enabled'), "
-            "_get_env_variables('distributed.nanny.pre-spawn-environ')]))")
+    code = (
+        "import dask, json, distributed; from distributed.nanny import _get_env_variables; "
+        "print(json.dumps([dask.config.get('distributed.worker.profile.enabled'), "
+        "_get_env_variables('distributed.nanny.pre-spawn-environ')]))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS")}
     env["DASK_CONFIG"] = str(Path(__file__).parents[2] / WORKER_CONFIG)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

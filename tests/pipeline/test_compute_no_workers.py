@@ -31,8 +31,9 @@ def test_a_cluster_whose_last_worker_dies_is_given_up_on_in_one_line(monkeypatch
     monkeypatch.setattr(compute_module, "NO_WORKER_CHECK_S", 0.1, raising=False)
     STARTED.clear()
     outcome: dict = {}
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1",
-                      dashboard_address=None) as cluster:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None
+    ) as cluster:
         address = cluster.scheduler_address
         compute = ComputeParams(scheduler=address, workers=1, chunk_size=1)
 
@@ -62,7 +63,9 @@ def test_a_cluster_whose_last_worker_dies_is_given_up_on_in_one_line(monkeypatch
         assert f"compute.scheduler {address}: the dask scheduler at {address} has had no worker for 1 s" in message
         assert f"`dask worker {address}`" in message and "compute.scheduler: local" in message
         assert took < 10
-        assert not cluster.scheduler.tasks or all(ts.state in ("released", "forgotten") for ts in cluster.scheduler.tasks.values())
+        assert not cluster.scheduler.tasks or all(
+            ts.state in ("released", "forgotten") for ts in cluster.scheduler.tasks.values()
+        )
 
 
 def test_a_map_on_a_cluster_that_keeps_its_worker_is_not_cut_short(monkeypatch) -> None:
@@ -71,7 +74,8 @@ def test_a_map_on_a_cluster_that_keeps_its_worker_is_not_cut_short(monkeypatch) 
 
     monkeypatch.setattr(compute_module, "NO_WORKER_TIMEOUT_S", 0.3)
     monkeypatch.setattr(compute_module, "NO_WORKER_CHECK_S", 0.05)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1",
-                      dashboard_address=None) as cluster:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", host="127.0.0.1", dashboard_address=None
+    ) as cluster:
         compute = ComputeParams(scheduler=cluster.scheduler_address, workers=1, chunk_size=1)
         assert map_ordered(_slow_square, range(5), compute, "test") == [x * x for x in range(5)]  # about 1 s

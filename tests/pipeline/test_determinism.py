@@ -25,8 +25,12 @@ def _kernels_in_fresh_python(code: str, **environ: str) -> str:
 def test_the_command_pins_numpy_to_its_baseline_before_numpy_loads() -> None:
     assert _kernels_in_fresh_python(f"import sedsynth; {KERNELS}") == "baseline"
     # numpy loaded first cannot be pinned any more: the variable is left alone and the kernels say so
-    assert _kernels_in_fresh_python(f"import numpy, os, sedsynth; print(os.environ.get('{determinism.VARIABLE}')); {KERNELS}"
-                                    ).splitlines()[0] == "None"
+    assert (
+        _kernels_in_fresh_python(
+            f"import numpy, os, sedsynth; print(os.environ.get('{determinism.VARIABLE}')); {KERNELS}"
+        ).splitlines()[0]
+        == "None"
+    )
 
 
 def test_a_users_own_setting_is_kept() -> None:
@@ -49,7 +53,10 @@ def test_remote_workers_with_other_kernels_are_refused_with_the_fix() -> None:
     here = determinism.numpy_kernels()
     _check_kernels(_Cluster([here, here]), "tcp://scheduler:8786")  # the same kernels everywhere: accepted
     other = "baseline" if here != "baseline" else "X86_V3 X86_V4"
-    with pytest.raises(ComputeError, match=f"1 of its dask workers \\(e.g. tcp://10.0.0.1:4000\\) use numpy kernels '{other}'.*{determinism.VARIABLE}="):
+    with pytest.raises(
+        ComputeError,
+        match=f"1 of its dask workers \\(e.g. tcp://10.0.0.1:4000\\) use numpy kernels '{other}'.*{determinism.VARIABLE}=",
+    ):
         _check_kernels(_Cluster([here, other]), "tcp://scheduler:8786")
 
 
@@ -65,8 +72,13 @@ FASTEST = _kernels_in_fresh_python(KERNELS) if PINNABLE else "baseline"  # numpy
 def test_real_workers_started_without_the_pin_are_refused(monkeypatch) -> None:
     from distributed import Client, LocalCluster
 
-    monkeypatch.setenv(determinism.VARIABLE, FASTEST)  # the workers' environment: numpy's own choice (this process has loaded numpy)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+    monkeypatch.setenv(
+        determinism.VARIABLE, FASTEST
+    )  # the workers' environment: numpy's own choice (this process has loaded numpy)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         assert set(client.run(determinism.numpy_kernels).values()) == {FASTEST}
         with pytest.raises(ComputeError, match="differ in the last bits"):
             _check_kernels(client, cluster.scheduler_address)  # this process runs on the baseline kernels

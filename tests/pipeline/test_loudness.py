@@ -25,7 +25,9 @@ def test_short_and_silent_signals() -> None:
     sr = 16000
     tone = (0.1 * np.sin(2 * np.pi * 1000 * np.arange(int(0.1 * sr)) / sr)).astype(np.float32)
     tiled = np.tile(tone, 6)
-    assert integrated_lufs(tone, sr) == pytest.approx(pyloudnorm.Meter(sr).integrated_loudness(tiled.astype(np.float64)[: len(tiled)]), abs=0.05)
+    assert integrated_lufs(tone, sr) == pytest.approx(
+        pyloudnorm.Meter(sr).integrated_loudness(tiled.astype(np.float64)[: len(tiled)]), abs=0.05
+    )
     assert integrated_lufs(np.zeros(sr, dtype=np.float32), sr) == -70.0
 
 

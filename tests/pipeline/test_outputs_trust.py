@@ -77,8 +77,14 @@ def _start_writer(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     target.parent.mkdir()
     target.write_bytes(b"old")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(target), str(staged)], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(target), str(staged)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "mid-write", child.stderr.read()
     assert list(target.parent.glob(".*.tmp")), "the child is inside write_atomic"
     return child, target, staged
@@ -176,8 +182,9 @@ PARAMS = ROOT / "params.yaml"
         ("corpus", "corpus.fsd50k_dir", "data/events", "is also clip.out_dir (data/events)"),
     ],
 )
-def test_an_out_dir_that_is_an_input_or_a_root_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, command,
-                                                                                      setting, value, why):
+def test_an_out_dir_that_is_an_input_or_a_root_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capsys, command, setting, value, why
+):
     from sedsynth.cli import main
 
     work = tmp_path / "project"
@@ -213,11 +220,19 @@ def test_a_second_run_into_the_same_out_dir_is_refused_and_a_killed_ones_lock_do
 
     target = tmp_path / "mixtures"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(target)], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(target)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "writing", child.stderr.read()
-        busy = f"{target} is being written by another run (pid {child.pid}); wait for it to finish, or stop it, then run this again"
+        busy = (
+            f"{target} is being written by another run (pid {child.pid}); wait for it to finish, or stop it, then run this again"
+        )
         with pytest.raises(OutputBusyError) as e:
             with staged_dir(target):
                 pass
@@ -225,8 +240,19 @@ def test_a_second_run_into_the_same_out_dir_is_refused_and_a_killed_ones_lock_do
         with pytest.raises(OutputBusyError):
             with resumable_dir(target, "fp"):
                 pass
-        code = main(["mix", "--params", str(PARAMS), "--set", f"mix.out_dir={target}",
-                     "--set", f"mix.events={tmp_path / 'events'}", "--set", f"mix.backgrounds={tmp_path / 'backgrounds'}"])
+        code = main(
+            [
+                "mix",
+                "--params",
+                str(PARAMS),
+                "--set",
+                f"mix.out_dir={target}",
+                "--set",
+                f"mix.events={tmp_path / 'events'}",
+                "--set",
+                f"mix.backgrounds={tmp_path / 'backgrounds'}",
+            ]
+        )
         assert (code, capsys.readouterr().err) == (2, f"sedsynth mix: error: {busy}\n")
         assert (tmp_path / ".mixtures.partial" / "part.txt").read_text() == "first run", "the first run's files are untouched"
     finally:

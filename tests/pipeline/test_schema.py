@@ -13,22 +13,75 @@ from pipeline.schema import BackgroundSegment, EventClip, SourceExcerpt, arrow_s
 
 # The column order of events/manifest.parquet and backgrounds/manifest.parquet as published.
 EVENT_COLUMNS = [
-    "clip_id", "audio_path", "source_dataset", "source_id", "source_split", "source_path", "label", "mid", "audioset_name",
-    "onset_in_source_s", "offset_in_source_s", "duration_s", "num_samples", "sample_rate_hz", "source_sample_rate_hz",
-    "source_channels", "rms_dbfs", "peak_dbfs", "loudness_lufs", "envelope_frame_s", "envelope_hop_s", "envelope_db",
-    "license_url", "license", "uploader", "title",
+    "clip_id",
+    "audio_path",
+    "source_dataset",
+    "source_id",
+    "source_split",
+    "source_path",
+    "label",
+    "mid",
+    "audioset_name",
+    "onset_in_source_s",
+    "offset_in_source_s",
+    "duration_s",
+    "num_samples",
+    "sample_rate_hz",
+    "source_sample_rate_hz",
+    "source_channels",
+    "rms_dbfs",
+    "peak_dbfs",
+    "loudness_lufs",
+    "envelope_frame_s",
+    "envelope_hop_s",
+    "envelope_db",
+    "license_url",
+    "license",
+    "uploader",
+    "title",
 ]
 BACKGROUND_COLUMNS = [
-    "segment_id", "audio_path", "source_id", "source_path", "category", "offset_in_source_s", "duration_s", "num_samples",
-    "sample_rate_hz", "source_sample_rate_hz", "source_channels", "rms_dbfs", "peak_dbfs", "loudness_lufs", "peak_to_median_db",
-    "envelope_frame_s", "envelope_hop_s", "envelope_db", "license", "author",
+    "segment_id",
+    "audio_path",
+    "source_id",
+    "source_path",
+    "category",
+    "offset_in_source_s",
+    "duration_s",
+    "num_samples",
+    "sample_rate_hz",
+    "source_sample_rate_hz",
+    "source_channels",
+    "rms_dbfs",
+    "peak_dbfs",
+    "loudness_lufs",
+    "peak_to_median_db",
+    "envelope_frame_s",
+    "envelope_hop_s",
+    "envelope_db",
+    "license",
+    "author",
 ]
 
 
 def _shared() -> dict:
-    return dict(audio_path="audio/x.flac", source_id="x", source_path="x.wav", duration_s=1.5, num_samples=24000, sample_rate_hz=16000,
-                source_sample_rate_hz=44100, source_channels=2, rms_dbfs=-20.0, peak_dbfs=-3.0, loudness_lufs=-21.5,
-                envelope_frame_s=0.04, envelope_hop_s=0.02, envelope_db=(-30.0, -25.5), license="CC0")
+    return dict(
+        audio_path="audio/x.flac",
+        source_id="x",
+        source_path="x.wav",
+        duration_s=1.5,
+        num_samples=24000,
+        sample_rate_hz=16000,
+        source_sample_rate_hz=44100,
+        source_channels=2,
+        rms_dbfs=-20.0,
+        peak_dbfs=-3.0,
+        loudness_lufs=-21.5,
+        envelope_frame_s=0.04,
+        envelope_hop_s=0.02,
+        envelope_db=(-30.0, -25.5),
+        license="CC0",
+    )
 
 
 def test_manifests_keep_their_published_column_order() -> None:
@@ -46,11 +99,23 @@ def test_the_excerpt_fields_are_declared_once() -> None:
 
 
 def test_excerpt_records_round_trip_through_arrow() -> None:
-    clip = EventClip(**_shared(), clip_id="fsd50k-1", source_dataset="fsd50k", source_split="train", label="Bark", mid="/m/05tny_",
-                     audioset_name="Bark", onset_in_source_s=0.25, offset_in_source_s=1.75, license_url="http://cc0", uploader="u",
-                     title="t")
-    segment = BackgroundSegment(**_shared(), segment_id="park-0000", category="ambiance", offset_in_source_s=10.0,
-                                peak_to_median_db=4.0, author="a")
+    clip = EventClip(
+        **_shared(),
+        clip_id="fsd50k-1",
+        source_dataset="fsd50k",
+        source_split="train",
+        label="Bark",
+        mid="/m/05tny_",
+        audioset_name="Bark",
+        onset_in_source_s=0.25,
+        offset_in_source_s=1.75,
+        license_url="http://cc0",
+        uploader="u",
+        title="t",
+    )
+    segment = BackgroundSegment(
+        **_shared(), segment_id="park-0000", category="ambiance", offset_in_source_s=10.0, peak_to_median_db=4.0, author="a"
+    )
     assert from_table(to_table([clip], EventClip), EventClip) == [clip]
     assert from_table(to_table([segment], BackgroundSegment), BackgroundSegment) == [segment]
     assert to_table([clip], EventClip).column_names == EVENT_COLUMNS

@@ -32,28 +32,41 @@ def test_every_benchmark_is_a_subcommand_with_only_its_own_flags():
         assert args["what"] == name and {k: v for k, v in args.items() if k not in SHARED} == flags
 
 
-@pytest.mark.parametrize("argv, expected", [
-    ("bench mix --mixtures 3000 --workers 1 --scaper-mixtures 300 --repeat 2 --profile",
-     {"mixtures": 3000, "workers": "1", "scaper_mixtures": 300, "repeat": 2, "profile": True}),
-    ("bench mixing --rows 50 --scaper-python /opt/scaper/bin/python --repeat 2",
-     {"rows": 50, "scaper_python": "/opt/scaper/bin/python", "repeat": 2}),
-    ("bench detection --epochs 11 --out models/bench_detection", {"epochs": 11, "out": "models/bench_detection"}),
-    ("bench train --rows 8 --steps 1 --preset gpu --peak-tflops 989", {"rows": 8, "steps": 1, "preset": "gpu", "peak_tflops": 989.0}),
-    ("bench train --preset gpu --batch 256 --profile", {"preset": "gpu", "batch": 256, "profile": True}),
-    ("bench detection --epochs 11 --score-only", {"epochs": 11, "score_only": True}),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            "bench mix --mixtures 3000 --workers 1 --scaper-mixtures 300 --repeat 2 --profile",
+            {"mixtures": 3000, "workers": "1", "scaper_mixtures": 300, "repeat": 2, "profile": True},
+        ),
+        (
+            "bench mixing --rows 50 --scaper-python /opt/scaper/bin/python --repeat 2",
+            {"rows": 50, "scaper_python": "/opt/scaper/bin/python", "repeat": 2},
+        ),
+        ("bench detection --epochs 11 --out models/bench_detection", {"epochs": 11, "out": "models/bench_detection"}),
+        (
+            "bench train --rows 8 --steps 1 --preset gpu --peak-tflops 989",
+            {"rows": 8, "steps": 1, "preset": "gpu", "peak_tflops": 989.0},
+        ),
+        ("bench train --preset gpu --batch 256 --profile", {"preset": "gpu", "batch": 256, "profile": True}),
+        ("bench detection --epochs 11 --score-only", {"epochs": 11, "score_only": True}),
+    ],
+)
 def test_a_benchmarks_flags_parse(argv, expected):
     args = vars(build_parser().parse_args(argv.split()))
     assert {k: args[k] for k in expected} == expected
 
 
-@pytest.mark.parametrize("argv, says", [
-    ("bench clip --epochs 3", "unrecognized arguments: --epochs 3"),
-    ("bench detection --repeat 2", "unrecognized arguments: --repeat 2"),
-    ("bench llm-cache --rows 5", "unrecognized arguments: --rows 5"),
-    ("bench", "usage: sedsynth bench"),
-    ("bench nope", "invalid choice: 'nope'"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        ("bench clip --epochs 3", "unrecognized arguments: --epochs 3"),
+        ("bench detection --repeat 2", "unrecognized arguments: --repeat 2"),
+        ("bench llm-cache --rows 5", "unrecognized arguments: --rows 5"),
+        ("bench", "usage: sedsynth bench"),
+        ("bench nope", "invalid choice: 'nope'"),
+    ],
+)
 def test_another_benchmarks_flag_or_no_benchmark_is_refused(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(argv.split())
@@ -72,8 +85,16 @@ def test_the_view_benchmark_parses_and_runs_the_views_own(monkeypatch):
     import types
 
     args = vars(build_parser().parse_args(["bench", "view", "--rows", "500", "--repeat", "2", "--save", "out.json"]))
-    assert {k: args[k] for k in ("what", "rows", "repeat", "save")} == {"what": "view", "rows": 500, "repeat": 2, "save": "out.json"}
-    assert {k: v for k, v in vars(build_parser().parse_args(["bench", "view"])).items() if k not in SHARED} == {"rows": 100000, "repeat": 3}
+    assert {k: args[k] for k in ("what", "rows", "repeat", "save")} == {
+        "what": "view",
+        "rows": 500,
+        "repeat": 2,
+        "save": "out.json",
+    }
+    assert {k: v for k, v in vars(build_parser().parse_args(["bench", "view"])).items() if k not in SHARED} == {
+        "rows": 100000,
+        "repeat": 3,
+    }
     ran = []
     view_bench = types.ModuleType("sedsynth.view.bench")
     view_bench.main = lambda args, params: ran.append((args.what, args.rows, params.seed)) or 0

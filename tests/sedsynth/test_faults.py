@@ -81,9 +81,29 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def _mix_args(events: Path, backgrounds: Path, out: Path) -> list[str]:
-    return ["mix", "--params", str(ROOT / "params.yaml"), "--set", f"clip.out_dir={events}", "--set", f"ambience.out_dir={backgrounds}",
-            "--set", f"mix.out_dir={out}", "--set", "compute.workers=1", "--set", "mix.mixtures.train=4", "--set", "mix.mixtures.valid=2",
-            "--set", "mix.mixtures.test=2", "--set", "mix.partition_size=2", "--set", "mix.export.timelines=0"]
+    return [
+        "mix",
+        "--params",
+        str(ROOT / "params.yaml"),
+        "--set",
+        f"clip.out_dir={events}",
+        "--set",
+        f"ambience.out_dir={backgrounds}",
+        "--set",
+        f"mix.out_dir={out}",
+        "--set",
+        "compute.workers=1",
+        "--set",
+        "mix.mixtures.train=4",
+        "--set",
+        "mix.mixtures.valid=2",
+        "--set",
+        "mix.mixtures.test=2",
+        "--set",
+        "mix.partition_size=2",
+        "--set",
+        "mix.export.timelines=0",
+    ]
 
 
 def test_a_full_disk_during_mix_is_one_line_and_leaves_the_previous_output_and_no_staging(mixed, tmp_path, capsys, monkeypatch):
@@ -113,11 +133,27 @@ def test_a_full_disk_during_clip_is_one_line_and_leaves_the_previous_output(mixe
     disk = FullDisk(tmp_path / "disk", room=300_000)  # some clips fit, then the disk is full
     disk.install(monkeypatch)
 
-    code, _, err = _run(capsys, "clip", "--params", str(ROOT / "params.yaml"), "--set", f"sources.fsd50k_dir={events_dir.parent / 'fsd50k'}",
-                        "--set", f"clip.out_dir={out}", "--set", "compute.workers=1", "--set", "clip.plot_examples=0")
+    code, _, err = _run(
+        capsys,
+        "clip",
+        "--params",
+        str(ROOT / "params.yaml"),
+        "--set",
+        f"sources.fsd50k_dir={events_dir.parent / 'fsd50k'}",
+        "--set",
+        f"clip.out_dir={out}",
+        "--set",
+        "compute.workers=1",
+        "--set",
+        "clip.plot_examples=0",
+    )
 
     assert disk.refused > 0 and disk.used > 0
-    assert code == 2 and err.strip().splitlines()[-1] == f"sedsynth clip: error: no space left on device writing {out}: free space or set clip.out_dir", err
+    assert (
+        code == 2
+        and err.strip().splitlines()[-1]
+        == f"sedsynth clip: error: no space left on device writing {out}: free space or set clip.out_dir"
+    ), err
     assert tree_digest(out) == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["events"]
 
@@ -128,18 +164,30 @@ def test_a_full_disk_names_the_file_when_the_error_does(tmp_path, capsys, monkey
 
     monkeypatch.setattr("pipeline.stages.clip.run", full)  # the command imports it when it runs, so it takes this one
     code, _, err = _run(capsys, "clip", "--params", str(ROOT / "params.yaml"), "--set", f"clip.out_dir={tmp_path / 'events'}")
-    assert (code, err) == (2, f"sedsynth clip: error: no space left on device writing {tmp_path / 'events' / 'x.flac'}: "
-                              "free space or set clip.out_dir\n")
+    assert (code, err) == (
+        2,
+        f"sedsynth clip: error: no space left on device writing {tmp_path / 'events' / 'x.flac'}: "
+        "free space or set clip.out_dir\n",
+    )
 
 
-@pytest.mark.parametrize("error, expected", [
-    (PermissionError(errno.EACCES, "Permission denied", "/srv/data/events"),
-     "permission denied on /srv/data/events: give this user access to it or set clip.out_dir to a folder it can write"),
-    (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/events"),
-     "read-only file system at /mnt/ro/events: set clip.out_dir to a folder on a writable disk"),
-    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
-     "[Errno 111] Connection refused (ConnectionRefusedError): check the address and that its server is up and reachable, then run again"),
-])
+@pytest.mark.parametrize(
+    "error, expected",
+    [
+        (
+            PermissionError(errno.EACCES, "Permission denied", "/srv/data/events"),
+            "permission denied on /srv/data/events: give this user access to it or set clip.out_dir to a folder it can write",
+        ),
+        (
+            OSError(errno.EROFS, "Read-only file system", "/mnt/ro/events"),
+            "read-only file system at /mnt/ro/events: set clip.out_dir to a folder on a writable disk",
+        ),
+        (
+            ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+            "[Errno 111] Connection refused (ConnectionRefusedError): check the address and that its server is up and reachable, then run again",
+        ),
+    ],
+)
 def test_user_fixable_os_faults_are_one_line(error, expected, capsys, monkeypatch):
     def fails(params):
         raise error
@@ -198,9 +246,20 @@ def test_a_scheduler_that_is_not_there_is_one_line_in_bounded_time(where, silent
     monkeypatch.setattr("pipeline.compute.CONNECT_TIMEOUT_S", 1)
     address = f"tcp://127.0.0.1:{_closed_port() if where == 'closed' else silent_server}"
     start = time.monotonic()
-    code, _, err = _run(capsys, "corpus", "--params", str(ROOT / "params.yaml"), "--set", f"compute.scheduler={address}",
-                        "--set", "corpus.fsd50k_clips=4", "--set", f"corpus.fsd50k_dir={tmp_path / 'fsd50k'}",
-                        "--set", f"corpus.ambience_dir={tmp_path / 'ambience'}")
+    code, _, err = _run(
+        capsys,
+        "corpus",
+        "--params",
+        str(ROOT / "params.yaml"),
+        "--set",
+        f"compute.scheduler={address}",
+        "--set",
+        "corpus.fsd50k_clips=4",
+        "--set",
+        f"corpus.fsd50k_dir={tmp_path / 'fsd50k'}",
+        "--set",
+        f"corpus.ambience_dir={tmp_path / 'ambience'}",
+    )
     took = time.monotonic() - start
     assert not (tmp_path / "fsd50k").exists(), "nothing was written"
     assert code == 2 and len(err.strip().splitlines()) == 1, err
@@ -228,11 +287,24 @@ def test_workers_with_other_numpy_kernels_are_one_line(tmp_path, capsys, monkeyp
     monkeypatch.setattr(compute_module, "numpy_kernels", kernels_per_process)
     # a cluster started as docs/scaling.md says (configs/dask-worker.yaml), so no advice line joins the fault's
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
-    with dask.config.set({"distributed.worker.profile.enabled": False}), \
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        code, _, err = _run(capsys, "corpus", "--params", str(ROOT / "params.yaml"), "--set", f"compute.scheduler={cluster.scheduler_address}",
-                            "--set", "corpus.fsd50k_clips=4", "--set", f"corpus.fsd50k_dir={tmp_path / 'fsd50k'}",
-                            "--set", f"corpus.ambience_dir={tmp_path / 'ambience'}")
+    with (
+        dask.config.set({"distributed.worker.profile.enabled": False}),
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+    ):
+        code, _, err = _run(
+            capsys,
+            "corpus",
+            "--params",
+            str(ROOT / "params.yaml"),
+            "--set",
+            f"compute.scheduler={cluster.scheduler_address}",
+            "--set",
+            "corpus.fsd50k_clips=4",
+            "--set",
+            f"corpus.fsd50k_dir={tmp_path / 'fsd50k'}",
+            "--set",
+            f"corpus.ambience_dir={tmp_path / 'ambience'}",
+        )
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"uses numpy kernels '{other}'" in err and "NPY_ENABLE_CPU_FEATURES=" in err
     assert not (tmp_path / "fsd50k").exists()
@@ -247,8 +319,9 @@ def test_detect_refuses_a_threshold_that_is_not_a_probability(value, capsys):
         main(["detect", "a.wav", "--query", "dog", f"--threshold={value}"])
     err = capsys.readouterr().err
     assert stop.value.code == 2
-    assert err.strip().splitlines()[-1] == (f"sedsynth detect: error: argument --threshold: {value!r} is not a probability: "
-                                            "pass a number from 0 to 1, e.g. 0.5")
+    assert err.strip().splitlines()[-1] == (
+        f"sedsynth detect: error: argument --threshold: {value!r} is not a probability: pass a number from 0 to 1, e.g. 0.5"
+    )
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5"])

@@ -21,14 +21,17 @@ def ran(monkeypatch) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("setting, key", [
-    ("train.optim.lr=.nan", "train.optim.lr"),
-    ("train.optim.epochs=0", "train.optim.epochs"),
-    ("evaluate.device=tpu", "evaluate.device"),
-    ("pretrain.crop_s=100000", "pretrain.crop_s"),
-    ("shards.shard_size_mb=0", "shards.shard_size_mb"),
-    ("clip.min_duration_s=9", "clip.min_duration_s"),
-])
+@pytest.mark.parametrize(
+    "setting, key",
+    [
+        ("train.optim.lr=.nan", "train.optim.lr"),
+        ("train.optim.epochs=0", "train.optim.epochs"),
+        ("evaluate.device=tpu", "evaluate.device"),
+        ("pretrain.crop_s=100000", "pretrain.crop_s"),
+        ("shards.shard_size_mb=0", "shards.shard_size_mb"),
+        ("clip.min_duration_s=9", "clip.min_duration_s"),
+    ],
+)
 def test_a_bad_param_of_any_stage_stops_the_pipeline_before_its_first_stage(ran, capsys, setting: str, key: str) -> None:
     assert cli.main(["pipeline", "--params", str(PARAMS), "--set", setting]) == 2
     out, err = capsys.readouterr()

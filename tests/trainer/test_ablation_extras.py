@@ -19,7 +19,15 @@ SEEDS = (1234, 1235, 1236)
 
 
 def _write(out, variant: str, seed: int, **changes) -> None:
-    m = {"psds1": 0.2, "psds2": 0.4, "auroc": 0.9, "alignment": 0.5, "t2a_r1": 0.3, "a2t_r1": 0.35, "zero_shot_accuracy": 0.5} | changes
+    m = {
+        "psds1": 0.2,
+        "psds2": 0.4,
+        "auroc": 0.9,
+        "alignment": 0.5,
+        "t2a_r1": 0.3,
+        "a2t_r1": 0.35,
+        "zero_shot_accuracy": 0.5,
+    } | changes
     folder = ablations.run_dir(out, variant, seed) / "evaluation"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.json").write_text(json.dumps({"test": {"trained": m}}))
@@ -60,7 +68,7 @@ def test_extra_rows_join_the_table_once_they_ran_with_blank_paper_columns(tmp_pa
     assert all(math.isnan(float(rows["sam"][f"paper {c}"])) for c in ablations.PAPER_COLUMNS)
     line = next(line for line in text.splitlines() if line.startswith("| + SAM"))
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
-    assert cells[-len(ablations.PAPER_COLUMNS):] == [""] * len(ablations.PAPER_COLUMNS)  # no paper numbers, blank
+    assert cells[-len(ablations.PAPER_COLUMNS) :] == [""] * len(ablations.PAPER_COLUMNS)  # no paper numbers, blank
     directions = next(line for line in text.splitlines() if line.startswith("- + SAM"))
     assert "T2A R@1 up;" in directions and "paper" not in directions  # ours alone
     not_run = [label for label in extras if label != ablations.VARIANTS["sam"][0]]
@@ -91,8 +99,13 @@ def test_a_captioning_only_encoder_is_a_valid_run():
 
 def _write_encoder(out, variant: str, seed: int, clip_mean: float, frame_auroc: float, cider: float | None) -> None:
     m = {"psds1": 0.2, "psds2": 0.4, "auroc": 0.9, "alignment": 0.5, "t2a_r1": 0.3, "a2t_r1": 0.35, "zero_shot_accuracy": 0.5}
-    probes = {"trained": {"clip_mean": {"top1_accuracy": clip_mean}, "clip_attention": {"top1_accuracy": clip_mean + 0.01},
-                          "frame": {"frame_auroc_macro": frame_auroc, "segment_f1": frame_auroc - 0.3}}}
+    probes = {
+        "trained": {
+            "clip_mean": {"top1_accuracy": clip_mean},
+            "clip_attention": {"top1_accuracy": clip_mean + 0.01},
+            "frame": {"frame_auroc_macro": frame_auroc, "segment_f1": frame_auroc - 0.3},
+        }
+    }
     data = {"test": {"trained": m}, "probes": probes} | ({"captions": {"cider_d": cider}} if cider is not None else {})
     folder = ablations.run_dir(out, variant, seed) / "evaluation"
     folder.mkdir(parents=True, exist_ok=True)

@@ -111,8 +111,13 @@ def test_an_existing_seed_experiment_is_left_and_the_others_queued(monkeypatch, 
 
 def test_a_variant_runs_the_stages_it_is_given_on_its_own_params():
     calls = []
-    summary = ablations.run_variant(Params(), "infonce", 1235, train=lambda p: calls.append(("train", p)),
-                                    evaluate=lambda p: calls.append(("evaluate", p)) or {"test": {}})
+    summary = ablations.run_variant(
+        Params(),
+        "infonce",
+        1235,
+        train=lambda p: calls.append(("train", p)),
+        evaluate=lambda p: calls.append(("evaluate", p)) or {"test": {}},
+    )
     assert summary == {"test": {}} and [what for what, _ in calls] == ["train", "evaluate"]
     assert all(p == ablations.variant_params(Params(), "infonce", 1235) for _, p in calls)
 
@@ -185,7 +190,11 @@ def test_missing_seeds_show_how_many_ran(tmp_path):
     assert row[0] == "w/o Decoupled Projector (n=1/3)" and row[3] == "0.200"
     assert _md_row(text, "FineLAP-InfoNCE")[4] == "0.400 n=1"
     rows = _rows(tmp_path)
-    assert (rows["shared_projector"]["n"], rows["shared_projector"]["n planned"], rows["shared_projector"]["seeds"]) == ("1", "3", "1234")
+    assert (rows["shared_projector"]["n"], rows["shared_projector"]["n planned"], rows["shared_projector"]["seeds"]) == (
+        "1",
+        "3",
+        "1234",
+    )
     assert rows["full"]["n"] == "3"
 
 

@@ -26,8 +26,18 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def tiny_decoder(decoding="autoregressive", seed: int = 0, **kwargs) -> CaptionDecoder:
     torch.manual_seed(seed)
-    return CaptionDecoder(WordVocabulary.build(CAPTIONS), feature_dim=24, dim=32, depth=2, heads=2, ffn=64,
-                          max_tokens=16, dropout=0.0, decoding=decoding, **kwargs)
+    return CaptionDecoder(
+        WordVocabulary.build(CAPTIONS),
+        feature_dim=24,
+        dim=32,
+        depth=2,
+        heads=2,
+        ffn=64,
+        max_tokens=16,
+        dropout=0.0,
+        decoding=decoding,
+        **kwargs,
+    )
 
 
 def features(b: int = 2, seed: int = 1) -> torch.Tensor:
@@ -110,7 +120,10 @@ def test_parallel_mode_is_not_causal_and_reads_only_mask_tokens():
     tokens = encode_captions(vocab, [CAPTIONS[0], CAPTIONS[2]], max_tokens=16)
     inputs, targets = dec.training_inputs(tokens, choose_parallel(2, "parallel"))
     assert (inputs == vocab.mask_id).all() and inputs.shape == targets.shape == (2, 16)  # always max_tokens long
-    assert torch.equal(targets[:, : tokens.shape[1] - 1], tokens[:, 1:]) and (targets[:, tokens.shape[1] - 1:] == vocab.pad_id).all()
+    assert (
+        torch.equal(targets[:, : tokens.shape[1] - 1], tokens[:, 1:])
+        and (targets[:, tokens.shape[1] - 1 :] == vocab.pad_id).all()
+    )
     no_causal = torch.zeros(2, dtype=torch.bool)
     changed = inputs.clone()
     changed[:, 6] = vocab.index["rain"]
@@ -138,8 +151,10 @@ def test_alternate_follows_its_ratio(per):
     rows_agree = (draws == draws[:, :1]).all(dim=1)
     assert rows_agree.all() if per == "step" else not rows_agree.all()
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    assert all(torch.equal(choose_parallel(4, "alternate", 0.75, g1, per), choose_parallel(4, "alternate", 0.75, g2, per))
-               for _ in range(20))
+    assert all(
+        torch.equal(choose_parallel(4, "alternate", 0.75, g1, per), choose_parallel(4, "alternate", 0.75, g2, per))
+        for _ in range(20)
+    )
     assert not choose_parallel(3, "autoregressive").any() and choose_parallel(3, "parallel").all()
     with pytest.raises(ValueError, match="unknown decoding"):
         choose_parallel(3, "beam")

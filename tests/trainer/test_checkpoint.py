@@ -21,9 +21,16 @@ def _fake_batch(model, B: int = 2, N: int = 3, seed: int = 0) -> Batch:
     labels = torch.rand(B, N, L, generator=g) < 0.3
     mask = torch.ones(B, N, dtype=torch.bool)
     mask[1, 2] = False
-    return Batch(ids=[str(i) for i in range(B)], wave=torch.randn(B, 16000, generator=g) * 0.1,
-                 captions=["a dog barks", "rain falls"][:B], phrases=[["dog bark", "rain", "car"], ["rain", "dog bark", ""]][:B],
-                 labels=labels, mask=mask, has_frames=torch.ones(B, dtype=torch.bool), skips=[])
+    return Batch(
+        ids=[str(i) for i in range(B)],
+        wave=torch.randn(B, 16000, generator=g) * 0.1,
+        captions=["a dog barks", "rain falls"][:B],
+        phrases=[["dog bark", "rain", "car"], ["rain", "dog bark", ""]][:B],
+        labels=labels,
+        mask=mask,
+        has_frames=torch.ones(B, dtype=torch.bool),
+        skips=[],
+    )
 
 
 def test_checkpoint_round_trip(smoke_run, tmp_path):
@@ -38,7 +45,17 @@ def test_checkpoint_round_trip(smoke_run, tmp_path):
         first(batch)["loss"].backward()
         optimizer.step(), scheduler.step(), optimizer.zero_grad()
     path = tmp_path / "ck" / "latest.pt"
-    checkpoint.save(path, first, optimizer=optimizer, scheduler=scheduler, step=2, epoch=1, batches_in_epoch=5, config={"train": {"x": 1}}, metrics={"best": {"a": 1}})
+    checkpoint.save(
+        path,
+        first,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        step=2,
+        epoch=1,
+        batches_in_epoch=5,
+        config={"train": {"x": 1}},
+        metrics={"best": {"a": 1}},
+    )
     rng = torch.get_rng_state()
     torch.rand(10)  # move the generator on
 
@@ -47,7 +64,13 @@ def test_checkpoint_round_trip(smoke_run, tmp_path):
     optimizer2 = optimizer_for(second, t.optim)
     scheduler2 = torch.optim.lr_scheduler.LambdaLR(optimizer2, lr_lambda(2, 10))
     state = checkpoint.restore(checkpoint.read(path), second, optimizer2, scheduler2, path=path)
-    assert (state["step"], state["epoch"], state["batches_in_epoch"], state["config"], state["metrics"]) == (2, 1, 5, {"train": {"x": 1}}, {"best": {"a": 1}})
+    assert (state["step"], state["epoch"], state["batches_in_epoch"], state["config"], state["metrics"]) == (
+        2,
+        1,
+        5,
+        {"train": {"x": 1}},
+        {"best": {"a": 1}},
+    )
     assert torch.equal(torch.get_rng_state(), rng)
     a, b = first.state_dict(), second.state_dict()
     assert a.keys() == b.keys()
@@ -95,8 +118,17 @@ def test_entries_stored_after_training_read_back_weights_only(tmp_path):
         assert torch.equal(state["model"][k], v), k
 
 
-@pytest.mark.parametrize("bad", [0.5, {"threshold": "high"}, {"threshold": float("nan")}, {"valid_f1": 0.1},
-                                 {"threshold": 0.5, "median_filter_frames": 4}, {"threshold": 0.5, "median_filter_frames": "7"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        0.5,
+        {"threshold": "high"},
+        {"threshold": float("nan")},
+        {"valid_f1": 0.1},
+        {"threshold": 0.5, "median_filter_frames": 4},
+        {"threshold": 0.5, "median_filter_frames": "7"},
+    ],
+)
 def test_a_malformed_calibration_is_refused_naming_the_file(tmp_path, bad):
     path = tmp_path / "ck.pt"
     checkpoint.save(path, torch.nn.Linear(2, 2), step=0, epoch=0, batches_in_epoch=0, config={"train": {}})

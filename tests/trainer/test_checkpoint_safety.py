@@ -48,8 +48,15 @@ class CreatesAFile:
 def plant(path: Path, marker: Path, **fields) -> Path:
     """A checkpoint that looks like the trainer's but runs code when unpickled."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": {"w": torch.zeros(2)}, "step": 0, "epoch": 0, "batches_in_epoch": 0, "torch_rng": torch.get_rng_state(),
-             "config": {"train": {}, "seed": 0}, "metrics": {"payload": CreatesAFile(marker)}} | fields
+    state = {
+        "model": {"w": torch.zeros(2)},
+        "step": 0,
+        "epoch": 0,
+        "batches_in_epoch": 0,
+        "torch_rng": torch.get_rng_state(),
+        "config": {"train": {}, "seed": 0},
+        "metrics": {"payload": CreatesAFile(marker)},
+    } | fields
     torch.save(state, path)
     return path
 
@@ -76,7 +83,9 @@ def test_detect_cli_refuses_a_checkpoint_that_runs_code(tmp_path, marker, capsys
     sf.write(wav, np.zeros(16000, dtype=np.float32), 16000)
     params_yaml.write_text("{}\n")
     capsys.readouterr()
-    code = main(["detect", str(wav), "--query", "dog", "--params", str(params_yaml), "--checkpoint", str(evil), "--device", "cpu"])
+    code = main(
+        ["detect", str(wav), "--query", "dog", "--params", str(params_yaml), "--checkpoint", str(evil), "--device", "cpu"]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     line = one_line(err)
@@ -104,8 +113,19 @@ def test_eat_encoder_checkpoint_that_runs_code_is_refused(tmp_path, marker, caps
     params_yaml = tmp_path / "params.yaml"
     params_yaml.write_text("{}\n")
     capsys.readouterr()
-    code = main(["train", "--params", str(params_yaml), "--set", "train.model.encoder=eat-base",
-                 "--set", f"train.model.encoder_checkpoint={evil}", "--set", f"train.out_dir={tmp_path / 'out'}"])
+    code = main(
+        [
+            "train",
+            "--params",
+            str(params_yaml),
+            "--set",
+            "train.model.encoder=eat-base",
+            "--set",
+            f"train.model.encoder_checkpoint={evil}",
+            "--set",
+            f"train.out_dir={tmp_path / 'out'}",
+        ]
+    )
     assert code == 2
     line = one_line(capsys.readouterr().err)
     assert line.startswith("sedsynth train: error: encoder:") and str(evil) in line
@@ -130,19 +150,28 @@ def _zip_that_is_not_torch(path: Path) -> None:
         z.writestr("readme.txt", "hello")
 
 
-@pytest.mark.parametrize("kind, expect", [
-    ("random bytes", "its pickle is not plain data"),
-    ("empty", "the file is empty"),
-    ("zip", "a zip archive that torch.save did not write"),
-    ("tensor", "holds a Tensor, not a dict"),
-    ("foreign dict", "no model, step, epoch"),
-    ("model not tensors", "'model' is not a dict of tensors"),
-    ("no train config", "'config' has no 'train' section"),
-])
+@pytest.mark.parametrize(
+    "kind, expect",
+    [
+        ("random bytes", "its pickle is not plain data"),
+        ("empty", "the file is empty"),
+        ("zip", "a zip archive that torch.save did not write"),
+        ("tensor", "holds a Tensor, not a dict"),
+        ("foreign dict", "no model, step, epoch"),
+        ("model not tensors", "'model' is not a dict of tensors"),
+        ("no train config", "'config' has no 'train' section"),
+    ],
+)
 def test_malformed_checkpoints_give_one_line_naming_the_file(tmp_path, kind, expect, capsys):
     path = tmp_path / "ckpt.pt"
-    good = {"model": {"w": torch.zeros(1)}, "step": 0, "epoch": 0, "batches_in_epoch": 0, "torch_rng": torch.get_rng_state(),
-            "config": {"train": {}}}
+    good = {
+        "model": {"w": torch.zeros(1)},
+        "step": 0,
+        "epoch": 0,
+        "batches_in_epoch": 0,
+        "torch_rng": torch.get_rng_state(),
+        "config": {"train": {}},
+    }
     if kind == "random bytes":
         path.write_bytes(np.random.default_rng(0).bytes(4096))
     elif kind == "empty":
@@ -167,7 +196,23 @@ def test_malformed_checkpoints_give_one_line_naming_the_file(tmp_path, kind, exp
     params_yaml = tmp_path / "params.yaml"
     params_yaml.write_text("{}\n")
     capsys.readouterr()
-    assert main(["detect", str(params_yaml), "--query", "q", "--params", str(params_yaml), "--checkpoint", str(path), "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "detect",
+                str(params_yaml),
+                "--query",
+                "q",
+                "--params",
+                str(params_yaml),
+                "--checkpoint",
+                str(path),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     assert one_line(capsys.readouterr().err).startswith("sedsynth detect: error:")
 
 
@@ -193,8 +238,12 @@ def test_malformed_eat_checkpoints_give_one_line(tmp_path):
 # --------------------------------------------------------------------------- what must still load
 
 
-FAIRSEQ = (("patch_embed.", "modality_encoders.IMAGE.local_encoder.proj."), ("cls_token", "modality_encoders.IMAGE.extra_tokens"),
-           ("pre_norm.", "modality_encoders.IMAGE.context_encoder.norm."), ("blocks.", "blocks."))
+FAIRSEQ = (
+    ("patch_embed.", "modality_encoders.IMAGE.local_encoder.proj."),
+    ("cls_token", "modality_encoders.IMAGE.extra_tokens"),
+    ("pre_norm.", "modality_encoders.IMAGE.context_encoder.norm."),
+    ("blocks.", "blocks."),
+)
 
 
 def _tiny_eat(seed: int) -> EATEncoder:
@@ -209,19 +258,48 @@ def test_eat_checkpoint_in_fairseq_layout_with_config_objects_loads(tmp_path):
     weights = {}
     for key, value in source.state_dict().items():
         ours, theirs = next((o, t) for o, t in FAIRSEQ if key.startswith(o))
-        weights[theirs + key[len(ours):]] = value.clone()
-    cfg = omegaconf.OmegaConf.create({
-        "model": {"_name": "data2vec_multi", "embed_dim": 32, "depth": 1, "layer_norm_first": False, "modalities": {"image": {"patch_size": 16}}},
-        "optimization": {"lr": [0.0005], "max_update": 400000}, "task": {"_name": "mae_image_pretraining", "target_length": 1024},
-        "checkpoint": {"save_dir": None}, "common": {"fp16": True, "seed": 1}})
+        weights[theirs + key[len(ours) :]] = value.clone()
+    cfg = omegaconf.OmegaConf.create(
+        {
+            "model": {
+                "_name": "data2vec_multi",
+                "embed_dim": 32,
+                "depth": 1,
+                "layer_norm_first": False,
+                "modalities": {"image": {"patch_size": 16}},
+            },
+            "optimization": {"lr": [0.0005], "max_update": 400000},
+            "task": {"_name": "mae_image_pretraining", "target_length": 1024},
+            "checkpoint": {"save_dir": None},
+            "common": {"fp16": True, "seed": 1},
+        }
+    )
     path = tmp_path / "EAT-base_epoch30_pt.pt"
-    torch.save({"args": argparse.Namespace(arch="data2vec_multi", lr=[0.0005], seed=1), "cfg": cfg, "model": weights, "criterion": None,
-                "optimizer_history": [{"criterion_name": "ModelCriterion", "optimizer_name": "FairseqAdam", "num_updates": 400000,
-                                       "lr_scheduler_state": {"best": None}}],
-                "task_state": {}, "last_optimizer_state": {"state": {0: {"exp_avg": torch.zeros(2)}}},
-                "extra_state": {"epoch": 30, "previous_training_time": 1.5, "meter": np.array([0.5, 0.25]),
-                                "metrics": {"train": [(0, "loss", "AverageMeter", {"val": np.float64(1.5), "sum": np.float32(3.0), "count": 2})]}}},
-               path)
+    torch.save(
+        {
+            "args": argparse.Namespace(arch="data2vec_multi", lr=[0.0005], seed=1),
+            "cfg": cfg,
+            "model": weights,
+            "criterion": None,
+            "optimizer_history": [
+                {
+                    "criterion_name": "ModelCriterion",
+                    "optimizer_name": "FairseqAdam",
+                    "num_updates": 400000,
+                    "lr_scheduler_state": {"best": None},
+                }
+            ],
+            "task_state": {},
+            "last_optimizer_state": {"state": {0: {"exp_avg": torch.zeros(2)}}},
+            "extra_state": {
+                "epoch": 30,
+                "previous_training_time": 1.5,
+                "meter": np.array([0.5, 0.25]),
+                "metrics": {"train": [(0, "loss", "AverageMeter", {"val": np.float64(1.5), "sum": np.float32(3.0), "count": 2})]},
+            },
+        },
+        path,
+    )
     with pytest.raises(Exception):  # the layout really holds more than a weights-only load takes by default
         torch.load(path, weights_only=True)
     target = _tiny_eat(1)
@@ -240,8 +318,17 @@ def test_what_the_trainer_saves_reads_back_weights_only(shard_folder, tmp_path):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     path = tmp_path / "ck.pt"
     metrics = {"best": {"valid_loss": np.float32(0.5), "epoch": np.int64(2)}, "where": Path("x")}
-    checkpoint.save(path, objective, optimizer=optimizer, scheduler=scheduler, step=3, epoch=1, batches_in_epoch=2, config=config_of(p),
-                    metrics=metrics)
+    checkpoint.save(
+        path,
+        objective,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        step=3,
+        epoch=1,
+        batches_in_epoch=2,
+        config=config_of(p),
+        metrics=metrics,
+    )
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
     state = checkpoint.read(path)
     assert state["config"] == config_of(p)

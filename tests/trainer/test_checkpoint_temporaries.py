@@ -67,9 +67,11 @@ def test_stale_temporaries_are_removed_and_a_running_writers_kept(tmp_path):
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     gone = dead_pid()
-    stale = [f".latest.pt.{gone}.0123456789abcdef.tmp",
-             f".latest.pt.tmp-{gone}",  # as earlier versions named them
-             f".best.pt.{os.getpid()}.fedcba9876543210.tmp"]  # this process's id, not being written: a killed run's
+    stale = [
+        f".latest.pt.{gone}.0123456789abcdef.tmp",
+        f".latest.pt.tmp-{gone}",  # as earlier versions named them
+        f".best.pt.{os.getpid()}.fedcba9876543210.tmp",
+    ]  # this process's id, not being written: a killed run's
     running = f".latest.pt.{os.getppid()}.00112233445566ff.tmp"  # a live writer's
     others = ["latest.pt", ".notes.txt"]
     for name in [*stale, running, *others]:

@@ -12,7 +12,9 @@ from trainer.config import SECTIONS, Params, current_train_section, load_params
 
 
 def replace_sampling(p: Params, mode: str) -> Params:
-    return dataclasses.replace(p, train=dataclasses.replace(p.train, data=dataclasses.replace(p.train.data, negative_sampling=mode)))
+    return dataclasses.replace(
+        p, train=dataclasses.replace(p.train, data=dataclasses.replace(p.train.data, negative_sampling=mode))
+    )
 
 
 @pytest.mark.parametrize("section", SECTIONS)

@@ -75,29 +75,44 @@ def test_each_range_refuses_what_lies_outside_it_and_holds_the_shipped_value(key
     assert r.accepts(value), "the shipped value lies inside its own range"
 
 
-@pytest.mark.parametrize("sets, message", [
-    (["train.data.crop_s=100000"], "'train.data.crop_s' is 100000.0; use a duration in seconds in (0, 600]"),
-    (["train.optim.max_steps=-1"], "'train.optim.max_steps' is -1; use a number of steps (0: train.optim.epochs decide) in [0, 100000000]"),
-    (["train.model.adapter_heads=0"], "'train.model.adapter_heads' is 0; use a number of attention heads in [1, 128]"),
-    (["train.optim.lr=1e30"], "'train.optim.lr' is 1e+30; use a learning rate in (0, 1]"),
-    (["train.device=tpu"], "'train.device' is 'tpu'; use auto (cuda when present), cpu, cuda, cuda:N (the GPU of index N) or mps"),
-    (["evaluate.device=cuda:x"], "'evaluate.device' is 'cuda:x'; use auto"),
-    (["pretrain.device=gpu"], "'pretrain.device' is 'gpu'; use auto"),
-    (["train.optim.epochs=0"], "'train.optim.epochs' is 0; use a number of epochs in [1, 100000]"),
-    (["pretrain.steps=0"], "'pretrain.steps' is 0; use a number of steps in [1, 100000000]"),
-    (["evaluate.probe_steps=0"], "'evaluate.probe_steps' is 0; use a number of steps in [1, 1000000]"),
-    (["train.model.caption_decoder.captions_per_clip=0"], "'train.model.caption_decoder.captions_per_clip' is 0; use a number of captions"),
-    (["train.loss.prior_weight=-1"], "'train.loss.prior_weight' is -1.0; use a loss weight (0 drops the term) in [0, 10000]"),
-    (["train.optim.weight_decay=-0.1"], "'train.optim.weight_decay' is -0.1; use a weight decay in [0, 1]"),
-    (["train.model.embed_dim=100"], "'train.model.embed_dim' is 100; use a multiple of train.model.adapter_heads (8)"),
-    (["pretrain.final_lr=0.5"], "'pretrain.final_lr' is 0.5; use a learning rate in [0, pretrain.lr (0.001)]"),
-    (["train.data.sources=[{weight: 0}]"], "'train.data.sources[0].weight' is 0.0; use a share of the batches"),
-    (["evaluate.f1_median_filters=[3, 4]"], "'evaluate.f1_median_filters[1]' is 4; use an odd number of frames (1: no filter) in [1, 999]"),
-    (["evaluate.f1_median_filter_frames=4"], "'evaluate.f1_median_filter_frames' is 4; use an odd number of frames"),
-    (["train.optim.betas=[0.9]"], "'train.optim.betas' is [0.9]; use two numbers in [0, 1)"),
-    (["train.model.encoder=big"], "'train.model.encoder' is 'big'; use 'eat-base' or 'small' or 'tiny-vit'"),
-    (["mix.spec.placement_tries=1000000000"], "'placement_tries' must be a whole number >= 1 and <= 10000, got 1000000000"),
-])
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["train.data.crop_s=100000"], "'train.data.crop_s' is 100000.0; use a duration in seconds in (0, 600]"),
+        (
+            ["train.optim.max_steps=-1"],
+            "'train.optim.max_steps' is -1; use a number of steps (0: train.optim.epochs decide) in [0, 100000000]",
+        ),
+        (["train.model.adapter_heads=0"], "'train.model.adapter_heads' is 0; use a number of attention heads in [1, 128]"),
+        (["train.optim.lr=1e30"], "'train.optim.lr' is 1e+30; use a learning rate in (0, 1]"),
+        (
+            ["train.device=tpu"],
+            "'train.device' is 'tpu'; use auto (cuda when present), cpu, cuda, cuda:N (the GPU of index N) or mps",
+        ),
+        (["evaluate.device=cuda:x"], "'evaluate.device' is 'cuda:x'; use auto"),
+        (["pretrain.device=gpu"], "'pretrain.device' is 'gpu'; use auto"),
+        (["train.optim.epochs=0"], "'train.optim.epochs' is 0; use a number of epochs in [1, 100000]"),
+        (["pretrain.steps=0"], "'pretrain.steps' is 0; use a number of steps in [1, 100000000]"),
+        (["evaluate.probe_steps=0"], "'evaluate.probe_steps' is 0; use a number of steps in [1, 1000000]"),
+        (
+            ["train.model.caption_decoder.captions_per_clip=0"],
+            "'train.model.caption_decoder.captions_per_clip' is 0; use a number of captions",
+        ),
+        (["train.loss.prior_weight=-1"], "'train.loss.prior_weight' is -1.0; use a loss weight (0 drops the term) in [0, 10000]"),
+        (["train.optim.weight_decay=-0.1"], "'train.optim.weight_decay' is -0.1; use a weight decay in [0, 1]"),
+        (["train.model.embed_dim=100"], "'train.model.embed_dim' is 100; use a multiple of train.model.adapter_heads (8)"),
+        (["pretrain.final_lr=0.5"], "'pretrain.final_lr' is 0.5; use a learning rate in [0, pretrain.lr (0.001)]"),
+        (["train.data.sources=[{weight: 0}]"], "'train.data.sources[0].weight' is 0.0; use a share of the batches"),
+        (
+            ["evaluate.f1_median_filters=[3, 4]"],
+            "'evaluate.f1_median_filters[1]' is 4; use an odd number of frames (1: no filter) in [1, 999]",
+        ),
+        (["evaluate.f1_median_filter_frames=4"], "'evaluate.f1_median_filter_frames' is 4; use an odd number of frames"),
+        (["train.optim.betas=[0.9]"], "'train.optim.betas' is [0.9]; use two numbers in [0, 1)"),
+        (["train.model.encoder=big"], "'train.model.encoder' is 'big'; use 'eat-base' or 'small' or 'tiny-vit'"),
+        (["mix.spec.placement_tries=1000000000"], "'placement_tries' must be a whole number >= 1 and <= 10000, got 1000000000"),
+    ],
+)
 def test_a_bad_value_is_one_line_naming_its_own_key(sets: list[str], message: str) -> None:
     with pytest.raises(ParamsError) as e:
         _load(*sets)

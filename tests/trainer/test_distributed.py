@@ -25,8 +25,8 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 def _rank(rank: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=WORLD)
     audio, text = _batch()
-    a = audio[rank * B:(rank + 1) * B].clone().requires_grad_()
-    t = text[rank * B:(rank + 1) * B].clone().requires_grad_()
+    a = audio[rank * B : (rank + 1) * B].clone().requires_grad_()
+    t = text[rank * B : (rank + 1) * B].clone().requires_grad_()
     loss = SigmoidClipLoss().double()(a, t)["clip"]
     loss.backward()
     torch.save({"loss": loss.detach(), "audio_grad": a.grad, "text_grad": t.grad}, f"{folder}/rank{rank}.pt")
@@ -67,7 +67,15 @@ def _frame_batch() -> dict:
     has_frames[B + 2] = False
     bias = torch.randn(WORLD * B, N, generator=g, dtype=torch.float64)
     names = [[NAMES[(i + j) % len(NAMES)] for j in range(N)] for i in range(WORLD * B)]
-    return {"frames": frames, "phrases": phrases, "labels": labels, "mask": mask, "has_frames": has_frames, "bias": bias, "names": names}
+    return {
+        "frames": frames,
+        "phrases": phrases,
+        "labels": labels,
+        "mask": mask,
+        "has_frames": has_frames,
+        "bias": bias,
+        "names": names,
+    }
 
 
 def _frame_terms(batch: dict, part: slice) -> tuple[dict, dict]:
@@ -76,14 +84,23 @@ def _frame_terms(batch: dict, part: slice) -> tuple[dict, dict]:
     labels, mask, has_frames, names = batch["labels"][part], batch["mask"][part], batch["has_frames"][part], batch["names"][part]
     frame, region = FrameSigmoidLoss().double(), RegionContrastiveLoss(init_scale=5.0).double()
     phrase_clip = PhraseClipLoss(init_scale=5.0, init_bias=-2.0).double()
-    terms = {"frame": frame(frames, phrases, labels, mask)["frame"],
-             "phrase_clip": phrase_clip(frames[:, 0], phrases, labels, mask)["phrase_clip"],
-             "region": region(frames, phrases, labels, mask)["region"],
-             "prior": PriorLoss()(names, labels, mask, bias, has_frames)["prior"]}
+    terms = {
+        "frame": frame(frames, phrases, labels, mask)["frame"],
+        "phrase_clip": phrase_clip(frames[:, 0], phrases, labels, mask)["phrase_clip"],
+        "region": region(frames, phrases, labels, mask)["region"],
+        "prior": PriorLoss()(names, labels, mask, bias, has_frames)["prior"],
+    }
     sum(terms.values()).backward()
-    grads = {"frames": frames.grad, "phrases": phrases.grad, "bias": bias.grad,
-             "frame_t": frame.log_scale.grad, "frame_b": frame.bias.grad, "region_t": region.log_scale.grad,
-             "phrase_clip_t": phrase_clip.log_scale.grad, "phrase_clip_b": phrase_clip.bias.grad}
+    grads = {
+        "frames": frames.grad,
+        "phrases": phrases.grad,
+        "bias": bias.grad,
+        "frame_t": frame.log_scale.grad,
+        "frame_b": frame.bias.grad,
+        "region_t": region.log_scale.grad,
+        "phrase_clip_t": phrase_clip.log_scale.grad,
+        "phrase_clip_b": phrase_clip.bias.grad,
+    }
     return {k: v.detach() for k, v in terms.items()}, grads
 
 
@@ -101,11 +118,18 @@ def test_frame_region_and_prior_terms_over_two_ranks_equal_one_process(tmp_path:
     # DDP averages over ranks: the ranks' mean is the one-process term
     wrong = [name for name, value in reference.items() if not torch.allclose(sum(r["terms"][name] for r in ranks) / WORLD, value)]
     # a loss's own parameters: DDP averages their gradients
-    wrong += [f"{name} gradient" for name in ("frame_t", "frame_b", "region_t", "phrase_clip_t", "phrase_clip_b")
-              if not torch.allclose(sum(r["grads"][name] for r in ranks) / WORLD, expected[name])]
+    wrong += [
+        f"{name} gradient"
+        for name in ("frame_t", "frame_b", "region_t", "phrase_clip_t", "phrase_clip_b")
+        if not torch.allclose(sum(r["grads"][name] for r in ranks) / WORLD, expected[name])
+    ]
     # each rank's inputs: its gradient, averaged, is the global gradient of its slice
-    wrong += [f"rank {r} {name} gradient" for r, got in enumerate(ranks) for name in ("frames", "phrases", "bias")
-              if not torch.allclose(got["grads"][name] / WORLD, expected[name][r * B:(r + 1) * B])]
+    wrong += [
+        f"rank {r} {name} gradient"
+        for r, got in enumerate(ranks)
+        for name in ("frames", "phrases", "bias")
+        if not torch.allclose(got["grads"][name] / WORLD, expected[name][r * B : (r + 1) * B])
+    ]
     assert wrong == []
 
 

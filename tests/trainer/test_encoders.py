@@ -25,10 +25,18 @@ def load_eat_weights(encoder: EATEncoder, path: str) -> dict:
     return fit_eat_weights(encoder, state, source)
 
 
-FAIRSEQ = (("patch_embed.", "modality_encoders.IMAGE.local_encoder.proj."), ("cls_token", "modality_encoders.IMAGE.extra_tokens"),
-           ("pre_norm.", "modality_encoders.IMAGE.context_encoder.norm."), ("blocks.", "blocks."))
-HUGGING_FACE = (("patch_embed.", "model.local_encoder.proj."), ("cls_token", "model.extra_tokens"),
-                ("pre_norm.", "model.pre_norm."), ("blocks.", "model.blocks."))
+FAIRSEQ = (
+    ("patch_embed.", "modality_encoders.IMAGE.local_encoder.proj."),
+    ("cls_token", "modality_encoders.IMAGE.extra_tokens"),
+    ("pre_norm.", "modality_encoders.IMAGE.context_encoder.norm."),
+    ("blocks.", "blocks."),
+)
+HUGGING_FACE = (
+    ("patch_embed.", "model.local_encoder.proj."),
+    ("cls_token", "model.extra_tokens"),
+    ("pre_norm.", "model.pre_norm."),
+    ("blocks.", "model.blocks."),
+)
 
 
 def _rename(state: dict, names) -> dict:
@@ -36,7 +44,7 @@ def _rename(state: dict, names) -> dict:
     for key, value in state.items():
         for ours, theirs in names:
             if key.startswith(ours):
-                out[theirs + key[len(ours):]] = value.clone()
+                out[theirs + key[len(ours) :]] = value.clone()
                 break
         else:
             raise AssertionError(f"unmapped key {key}")
@@ -60,9 +68,14 @@ def eat_wave():
 def test_eat_fairseq_checkpoint_loads(tmp_path, eat_wave):
     source = _small_eat(0)
     raw = _rename(source.state_dict(), FAIRSEQ)
-    junk = {"_ema.blocks.0.attn.qkv.weight": torch.randn(3, 3), "modality_encoders.IMAGE.decoder.blocks.0.0.weight": torch.randn(4),
-            "modality_encoders.IMAGE.fixed_positional_encoder.positions": torch.randn(1, 512, 64), "_ema": torch.zeros(1),
-            "recon_proj.weight": torch.randn(5, 64), "step": 7}
+    junk = {
+        "_ema.blocks.0.attn.qkv.weight": torch.randn(3, 3),
+        "modality_encoders.IMAGE.decoder.blocks.0.0.weight": torch.randn(4),
+        "modality_encoders.IMAGE.fixed_positional_encoder.positions": torch.randn(1, 512, 64),
+        "_ema": torch.zeros(1),
+        "recon_proj.weight": torch.randn(5, 64),
+        "step": 7,
+    }
     path = tmp_path / "EAT-base_epoch30_pt.pt"
     torch.save({"model": raw | junk, "cfg": {"model": {"embed_dim": 64}}}, path)
 
@@ -147,10 +160,10 @@ def test_audio_columns_end_at_the_last_non_zero_sample():
     column = enc.time_stride_frames * enc.fbank.params.shift_samples  # 1280 samples, 80 ms
     window = 10 * enc.sample_rate_hz
     wave = torch.ones(5, window)
-    wave[1, 3 * column:] = 0  # audio in 3 columns, then padding
-    wave[2, 3 * column + 1:] = 0  # one sample into the 4th column
+    wave[1, 3 * column :] = 0  # audio in 3 columns, then padding
+    wave[2, 3 * column + 1 :] = 0  # one sample into the 4th column
     wave[3] = 0  # silence: counted as full
-    wave[4, -column // 2:] = 0  # a few zero samples at the very end are sound's own, not padding
+    wave[4, -column // 2 :] = 0  # a few zero samples at the very end are sound's own, not padding
     assert enc.audio_columns(wave).tolist() == [enc.num_frames, 3, 4, enc.num_frames, enc.num_frames]
     assert enc.audio_columns(torch.ones(1, 2 * column)).tolist() == [enc.num_frames]  # a short input ending in sound
 

@@ -83,16 +83,26 @@ def test_fbank_matches_torchaudio_kaldi():
     try:
         import torchaudio.compliance.kaldi
     except (ImportError, OSError, RuntimeError) as e:  # absent, or built for another torch (its extension fails to load)
-        pytest.skip(f"torchaudio does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                    "parity with torchaudio.compliance.kaldi.fbank not checked")
+        pytest.skip(
+            f"torchaudio does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "parity with torchaudio.compliance.kaldi.fbank not checked"
+        )
     p = FbankParams()
     g = torch.Generator().manual_seed(1)
     t = torch.arange(3 * p.sample_rate_hz) / p.sample_rate_hz
     wave = (0.3 * torch.sin(2 * math.pi * 440 * t) + 0.05 * torch.randn(t.shape, generator=g) + 0.01).float()
     ours = Fbank(p)(wave.unsqueeze(0))[0]
     x = wave - wave.mean()  # EAT's loader
-    ref = torchaudio.compliance.kaldi.fbank(x.unsqueeze(0), htk_compat=True, sample_frequency=16000, use_energy=False,
-                                            window_type="hanning", num_mel_bins=128, dither=0.0, frame_shift=10)
+    ref = torchaudio.compliance.kaldi.fbank(
+        x.unsqueeze(0),
+        htk_compat=True,
+        sample_frequency=16000,
+        use_energy=False,
+        window_type="hanning",
+        num_mel_bins=128,
+        dither=0.0,
+        frame_shift=10,
+    )
     ref = torch.nn.functional.pad(ref, (0, 0, 0, p.target_frames - ref.shape[0]))
     ref = (ref - p.norm_mean) / (p.norm_std * 2)
     assert ours.shape == ref.shape
@@ -121,10 +131,16 @@ def _plain_fbank(fbank: Fbank, wave: torch.Tensor) -> torch.Tensor:
     return (out - p.norm_mean) / (p.norm_std * 2)
 
 
-@pytest.mark.parametrize("params", [FbankParams(num_mel_bins=64), FbankParams(),
-                                    FbankParams(window="povey", preemphasis=0.0, remove_mean=False, num_mel_bins=80),
-                                    FbankParams(frame_length_ms=32.0)],
-                         ids=["small", "eat", "povey-no-preemphasis", "window-is-the-fft"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        FbankParams(num_mel_bins=64),
+        FbankParams(),
+        FbankParams(window="povey", preemphasis=0.0, remove_mean=False, num_mel_bins=80),
+        FbankParams(frame_length_ms=32.0),
+    ],
+    ids=["small", "eat", "povey-no-preemphasis", "window-is-the-fft"],
+)
 def test_fbank_is_bit_for_bit_the_plain_formulation(params):
     """The padded-buffer FFT changes the speed, not one bit of the (eager) features training depends on."""
     fbank = Fbank(params)

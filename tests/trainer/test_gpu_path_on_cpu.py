@@ -48,8 +48,16 @@ def tiny_bert(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("tiny-bert")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(OFFLINE_MODEL))
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(folder)
+    BertModel(
+        BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
 
@@ -60,8 +68,16 @@ def tiny_objective(text_folder: str, seed: int = 0) -> Objective:
     torch.manual_seed(seed)
     encoder = EATEncoder(dim=32, depth=2, heads=2, fbank=FbankParams(target_frames=128))
     text = TextEncoder(text_folder, m.text_pooling, m.text_max_tokens, frozen=m.freeze_text)
-    model = FineLAP(encoder, text, dim=16, adapter=m.adapter, adapter_ffn=32, adapter_heads=4, dropout=m.dropout,
-                    per_text_logits=m.per_text_logits)
+    model = FineLAP(
+        encoder,
+        text,
+        dim=16,
+        adapter=m.adapter,
+        adapter_ffn=32,
+        adapter_heads=4,
+        dropout=m.dropout,
+        per_text_logits=m.per_text_logits,
+    )
     return Objective(model, replace(GPU.loss, frame_chunk_clips=2))
 
 
@@ -72,9 +88,16 @@ def tiny_batch(objective: Objective, B: int = 3, N: int = 4, seed: int = 0) -> B
     mask = torch.ones(B, N, dtype=torch.bool)
     mask[-1, -1] = False
     phrases = [["dog bark", "rain", "car horn", "siren"], ["rain", "dog bark", "bell", "wind"], ["siren", "bell", "car horn", ""]]
-    return Batch(ids=[str(i) for i in range(B)], wave=torch.randn(B, enc.fbank.input_samples(), generator=g) * 0.1,
-                 captions=["a dog barks in the rain", "rain and a bell", "a siren passes"][:B], phrases=phrases[:B],
-                 labels=labels, mask=mask, has_frames=torch.ones(B, dtype=torch.bool), skips=[])
+    return Batch(
+        ids=[str(i) for i in range(B)],
+        wave=torch.randn(B, enc.fbank.input_samples(), generator=g) * 0.1,
+        captions=["a dog barks in the rain", "rain and a bell", "a siren passes"][:B],
+        phrases=phrases[:B],
+        labels=labels,
+        mask=mask,
+        has_frames=torch.ones(B, dtype=torch.bool),
+        skips=[],
+    )
 
 
 def test_encoder_features_stay_float32_under_autocast():
@@ -122,7 +145,9 @@ def test_bf16_residual_on_an_encoder_without_a_residual_stream_is_one_line():
 
     cnn = build_encoder("small")
     cnn.keep_residual_low_precision(False)  # off: nothing to do
-    with pytest.raises(EncoderError, match=r"train.bf16_residual applies to the ViT encoders \(eat-base, tiny-vit\); SmallEncoder"):
+    with pytest.raises(
+        EncoderError, match=r"train.bf16_residual applies to the ViT encoders \(eat-base, tiny-vit\); SmallEncoder"
+    ):
         cnn.keep_residual_low_precision(True)
 
 
@@ -143,7 +168,11 @@ def test_bf16_losses_backward_and_step(tiny_bert):
     assert any(n.startswith("model.text.model.") for n in trained)  # the text tower trains, as in the preset
     for name, p in trained.items():
         assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
-    for part in ("model.encoder.blocks.0.attn.qkv.weight", "model.local.body.layers.0.linear1.weight", "model.text_proj.0.weight"):
+    for part in (
+        "model.encoder.blocks.0.attn.qkv.weight",
+        "model.local.body.layers.0.linear1.weight",
+        "model.text_proj.0.weight",
+    ):
         assert trained[part].grad.abs().sum() > 0, part
     optimizer = optimizer_for(objective, GPU.optim)
     before = {n: p.detach().clone() for n, p in trained.items()}
@@ -163,8 +192,16 @@ def test_bf16_checkpoint_round_trip(tiny_bert, tmp_path):
         loss.backward()
         optimizer.step(), scheduler.step(), optimizer.zero_grad()
     path = tmp_path / "latest.pt"
-    checkpoint.save(path, first, optimizer=optimizer, scheduler=scheduler, step=2, epoch=0, batches_in_epoch=2,
-                    config={"train": {"precision": "bf16"}})
+    checkpoint.save(
+        path,
+        first,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        step=2,
+        epoch=0,
+        batches_in_epoch=2,
+        config={"train": {"precision": "bf16"}},
+    )
     assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
     second = tiny_objective(tiny_bert, seed=1)
     optimizer2 = optimizer_for(second, GPU.optim)
@@ -182,8 +219,10 @@ def test_bf16_checkpoint_round_trip(tiny_bert, tmp_path):
 @pytest.mark.compile
 # torch's own inductor import (torch.utils.mkldnn) still uses torch.jit.script_method
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                    reason="no C compiler: torch.compile's CPU backend (inductor) needs one")
+@pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None,
+    reason="no C compiler: torch.compile's CPU backend (inductor) needs one",
+)
 def test_compiled_encoder_matches_eager_under_bf16():
     """Tiny on purpose: a cold inductor cache spends about a minute compiling forward and backward."""
     torch.manual_seed(0)
@@ -214,8 +253,13 @@ def test_compile_model_compiles_the_modules_that_hold_the_flops(tiny_bert):
     trained = tiny_objective(tiny_bert).model
     compile_model(trained)
     assert all(m._compiled_call_impl is not None for m in (trained.encoder, trained.text.model, trained.local))
-    frozen = FineLAP(EATEncoder(dim=16, depth=1, heads=2, fbank=FbankParams(target_frames=32)),
-                     TextEncoder(tiny_bert, frozen=True), dim=8, adapter_ffn=16, adapter_heads=2)
+    frozen = FineLAP(
+        EATEncoder(dim=16, depth=1, heads=2, fbank=FbankParams(target_frames=32)),
+        TextEncoder(tiny_bert, frozen=True),
+        dim=8,
+        adapter_ffn=16,
+        adapter_heads=2,
+    )
     compile_model(frozen)
     assert frozen.encoder._compiled_call_impl is not None and frozen.text.model._compiled_call_impl is None
 

@@ -209,10 +209,10 @@ def test_region_loss_matches_a_loop_over_regions_and_frames():
     frames, phrases = _unit(B, L, d, seed=1), _unit(B, N, d, seed=2)
     labels = torch.zeros(B, N, L, dtype=torch.bool)
     labels[0, 0, 1:4] = True
-    labels[0, 1, 3:6] = True   # a second region of clip 0: not a negative for the first
+    labels[0, 1, 3:6] = True  # a second region of clip 0: not a negative for the first
     labels[1, 0, 0:2] = True
     labels[2, 2, 5] = True
-    labels[2, 3, 0:3] = True   # masked out below: neither a region nor a negative
+    labels[2, 3, 0:3] = True  # masked out below: neither a region nor a negative
     mask = torch.ones(B, N, dtype=torch.bool)
     mask[2, 3] = False
     loss = RegionContrastiveLoss(init_scale=5.0)

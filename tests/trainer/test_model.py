@@ -73,4 +73,6 @@ def test_finelap_per_text_logits():
         model.per_text.bias[-1].weight.normal_()
     e = model(wave, ["a", "b"], [["dog", "cat", ""], ["rain", "dog", "siren"]])
     assert torch.all(e.phrase_scale > 0)
-    assert torch.allclose(e.phrase_bias[0, 0], e.phrase_bias[1, 1]) and not torch.allclose(e.phrase_bias[0, 0], e.phrase_bias[0, 1])
+    assert torch.allclose(e.phrase_bias[0, 0], e.phrase_bias[1, 1]) and not torch.allclose(
+        e.phrase_bias[0, 0], e.phrase_bias[0, 1]
+    )

@@ -32,8 +32,7 @@ def backward_at(params) -> torch.Tensor:
 def test_two_pass_update_equals_the_hand_computed_step(adaptive):
     rho, lrs = 0.3, (0.1, 0.05)
     p = two_scalars()
-    opt = SAM(torch.optim.SGD([{"params": [p[0]], "lr": lrs[0]}, {"params": [p[1]], "lr": lrs[1]}]),
-              rho=rho, adaptive=adaptive)
+    opt = SAM(torch.optim.SGD([{"params": [p[0]], "lr": lrs[0]}, {"params": [p[1]], "lr": lrs[1]}]), rho=rho, adaptive=adaptive)
     backward_at(p)
     opt.first_step(zero_grad=True)
     backward_at(p)
@@ -107,7 +106,7 @@ def test_zero_and_missing_gradients_stay_finite():
     opt = SAM(torch.optim.SGD([used, zero, unused], lr=0.1), rho=DEFAULT_RHO)
 
     def loss_fn():
-        return (used ** 2).sum() + 0.0 * zero.sum()  # ``zero`` gets a zero gradient, ``unused`` none
+        return (used**2).sum() + 0.0 * zero.sum()  # ``zero`` gets a zero gradient, ``unused`` none
 
     loss_fn().backward()
     opt.first_step(zero_grad=True)
@@ -133,7 +132,7 @@ def test_schedules_and_checkpoints_are_the_base_optimizers():
     p = two_scalars()
     base = torch.optim.AdamW(p, lr=0.5)
     opt = SAM(base, rho=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5**step)
     for _ in range(2):
         opt.zero_grad()
         backward_at(p)

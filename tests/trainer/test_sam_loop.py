@@ -68,9 +68,22 @@ def one_sam_step(tmp_path, scales: list[float], rho: float, lr: float, clip: flo
     t = replace(t, log_every_steps=1, optim=replace(t.optim, grad_accum=len(scales), clip_grad_norm=clip, sam_rho=rho))
     optimizer = SAM(torch.optim.SGD(objective.parameters(), lr=lr), rho)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    setup = Setup(seed=0, train=t, world=distributed.World(0, 1, 0, torch.device("cpu")), objective=objective, stream=NoStream(),
-                  loader=[ScaledBatch(s) for s in scales], valid_loader=None, optimizer=optimizer, scheduler=scheduler,
-                  autocast=contextlib.nullcontext, total_steps=1, config={}, out=tmp_path, passes=2)
+    setup = Setup(
+        seed=0,
+        train=t,
+        world=distributed.World(0, 1, 0, torch.device("cpu")),
+        objective=objective,
+        stream=NoStream(),
+        loader=[ScaledBatch(s) for s in scales],
+        valid_loader=None,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        autocast=contextlib.nullcontext,
+        total_steps=1,
+        config={},
+        out=tmp_path,
+        passes=2,
+    )
     logs = Logs(CsvLog(tmp_path / "train_log.csv"), CsvLog(tmp_path / "valid_log.csv"), _Quiet(), skipped_items=[])
     assert train_epoch(setup, objective, logs, 0, 0, 0, {}) == (1, len(scales), False)
     return objective, logs.train.rows
@@ -120,8 +133,9 @@ def test_a_sam_run_takes_two_passes_per_step_and_resumes(shard_folder, tmp_path,
     def config(out, max_steps, sam_rho=0.0):
         base = tiny_train_params(params, folder, out)
         t = base.train
-        return replace(base, train=replace(t, data=replace(t.data, valid=None),
-                                           optim=replace(t.optim, max_steps=max_steps, sam_rho=sam_rho)))
+        return replace(
+            base, train=replace(t, data=replace(t.data, valid=None), optim=replace(t.optim, max_steps=max_steps, sam_rho=sam_rho))
+        )
 
     plain = run(config(tmp_path / "plain", 1))
     assert len(calls) == 1 and "passes_per_step" not in plain
@@ -131,10 +145,29 @@ def test_a_sam_run_takes_two_passes_per_step_and_resumes(shard_folder, tmp_path,
 
     (p_row,), (s_row,) = _rows(tmp_path / "plain"), _rows(tmp_path / "sam")
     # the defaults: the loss terms as they were, one pass, no captioning term
-    assert set(p_row) == {"step", "epoch", "lr", "clips_per_s", "loss", "clip", "clip_t", "clip_b", "phrase_clip", "phrase_clip_t", "phrase_clip_b", "frame", "frame_t", "frame_b"}
+    assert set(p_row) == {
+        "step",
+        "epoch",
+        "lr",
+        "clips_per_s",
+        "loss",
+        "clip",
+        "clip_t",
+        "clip_b",
+        "phrase_clip",
+        "phrase_clip_t",
+        "phrase_clip_b",
+        "frame",
+        "frame_t",
+        "frame_b",
+    }
     w = params.train.loss
-    assert float(p_row["loss"]) == pytest.approx(w.clip_weight * float(p_row["clip"]) + w.phrase_clip_weight * float(p_row["phrase_clip"])
-                                                 + w.frame_weight * float(p_row["frame"]), rel=1e-5)
+    assert float(p_row["loss"]) == pytest.approx(
+        w.clip_weight * float(p_row["clip"])
+        + w.phrase_clip_weight * float(p_row["phrase_clip"])
+        + w.frame_weight * float(p_row["frame"]),
+        rel=1e-5,
+    )
     # SAM logs the loss at w: the plain run's, on the same batch with the same weights and dropout
     for key in ("loss", "clip", "frame"):
         assert float(s_row[key]) == pytest.approx(float(p_row[key]), rel=1e-6), key

@@ -56,7 +56,9 @@ def test_padded_texts_give_the_unpadded_features_in_whole_blocks_of_rows_and_tok
     padded = TextEncoder("random:bert-base", max_tokens=30, frozen=False, pad_rows=8).eval()
     padded.load_state_dict(plain.state_dict())
     shapes = []
-    padded.model.register_forward_pre_hook(lambda m, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    padded.model.register_forward_pre_hook(
+        lambda m, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     texts = ["a dog barks", "rain on a tin roof while a car passes by slowly", "speech", "x", "a door slams twice"]
     with torch.no_grad():
         want, got = plain(texts), padded(texts)

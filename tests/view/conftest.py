@@ -48,8 +48,21 @@ def view_data(shard_folder, mixed, tmp_path_factory) -> ViewData:
     ckpt = tmp / "best.pt"
     checkpoint.save(ckpt, objective, step=0, epoch=0, batches_in_epoch=0, config=config_of(p))
     checkpoint.store_entry(ckpt, "calibration", {"threshold": 0.5, "median_filter_frames": 3, "split": "valid", "valid_f1": 0.0})
-    p = replace(p, evaluate=replace(p.evaluate, checkpoint=str(ckpt), shards=str(folder), event_clips=None, untrained=False, probes=False,
-                                    caption_metrics=False, pictures=0, device="cpu", out_dir=str(tmp / "evaluation")))
+    p = replace(
+        p,
+        evaluate=replace(
+            p.evaluate,
+            checkpoint=str(ckpt),
+            shards=str(folder),
+            event_clips=None,
+            untrained=False,
+            probes=False,
+            caption_metrics=False,
+            pictures=0,
+            device="cpu",
+            out_dir=str(tmp / "evaluation"),
+        ),
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model runs fastest on one thread
     try:

@@ -21,8 +21,10 @@ from tests.conftest import tone_burst
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="Chromium or chromedriver is not installed "
-                                "(Debian: apt-get install chromium chromium-driver)")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER),
+    reason="Chromium or chromedriver is not installed (Debian: apt-get install chromium chromium-driver)",
+)
 WAIT_S = 20
 FRAME_S = 0.08  # the model's frame hop; a drawn segment is held to 1.5 px, finer than one frame
 
@@ -34,8 +36,17 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1100",
-                 "--autoplay-policy=no-user-gesture-required", "--mute-audio", "--no-first-run", "--disable-extensions"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1100",
+        "--autoplay-policy=no-user-gesture-required",
+        "--mute-audio",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
     driver.set_page_load_timeout(WAIT_S)
@@ -47,7 +58,9 @@ def browser():
 @pytest.fixture(scope="module")
 def site(view_data):
     catalog = open_shards(view_data.shards)
-    app = make_app(catalog, open_evaluation(view_data.evaluation), str(view_data.checkpoint), view_data.params.evaluate, device="cpu")
+    app = make_app(
+        catalog, open_evaluation(view_data.evaluation), str(view_data.checkpoint), view_data.params.evaluate, device="cpu"
+    )
     with running(app) as url:
         yield url, catalog
 
@@ -83,10 +96,12 @@ def listed(driver, filters: dict) -> list[str] | None:
 
 def wait_listed(driver, filters: dict, what: str, page: int = 1) -> tuple[int, list[str]]:
     """(total, ids shown) once the list answers ``filters`` on ``page``."""
+
     def ready(d):
         ids = listed(d, filters)
         total = d.find_element("id", "list-total")
         return ids is not None and int(total.get_attribute("data-page")) == page and (int(total.get_attribute("data-total")), ids)
+
     return wait_for(driver, ready, what)
 
 
@@ -108,14 +123,20 @@ def test_the_list_filters_and_pages(browser, site):
     cluster = catalog.summary()["clusters"][0]
     Select(browser.find_element("id", "filter-cluster")).select_by_value(str(cluster["id"]))
     expected = [catalog.ids[k] for k in catalog.select(split="test", label=label, cluster=cluster["id"])]
-    assert wait_listed(browser, {"split": "test", "label": label, "cluster": cluster["id"]}, "and a cluster") == (len(expected), expected)
+    assert wait_listed(browser, {"split": "test", "label": label, "cluster": cluster["id"]}, "and a cluster") == (
+        len(expected),
+        expected,
+    )
     browser.find_element("id", "filter-reset").click()
     wait_listed(browser, {}, "the filters cleared")
     browser.find_element("id", "filter-min_events").send_keys("6")
     browser.find_element("id", "filter-max_snr").send_keys("19.5")
     browser.find_element("id", "filter-text").click()  # leaving a box applies it
     expected = [catalog.ids[k] for k in catalog.select(min_events=6, max_snr_db=19.5)]
-    assert wait_listed(browser, {"min_events": 6, "max_snr": 19.5}, "6 events or more, SNRs up to 19.5 dB") == (len(expected), expected)
+    assert wait_listed(browser, {"min_events": 6, "max_snr": 19.5}, "6 events or more, SNRs up to 19.5 dB") == (
+        len(expected),
+        expected,
+    )
     assert 0 < len(expected) < 30
     browser.find_element("id", "filter-reset").click()
     wait_listed(browser, {}, "the filters cleared")
@@ -133,10 +154,16 @@ def test_the_player_plays_and_the_playhead_follows(browser, site):
     open_page(browser, url + "#/mix/test_0000000")
     wait_for(browser, lambda d: d.execute_script("return document.getElementById('player').readyState >= 2"), "the audio to load")
     browser.execute_script("const p = document.getElementById('player'); p.muted = true; p.play();")
-    t = wait_for(browser, lambda d: (x := d.execute_script("return document.getElementById('player').currentTime")) > 0.4 and x,
-                 "currentTime to advance")
-    head = wait_for(browser, lambda d: float(d.find_element("id", "playhead").get_attribute("data-time")) > 0.3 and
-                    d.find_element("id", "playhead"), "the playhead to move")
+    t = wait_for(
+        browser,
+        lambda d: (x := d.execute_script("return document.getElementById('player').currentTime")) > 0.4 and x,
+        "currentTime to advance",
+    )
+    head = wait_for(
+        browser,
+        lambda d: float(d.find_element("id", "playhead").get_attribute("data-time")) > 0.3 and d.find_element("id", "playhead"),
+        "the playhead to move",
+    )
     track = browser.find_element("css selector", ".spec-row .track").rect
     now = browser.execute_script("return document.getElementById('player').currentTime")
     assert t > 0.4 and head.rect["x"] > track["x"] and head.rect["x"] - track["x"] <= (now + 0.5) / 10.0 * track["width"]
@@ -147,15 +174,20 @@ def test_segments_are_drawn_where_the_shards_say(browser, site):
     url, catalog = site
     mixture = catalog.mixture("test_0000000")
     open_page(browser, url + "#/mix/test_0000000")
-    wait_for(browser, lambda d: d.execute_script("const i = document.getElementById('spectrogram'); return i.complete && i.naturalWidth > 0"),
-             "the spectrogram")
+    wait_for(
+        browser,
+        lambda d: d.execute_script("const i = document.getElementById('spectrogram'); return i.complete && i.naturalWidth > 0"),
+        "the spectrogram",
+    )
     duration = mixture["duration_s"]
     spectrogram = browser.find_element("id", "spectrogram").rect
     lanes = browser.find_elements("css selector", ".lane")
     assert [lane.get_attribute("data-phrase") for lane in lanes] == [p["phrase"] for p in mixture["phrases"]]
     for lane, phrase in zip(lanes, mixture["phrases"]):
         track = lane.find_element("css selector", ".track").rect
-        assert track["x"] == pytest.approx(spectrogram["x"], abs=0.5) and track["width"] == pytest.approx(spectrogram["width"], abs=0.5)
+        assert track["x"] == pytest.approx(spectrogram["x"], abs=0.5) and track["width"] == pytest.approx(
+            spectrogram["width"], abs=0.5
+        )
         boxes = lane.find_elements("css selector", ".segment")
         assert len(boxes) == len(phrase["segments"])
         px_per_s = track["width"] / duration
@@ -167,16 +199,22 @@ def test_segments_are_drawn_where_the_shards_say(browser, site):
             assert r["x"] + r["width"] - track["x"] == pytest.approx(offset * px_per_s, abs=1.5), (phrase["phrase"], offset)
     onset = mixture["phrases"][-1]["segments"][0][0]
     lanes[-1].find_element("css selector", ".segment").click()  # plays from the segment's onset
-    wait_for(browser, lambda d: d.execute_script("return document.getElementById('player').currentTime") >= onset - 0.01,
-             "the player to jump to the onset")
+    wait_for(
+        browser,
+        lambda d: d.execute_script("return document.getElementById('player').currentTime") >= onset - 0.01,
+        "the player to jump to the onset",
+    )
     now = browser.execute_script("const p = document.getElementById('player'); p.pause(); return p.currentTime")
     assert onset - 0.01 <= now < onset + 2.0
 
 
 def canvas_ink(driver, canvas) -> int:
     """Pixels of a canvas that are not transparent."""
-    return driver.execute_script("const c = arguments[0]; const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-                                 "let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;", canvas)
+    return driver.execute_script(
+        "const c = arguments[0]; const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        "let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;",
+        canvas,
+    )
 
 
 def test_a_query_draws_its_probabilities_beside_the_truth(browser, site):
@@ -186,7 +224,9 @@ def test_a_query_draws_its_probabilities_beside_the_truth(browser, site):
     field = wait_for(browser, lambda d: d.find_element("id", "query-input"), "the query box")
     field.send_keys("bark; a siren wailing")
     browser.find_element("id", "query-button").click()
-    rows = wait_for(browser, lambda d: (r := d.find_elements("css selector", ".prob-row.live")) and len(r) == 2 and r, "two probability rows")
+    rows = wait_for(
+        browser, lambda d: (r := d.find_elements("css selector", ".prob-row.live")) and len(r) == 2 and r, "two probability rows"
+    )
     assert [r.get_attribute("data-query") for r in rows] == ["bark", "a siren wailing"]
     frames = round(mixture["duration_s"] / FRAME_S)
     for row in rows:
@@ -196,7 +236,10 @@ def test_a_query_draws_its_probabilities_beside_the_truth(browser, site):
         assert wait_for(browser, lambda d: canvas_ink(d, canvas) > 100, "the probabilities drawn")
         assert int(row.get_attribute("data-events")) == len(row.find_elements("css selector", ".event"))
     truth = sorted(s for p in mixture["phrases"] if p["label"] == "Bark" for s in p["segments"])
-    drawn = [(float(b.get_attribute("data-onset")), float(b.get_attribute("data-offset"))) for b in rows[0].find_elements("css selector", ".truth")]
+    drawn = [
+        (float(b.get_attribute("data-onset")), float(b.get_attribute("data-offset")))
+        for b in rows[0].find_elements("css selector", ".truth")
+    ]
     assert drawn == [tuple(s) for s in truth] and rows[1].get_attribute("data-truth") == "unknown"
 
 
@@ -210,8 +253,11 @@ def test_an_uploaded_file_is_queried(browser, site, tmp_path):
     browser.find_element("id", "upload-file").send_keys(str(path))
     browser.find_element("id", "upload-button").click()
     wait_for(browser, lambda d: d.find_element("id", "clip-title").text == "beep.wav", "the uploaded file's page")
-    wait_for(browser, lambda d: d.execute_script("const i = document.getElementById('spectrogram'); return i.complete && i.naturalWidth > 0"),
-             "its spectrogram")
+    wait_for(
+        browser,
+        lambda d: d.execute_script("const i = document.getElementById('spectrogram'); return i.complete && i.naturalWidth > 0"),
+        "its spectrogram",
+    )
     browser.find_element("id", "query-input").send_keys("a beep")
     browser.find_element("id", "query-button").click()
     row = wait_for(browser, lambda d: d.find_element("css selector", ".prob-row.live"), "its probabilities")
@@ -232,12 +278,18 @@ def test_an_evaluation_row_opens_its_mixture_at_its_second(browser, site, view_d
     assert (row.get_attribute("data-clip"), row.get_attribute("data-label")) == (error["clip"], error["class"])
     row.find_element("css selector", "a").click()
     wait_for(browser, lambda d: d.find_element("id", "clip-title").text == error["clip"], "the error's mixture")
-    wait_for(browser, lambda d: abs(d.execute_script("return document.getElementById('player').currentTime") - error["onset_s"]) < 0.01,
-             "the player at the error's second")
+    wait_for(
+        browser,
+        lambda d: abs(d.execute_script("return document.getElementById('player').currentTime") - error["onset_s"]) < 0.01,
+        "the player at the error's second",
+    )
     stored = wait_for(browser, lambda d: d.find_element("css selector", ".prob-row.stored"), "the stored probabilities")
     assert stored.get_attribute("data-query") == f"{split_queries(catalog, 'test')[error['class']]} (trained, evaluated)"
     truth = [(a, b) for a, b, label in evaluation.truth[error["clip"]] if label == error["class"]]
-    assert [(float(b.get_attribute("data-onset")), float(b.get_attribute("data-offset"))) for b in stored.find_elements("css selector", ".truth")] == truth
+    assert [
+        (float(b.get_attribute("data-onset")), float(b.get_attribute("data-offset")))
+        for b in stored.find_elements("css selector", ".truth")
+    ] == truth
     assert stored.get_attribute("data-truth") == str(len(truth))  # known, even when empty: the evaluation's ground truth
     canvas = stored.find_element("css selector", "canvas")
     assert int(canvas.get_attribute("data-frames")) == len(evaluation.scores("trained", error["clip"], error["class"])["probs"])

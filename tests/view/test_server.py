@@ -42,7 +42,9 @@ def get(url: str, headers: dict | None = None) -> tuple[int, bytes, dict]:
 
 def post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers={"Content-Type": content_type}), timeout=TIMEOUT_S) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=body, headers={"Content-Type": content_type}), timeout=TIMEOUT_S
+        ) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
@@ -50,8 +52,14 @@ def post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
 
 def multipart(name: str, data: bytes) -> tuple[bytes, str]:
     boundary = uuid.uuid4().hex
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
-            "Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     return body, f"multipart/form-data; boundary={boundary}"
 
 
@@ -67,8 +75,14 @@ def catalogs(view_data):
 
 @pytest.fixture(scope="module")
 def server(view_data, catalogs):
-    app = make_app(catalogs[0], open_evaluation(view_data.evaluation), str(view_data.checkpoint), view_data.params.evaluate,
-                   max_upload_bytes=200_000, device="cpu")
+    app = make_app(
+        catalogs[0],
+        open_evaluation(view_data.evaluation),
+        str(view_data.checkpoint),
+        view_data.params.evaluate,
+        max_upload_bytes=200_000,
+        device="cpu",
+    )
     with running(app) as url:
         yield url
 
@@ -154,13 +168,24 @@ def test_the_api_pages_filters_and_describes(server, catalogs):
     assert get(server + "api/audio?id=test_0000000", {"Range": f"bytes={len(whole)}-"})[0] == 416
 
 
-@pytest.mark.parametrize("path", [
-    "static/../../../../etc/passwd", "static/%2e%2e/%2e%2e/etc/passwd", "static/..%2f..%2fetc%2fpasswd", "static/%2fetc%2fpasswd",
-    "api/audio?id=../../etc/passwd", "api/audio?id=%2Fetc%2Fpasswd", "api/audio?id=%2e%2e%2f%2e%2e%2fetc%2fpasswd",
-    "api/audio?upload=../../etc/passwd", "api/spectrogram?id=/etc/passwd",
-    "api/evaluation/scores?model=trained&clip=../../../etc/passwd&class=Bark", "api/evaluation/scores?model=..&clip=x&class=y",
-    "../../etc/passwd", "%2e%2e/%2e%2e/etc/passwd",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "static/../../../../etc/passwd",
+        "static/%2e%2e/%2e%2e/etc/passwd",
+        "static/..%2f..%2fetc%2fpasswd",
+        "static/%2fetc%2fpasswd",
+        "api/audio?id=../../etc/passwd",
+        "api/audio?id=%2Fetc%2Fpasswd",
+        "api/audio?id=%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+        "api/audio?upload=../../etc/passwd",
+        "api/spectrogram?id=/etc/passwd",
+        "api/evaluation/scores?model=trained&clip=../../../etc/passwd&class=Bark",
+        "api/evaluation/scores?model=..&clip=x&class=y",
+        "../../etc/passwd",
+        "%2e%2e/%2e%2e/etc/passwd",
+    ],
+)
 def test_nothing_outside_the_folders_is_served(server, path):
     status, body, _ = get(server + path)
     assert status in (403, 404), (path, status)
@@ -178,15 +203,19 @@ def test_audio_paths_out_of_a_mixtures_folder_are_refused(view_data, tmp_path):
     planted = {"test_0000002": "../secret.flac", "test_0000003": str(secret), "test_0000004": "audio/../../secret.flac"}
     ids = table.column("mixture_id").to_pylist()
     paths = [planted.get(i, p) for i, p in zip(ids, paths)]
-    pq.write_table(table.set_column(table.schema.get_field_index("audio_path"), "audio_path", pa.array(paths, pa.string())),
-                   folder / "mixtures.parquet")
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("audio_path"), "audio_path", pa.array(paths, pa.string())),
+        folder / "mixtures.parquet",
+    )
     app = make_app(open_catalog(folder), None, None, view_data.params.evaluate)
     with running(app) as url:
         for mixture_id in ("test_0000001", *planted):
             assert get(url + f"api/audio?id={mixture_id}")[0] == 403, mixture_id
             assert get(url + f"api/spectrogram?id={mixture_id}")[0] == 403, mixture_id
         assert get(url + "api/audio?id=test_0000000")[0] == 200
-        status, body = post(url + "api/detect", json.dumps({"id": "test_0000000", "queries": ["bark"]}).encode(), "application/json")
+        status, body = post(
+            url + "api/detect", json.dumps({"id": "test_0000000", "queries": ["bark"]}).encode(), "application/json"
+        )
         assert status == 409 and "checkpoint" in body["error"]  # no checkpoint: queries are off, the rest works
 
 
@@ -200,23 +229,50 @@ def test_uploads_are_limited_checked_and_queryable(server):
     status, record = post(server + "api/upload", *multipart("../../tone.wav", buf.getvalue()))
     assert status == 200 and record["name"] == "tone.wav" and record["duration_s"] == pytest.approx(3.0) and "path" not in record
     assert get(server + f"api/audio?upload={record['token']}")[1] == buf.getvalue()
-    status, found = post(server + "api/detect", json.dumps({"upload": record["token"], "queries": ["a beep", "a beep", "silence"]}).encode(),
-                         "application/json")
+    status, found = post(
+        server + "api/detect",
+        json.dumps({"upload": record["token"], "queries": ["a beep", "a beep", "silence"]}).encode(),
+        "application/json",
+    )
     assert status == 200 and found["queries"] == ["a beep", "silence"] and found["truth"] == [None, None]
     assert len(found["timestamps_s"]) == len(found["probs"][0]) + 1 and found["timestamps_s"][-1] == pytest.approx(3.0)
     for bad in ([], [""], ["a\tb"], "bark", [1], ["x"] * 17):
-        assert post(server + "api/detect", json.dumps({"upload": record["token"], "queries": bad}).encode(), "application/json")[0] == 400
+        assert (
+            post(server + "api/detect", json.dumps({"upload": record["token"], "queries": bad}).encode(), "application/json")[0]
+            == 400
+        )
 
 
 def test_a_query_on_a_mixture_is_what_sedsynth_detect_prints(server, view_data, tmp_path, capsys):
-    status, found = post(server + "api/detect", json.dumps({"id": "test_0000000", "queries": ["bark", "siren"]}).encode(), "application/json")
+    status, found = post(
+        server + "api/detect", json.dumps({"id": "test_0000000", "queries": ["bark", "siren"]}).encode(), "application/json"
+    )
     assert status == 200 and found["threshold"] == 0.5 and found["median_filter_frames"] == 3
     bark = [p for p in json.loads(get(server + "api/mixture?id=test_0000000")[1])["phrases"] if p["label"] == "Bark"]
     assert found["truth"][0] == sorted(s for p in bark for s in p["segments"]) and found["truth"][1] is None
     wav = tmp_path / "test_0000000.flac"
     wav.write_bytes((view_data.mixtures / "audio" / "test" / "test_0000000.flac").read_bytes())
-    assert main(["detect", str(wav), "--query", "bark", "--query", "siren", "--checkpoint", str(view_data.checkpoint),
-                 "--params", str(tmp_path / "none.yaml"), "--device", "cpu", "--format", "tsv"]) == 0
+    assert (
+        main(
+            [
+                "detect",
+                str(wav),
+                "--query",
+                "bark",
+                "--query",
+                "siren",
+                "--checkpoint",
+                str(view_data.checkpoint),
+                "--params",
+                str(tmp_path / "none.yaml"),
+                "--device",
+                "cpu",
+                "--format",
+                "tsv",
+            ]
+        )
+        == 0
+    )
     rows = [line.split("\t") for line in capsys.readouterr().out.strip().splitlines()[1:]]
     printed = sorted((q, round(float(a), 6), round(float(b), 6)) for _, a, b, q in rows)
     shown = sorted((q, round(a, 6), round(b, 6)) for q, evs in zip(found["queries"], found["events"]) for a, b, _ in evs)
@@ -234,14 +290,21 @@ def test_a_bad_path_is_one_line_and_status_2(tmp_path, capsys):
 def test_the_command_prints_its_url_and_serves(view_data, tmp_path):
     """The real command in its own process, on a free port, stopped once it answered."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "sedsynth", "view", str(view_data.evaluation), "--data", str(view_data.shards),
-                             "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sedsynth", "view", str(view_data.evaluation), "--data", str(view_data.shards), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         line = proc.stdout.readline().strip()  # the URL, once it listens (or "" if it died)
         assert line.startswith("http://127.0.0.1:"), (line, proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
         info = json.loads(get(line + "api/info")[1])
-        assert info["dataset"]["mixtures"] == 30 and info["evaluation"]["split"] == "test" and info["detect"]["available"] is False
+        assert (
+            info["dataset"]["mixtures"] == 30 and info["evaluation"]["split"] == "test" and info["detect"]["available"] is False
+        )
     finally:
         proc.terminate()
         proc.wait(TIMEOUT_S)

@@ -105,8 +105,16 @@ def _each_class(stats: dict) -> Iterator[tuple]:
             yield class_stats
 
 
-def calibrate_checkpoint(path: str | Path, shards: str, split: str, median_filters: Iterable[int], store_in: Iterable[str | Path] = (),
-                         device: str = "auto", overlap: float = 0.5, batch_size: int = 16) -> dict:
+def calibrate_checkpoint(
+    path: str | Path,
+    shards: str,
+    split: str,
+    median_filters: Iterable[int],
+    store_in: Iterable[str | Path] = (),
+    device: str = "auto",
+    overlap: float = 0.5,
+    batch_size: int = 16,
+) -> dict:
     """Score ``split`` of the shards at ``shards`` with checkpoint ``path`` (every label a class queried by
     its most used phrase: the evaluate stage's test-split scoring) and choose the median filter (one of
     ``median_filters``) and threshold; the plain-data entry is stored as ``calibration`` in each
@@ -130,9 +138,17 @@ def calibrate_checkpoint(path: str | Path, shards: str, split: str, median_filte
         chosen = choose_threshold(tables, {i: truth[i] for i in scored.ids})
         tried.append({"median_filter_frames": int(k), "threshold": chosen.threshold, "valid_f1": chosen.f1})
     best = max(tried, key=lambda t: t["valid_f1"])  # the first (shortest filter) among equals
-    entry = {**best, "tried": tried, "shards": str(shards), "split": split, "classes": len(data.classes), "clips": len(scored.ids),
-             "events": sum(len(truth[i]) for i in scored.ids),
-             "step": int(checkpoint.read_entry(path, "step")), "collars": asdict(M.COLLAR)}
+    entry = {
+        **best,
+        "tried": tried,
+        "shards": str(shards),
+        "split": split,
+        "classes": len(data.classes),
+        "clips": len(scored.ids),
+        "events": sum(len(truth[i]) for i in scored.ids),
+        "step": int(checkpoint.read_entry(path, "step")),
+        "collars": asdict(M.COLLAR),
+    }
     for target in store_in:
         checkpoint.store_entry(target, "calibration", entry)
     return entry
@@ -146,8 +162,12 @@ def f1_median_filter(setting: int | str | None, stored: dict | None, default: in
     return int(stored.get("median_filter_frames", default)) if stored else int(default)
 
 
-def threshold_setting(setting: float | str | None, checkpoint_path: str | Path, named: str = "evaluate.f1_threshold",
-                      warn: Callable[[str], None] = print) -> tuple[float, str, dict | None]:
+def threshold_setting(
+    setting: float | str | None,
+    checkpoint_path: str | Path,
+    named: str = "evaluate.f1_threshold",
+    warn: Callable[[str], None] = print,
+) -> tuple[float, str, dict | None]:
     """``evaluate.f1_threshold`` (or ``sedsynth detect --threshold``, ``named`` in the source line) ->
     ``(threshold, where it came from, the checkpoint's calibration or None)``.
 
@@ -159,8 +179,10 @@ def threshold_setting(setting: float | str | None, checkpoint_path: str | Path, 
         return float(setting), named, None
     stored = checkpoint.read_entry(checkpoint_path, "calibration")
     if stored is None:
-        warn(f"warning: {checkpoint_path} holds no calibrated threshold (written before calibration, or trained without "
-             f"train.data.valid); using {FALLBACK_THRESHOLD}")
+        warn(
+            f"warning: {checkpoint_path} holds no calibrated threshold (written before calibration, or trained without "
+            f"train.data.valid); using {FALLBACK_THRESHOLD}"
+        )
         return FALLBACK_THRESHOLD, f"fallback {FALLBACK_THRESHOLD}: the checkpoint holds no calibrated threshold", None
     f1 = float(stored.get("valid_f1", float("nan")))
     source = f"stored in the checkpoint: chosen on the {stored.get('split', '?')} split, macro collar F1 {f1:.4f} there"

@@ -39,7 +39,7 @@ def tokens(text: str) -> list[str]:
 
 def ngrams(words: list[str], n: int = 4) -> Counter:
     """Counts of every 1..n-gram of ``words`` (tuples)."""
-    return Counter(tuple(words[i:i + k]) for k in range(1, n + 1) for i in range(len(words) - k + 1))
+    return Counter(tuple(words[i : i + k]) for k in range(1, n + 1) for i in range(len(words) - k + 1))
 
 
 def bleu(predictions: list[list[str]], references: list[list[list[str]]], n: int = 4) -> list[float]:
@@ -86,7 +86,7 @@ def rouge_l(predictions: list[list[str]], references: list[list[list[str]]], bet
         lcs = [lcs_length(r, words) for r in refs]
         precision = max(x / len(words) if words else 0.0 for x in lcs)
         recall = max(x / len(r) if r else 0.0 for x, r in zip(lcs, refs))
-        values.append((1 + beta ** 2) * precision * recall / (recall + beta ** 2 * precision) if precision and recall else 0.0)
+        values.append((1 + beta**2) * precision * recall / (recall + beta**2 * precision) if precision and recall else 0.0)
     return float(np.mean(values))
 
 
@@ -118,7 +118,7 @@ def cider_d(predictions: list[list[str]], references: list[list[list[str]]], n: 
                 value = sum(min(w, vec_r[k].get(g, 0.0)) * vec_r[k].get(g, 0.0) for g, w in vec[k].items())
                 if norms[k] and norms_r[k]:
                     value /= norms[k] * norms_r[k]
-                total[k] += value * math.exp(-((length - length_r) ** 2) / (2 * sigma ** 2))
+                total[k] += value * math.exp(-((length - length_r) ** 2) / (2 * sigma**2))
         scores.append(10.0 * total.mean() / len(refs))
     return float(np.mean(scores))
 
@@ -128,14 +128,20 @@ def caption_scores(predictions: Sequence[str], references: Sequence[Sequence[str
     same clip order -> ``{"bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider_d", "captions"}``
     (BLEU and ROUGE-L in [0, 1], CIDEr-D in [0, 10]; ``captions``: clips scored)."""
     if len(predictions) != len(references) or not predictions:
-        raise ValueError(f"caption_scores: {len(predictions)} predictions for {len(references)} clips; need one per clip, at least one")
+        raise ValueError(
+            f"caption_scores: {len(predictions)} predictions for {len(references)} clips; need one per clip, at least one"
+        )
     if any(not refs for refs in references):
         raise ValueError("caption_scores: every clip needs at least one reference caption")
     pred = [tokens(p) for p in predictions]
     refs = [[tokens(r) for r in rs] for rs in references]
     b = bleu(pred, refs)
-    return {**{f"bleu_{k + 1}": float(v) for k, v in enumerate(b)}, "rouge_l": rouge_l(pred, refs),
-            "cider_d": cider_d(pred, refs), "captions": len(pred)}
+    return {
+        **{f"bleu_{k + 1}": float(v) for k, v in enumerate(b)},
+        "rouge_l": rouge_l(pred, refs),
+        "cider_d": cider_d(pred, refs),
+        "captions": len(pred),
+    }
 
 
 NO_DECODER = "the checkpoint has no captioning decoder (trained with train.loss.caption_weight 0)"
@@ -155,7 +161,7 @@ def generate(det, decoder, frames: list[np.ndarray], batch_size: int) -> list[st
 
     out: list[str] = []
     for start in range(0, len(frames), batch_size):
-        x, valid = padded(frames[start:start + batch_size])
+        x, valid = padded(frames[start : start + batch_size])
         with det.autocast():
             out += decoder.captions(torch.from_numpy(x).to(det.device), feature_mask=torch.from_numpy(valid).to(det.device))
     return out
@@ -178,5 +184,8 @@ def split_captions(det, split, batch_size: int) -> tuple[dict, list[tuple[str, s
     references = [split.captions[i] for i in ids]
     method = "parallel" if decoder.decoding == "parallel" else "greedy"  # what decoder.captions uses by default
     scores = caption_scores(predictions, [[r] for r in references]) | {
-        "decoding": method, "unreadable": len(unreadable), "not_computed": NOT_COMPUTED}
+        "decoding": method,
+        "unreadable": len(unreadable),
+        "not_computed": NOT_COMPUTED,
+    }
     return scores, list(zip(ids, predictions, references))

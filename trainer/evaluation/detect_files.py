@@ -68,10 +68,28 @@ def fits_tsv(name: str) -> bool:
 
 # libsndfile's formats and the file extensions they go by; only the formats the installed library reads count
 _FORMAT_EXTENSIONS = {
-    "WAV": ("wav",), "WAVEX": ("wav",), "FLAC": ("flac",), "OGG": ("ogg", "oga", "opus"), "MP3": ("mp3",),
-    "AIFF": ("aif", "aiff", "aifc"), "AU": ("au", "snd"), "CAF": ("caf",), "W64": ("w64",), "RF64": ("rf64",),
-    "NIST": ("nist", "sph"), "IRCAM": ("sf",), "VOC": ("voc",), "PAF": ("paf",), "SVX": ("svx", "8svx"),
-    "SD2": ("sd2",), "WVE": ("wve",), "AVR": ("avr",), "HTK": ("htk",), "MPC2K": ("mpc2k",), "SDS": ("sds",), "XI": ("xi",),
+    "WAV": ("wav",),
+    "WAVEX": ("wav",),
+    "FLAC": ("flac",),
+    "OGG": ("ogg", "oga", "opus"),
+    "MP3": ("mp3",),
+    "AIFF": ("aif", "aiff", "aifc"),
+    "AU": ("au", "snd"),
+    "CAF": ("caf",),
+    "W64": ("w64",),
+    "RF64": ("rf64",),
+    "NIST": ("nist", "sph"),
+    "IRCAM": ("sf",),
+    "VOC": ("voc",),
+    "PAF": ("paf",),
+    "SVX": ("svx", "8svx"),
+    "SD2": ("sd2",),
+    "WVE": ("wve",),
+    "AVR": ("avr",),
+    "HTK": ("htk",),
+    "MPC2K": ("mpc2k",),
+    "SDS": ("sds",),
+    "XI": ("xi",),
 }
 GLOB_CHARS = frozenset("*?[")
 
@@ -146,8 +164,9 @@ def read_file_list(source: str, stdin=None) -> list[str]:
     return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
 
 
-def expand_inputs(inputs: Iterable[str], recursive: bool = False,
-                  note=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr)) -> tuple[list[str], dict[str, str]]:
+def expand_inputs(
+    inputs: Iterable[str], recursive: bool = False, note=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr)
+) -> tuple[list[str], dict[str, str]]:
     """Paths as a user gives them -> ``(audio files in order, {input: why it gives none})``.
 
     A file is taken as it is (whatever its extension); a folder gives its audio files (by
@@ -164,7 +183,9 @@ def expand_inputs(inputs: Iterable[str], recursive: bool = False,
             found = _folder_files(item, recursive, extensions, note)
             if not found:
                 hint = "" if recursive else " (--recursive looks in its subfolders)"
-                problems[item] = f"is a folder with no audio files{hint}; audio is found by extension: {', '.join(sorted(extensions))}"
+                problems[item] = (
+                    f"is a folder with no audio files{hint}; audio is found by extension: {', '.join(sorted(extensions))}"
+                )
         elif os.path.lexists(item):
             problem = special_file_problem(item)
             if problem is None and not os.path.exists(item):
@@ -177,8 +198,11 @@ def expand_inputs(inputs: Iterable[str], recursive: bool = False,
             matches = sorted(glob.glob(item, recursive=True))
             found = [m for m in matches if _is_audio(m, extensions) and os.path.isfile(m) and special_file_problem(m) is None]
             if not found:
-                problems[item] = ("matches no audio file" if not matches else
-                                  f"matches {len(matches)} path(s) but no audio file (by extension: {', '.join(sorted(extensions))})")
+                problems[item] = (
+                    "matches no audio file"
+                    if not matches
+                    else f"matches {len(matches)} path(s) but no audio file (by extension: {', '.join(sorted(extensions))})"
+                )
         else:
             problems[item] = "does not exist or is not a file"
             continue
@@ -212,10 +236,12 @@ def check_queries(queries: list[str], score_columns: bool = False) -> list[str]:
     """The queries, each once, in order; a query that cannot be a TSV label (or a score column) raises ValueError."""
     for q in queries:
         if not q.strip() or not fits_tsv(q):
-            raise ValueError(f"--query {q!r} is empty or holds a tab, line break or other control character; "
-                             "pass plain text such as --query \"dog barking\"")
+            raise ValueError(
+                f"--query {q!r} is empty or holds a tab, line break or other control character; "
+                'pass plain text such as --query "dog barking"'
+            )
         if score_columns and q in ("onset", "offset"):
-            raise ValueError(f"--query {q!r} would clash with the score files' {q} column; reword it (e.g. \"{q} of a sound\")")
+            raise ValueError(f'--query {q!r} would clash with the score files\' {q} column; reword it (e.g. "{q} of a sound")')
     return list(dict.fromkeys(queries))
 
 
@@ -227,8 +253,9 @@ def write_score_file(path: Path, timestamps_s: np.ndarray, probs: np.ndarray, qu
     from sed_scores_eval.base_modules.scores import create_score_dataframe
 
     tsv_cell(Path(path).name, "score file name")
-    table = create_score_dataframe(np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64),
-                                   [tsv_cell(q, "query") for q in queries])
+    table = create_score_dataframe(
+        np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64), [tsv_cell(q, "query") for q in queries]
+    )
     write_atomic(path, table.to_csv(sep="\t", index=False).encode("utf-8"))  # what write_sed_scores writes, never half-written
 
 
@@ -239,9 +266,18 @@ def _tap(blocks: Iterable[np.ndarray], sketch: Spectrogram | None) -> Iterator[n
         yield block
 
 
-def detect(detector: Detector, files: list[str], queries: list[str], threshold: float = 0.5, median_frames: int = 3, *,
-           picture_dir: Path | None = None, scores_dir: Path | None = None, unique_names: bool = False,
-           peaks: dict[str, dict[str, tuple[float, float]]] | None = None) -> tuple[list[Detection], dict[str, str]]:
+def detect(
+    detector: Detector,
+    files: list[str],
+    queries: list[str],
+    threshold: float = 0.5,
+    median_frames: int = 3,
+    *,
+    picture_dir: Path | None = None,
+    scores_dir: Path | None = None,
+    unique_names: bool = False,
+    peaks: dict[str, dict[str, tuple[float, float]]] | None = None,
+) -> tuple[list[Detection], dict[str, str]]:
     """Detections for every file that scores, and ``{file: what went wrong}`` for the others.
 
     Each file is streamed (:func:`read_blocks`), so only a window's worth of its audio is held.
@@ -260,12 +296,15 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
     for file in files:
         name = Path(file).stem
         if (unique_names or scores_dir is not None) and not fits_tsv(Path(file).name):
-            failed[file] = (f"its name {Path(file).name!r} holds a tab or line break, which would forge rows of the TSV "
-                            "outputs; rename the file")
+            failed[file] = (
+                f"its name {Path(file).name!r} holds a tab or line break, which would forge rows of the TSV "
+                "outputs; rename the file"
+            )
             continue
         if (unique_names or picture_dir is not None or scores_dir is not None) and name in names:
-            failed[file] = (f"has the name {name!r} of {names[name]}, and the outputs name files by it: "
-                            "rename one or run them separately")
+            failed[file] = (
+                f"has the name {name!r} of {names[name]}, and the outputs name files by it: rename one or run them separately"
+            )
             continue
         names[name] = file
         sketch = Spectrogram(detector.sample_rate_hz) if picture_dir is not None else None
@@ -279,8 +318,10 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
         found += [Detection(file, q, on, off, s) for q, evs in per_query.items() for on, off, s in evs]
         if peaks is not None:
             top = np.argmax(probs, axis=0) if len(probs) else np.zeros(len(queries), int)
-            peaks[file] = {q: (float(probs[top[k], k]) if len(probs) else float("nan"), float(scores.timestamps_s[top[k]]))
-                           for k, q in enumerate(queries)}
+            peaks[file] = {
+                q: (float(probs[top[k], k]) if len(probs) else float("nan"), float(scores.timestamps_s[top[k]]))
+                for k, q in enumerate(queries)
+            }
         problems = []
         if scores_dir is not None:
             try:
@@ -289,8 +330,17 @@ def detect(detector: Detector, files: list[str], queries: list[str], threshold: 
                 problems.append(f"score file not written ({type(e).__name__}: {e})")
         if picture_dir is not None:
             try:
-                detection_figure(Path(picture_dir) / f"{name}.png", sketch, detector.sample_rate_hz, scores.timestamps_s,
-                                 probs, queries, events=per_query, title=Path(file).name, threshold=threshold)
+                detection_figure(
+                    Path(picture_dir) / f"{name}.png",
+                    sketch,
+                    detector.sample_rate_hz,
+                    scores.timestamps_s,
+                    probs,
+                    queries,
+                    events=per_query,
+                    title=Path(file).name,
+                    threshold=threshold,
+                )
             except Exception as e:  # a picture is a by-product: whatever breaks it, the detections stand
                 problems.append(f"picture not drawn ({type(e).__name__}: {e})")
         if problems:
@@ -305,15 +355,26 @@ def format_rows(rows: list[Detection], tsv: bool) -> str:
     if tsv:
         bad = sorted({Path(r.file).name for r in rows if not fits_tsv(Path(r.file).name)})
         if bad:
-            raise ValueError(f"file name(s) {', '.join(map(repr, bad))} hold a tab or line break or another control "
-                             "character: a DCASE TSV cannot name them")
-        body = [(Path(r.file).name, f"{r.onset_s:.10g}", f"{r.offset_s:.10g}", tsv_cell(r.query, "query"))  # 10 significant digits: frame edges without float noise
-                for r in rows]
+            raise ValueError(
+                f"file name(s) {', '.join(map(repr, bad))} hold a tab or line break or another control "
+                "character: a DCASE TSV cannot name them"
+            )
+        body = [
+            (
+                Path(r.file).name,
+                f"{r.onset_s:.10g}",
+                f"{r.offset_s:.10g}",
+                tsv_cell(r.query, "query"),
+            )  # 10 significant digits: frame edges without float noise
+            for r in rows
+        ]
         return "\n".join("\t".join(x) for x in [DCASE_HEADER, *body])
     header = ["file", "query", "onset_s", "offset_s", "score"]
     body = [[r.file, r.query, f"{r.onset_s:.3f}", f"{r.offset_s:.3f}", f"{r.score:.3f}"] for r in rows]
     widths = [max(len(x[k]) for x in [header, *body]) for k in range(len(header))]
-    return "\n".join("  ".join(x[k].ljust(widths[k]) if k < 2 else x[k].rjust(widths[k]) for k in range(len(header))) for x in [header, *body])
+    return "\n".join(
+        "  ".join(x[k].ljust(widths[k]) if k < 2 else x[k].rjust(widths[k]) for k in range(len(header))) for x in [header, *body]
+    )
 
 
 def _shown(path: str) -> str:
@@ -344,10 +405,12 @@ def main(args, params) -> int:
         inputs += read_file_list(files_from)
     if not inputs:
         raise ValueError("no audio given: name files, folders or glob patterns, or pass --files-from LIST")
-    detector = Detector.from_checkpoint(checkpoint, device=args.device or evaluate.device,
-                                        overlap=evaluate.window_overlap, batch_size=evaluate.batch_size)
-    threshold, source, stored = threshold_setting(args.threshold, checkpoint, "--threshold",
-                                                  warn=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr))
+    detector = Detector.from_checkpoint(
+        checkpoint, device=args.device or evaluate.device, overlap=evaluate.window_overlap, batch_size=evaluate.batch_size
+    )
+    threshold, source, stored = threshold_setting(
+        args.threshold, checkpoint, "--threshold", warn=lambda line: print(f"sedsynth detect: {line}", file=sys.stderr)
+    )
     if median is not None:
         frames, filter_source = median, "--median-filter"
     else:  # the filter stored with the checkpoint's threshold, with --threshold too: a threshold alone changes no filter
@@ -359,15 +422,26 @@ def main(args, params) -> int:
             filter_source = "stored with the checkpoint's threshold"
         else:
             filter_source = "evaluate.median_filter_frames"
-    print(f"sedsynth detect: threshold {threshold:.6g} after a {frames}-frame median filter ({source}); "
-          f"filter: {filter_source}", file=sys.stderr)
+    print(
+        f"sedsynth detect: threshold {threshold:.6g} after a {frames}-frame median filter ({source}); filter: {filter_source}",
+        file=sys.stderr,
+    )
     audio, missing = expand_inputs(inputs, recursive=getattr(args, "recursive", False))
     for f, why in missing.items():
         print(f"sedsynth detect: error: {_shown(f)} {why}", file=sys.stderr)
     tsv = args.format == "tsv"
     peaks: dict[str, dict[str, tuple[float, float]]] = {}
-    rows, failed = detect(detector, audio, queries, threshold, frames, picture_dir=Path(args.pictures) if args.pictures else None,
-                          scores_dir=Path(args.scores) if args.scores else None, unique_names=tsv, peaks=peaks)
+    rows, failed = detect(
+        detector,
+        audio,
+        queries,
+        threshold,
+        frames,
+        picture_dir=Path(args.pictures) if args.pictures else None,
+        scores_dir=Path(args.scores) if args.scores else None,
+        unique_names=tsv,
+        peaks=peaks,
+    )
     for f, why in failed.items():
         print(f"sedsynth detect: error: {_shown(f)}: {why}", file=sys.stderr)
     with_events = {r.file for r in rows}

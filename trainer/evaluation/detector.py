@@ -60,10 +60,14 @@ class ClipScores:
 class Detector:
     """A FineLAP model (with its loss heads) ready to score audio against text queries."""
 
-    def __init__(self, objective: Objective, train: TrainParams, device: str = "auto", overlap: float = 0.5, batch_size: int = 16):
+    def __init__(
+        self, objective: Objective, train: TrainParams, device: str = "auto", overlap: float = 0.5, batch_size: int = 16
+    ):
         if not 0 <= overlap < 1:
             raise ValueError(f"detector: overlap is {overlap}; use a fraction in [0, 1)")
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+        self.device = torch.device(
+            "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+        )
         self.objective = objective.to(self.device).eval()
         self.model, self.train_params = objective.model, train
         self.autocast = autocast_for(train.precision, self.device)
@@ -132,7 +136,9 @@ class Detector:
         edges[-1] = duration
         return edges
 
-    def score(self, waves: Iterable[np.ndarray], vocabularies: Sequence[Vocabulary] | Iterable[Sequence[Vocabulary]]) -> Iterator[ClipScores]:
+    def score(
+        self, waves: Iterable[np.ndarray], vocabularies: Sequence[Vocabulary] | Iterable[Sequence[Vocabulary]]
+    ) -> Iterator[ClipScores]:
         """Mono waves at ``sample_rate_hz`` -> :class:`ClipScores`, in order.
 
         ``vocabularies`` is the same list of vocabularies for every clip, or (per clip) an
@@ -150,8 +156,9 @@ class Detector:
         return scores
 
     @torch.no_grad()
-    def score_streams(self, clips: Iterable[Iterable[np.ndarray]],
-                      vocabularies: Sequence[Vocabulary] | Iterable[Sequence[Vocabulary]]) -> Iterator[ClipScores]:
+    def score_streams(
+        self, clips: Iterable[Iterable[np.ndarray]], vocabularies: Sequence[Vocabulary] | Iterable[Sequence[Vocabulary]]
+    ) -> Iterator[ClipScores]:
         """Clips, each an iterable of mono blocks at ``sample_rate_hz`` -> :class:`ClipScores`, in order.
 
         Windows are cut as their samples arrive and scored ``batch_size`` at a time across
@@ -191,9 +198,9 @@ class Detector:
         batch = torch.from_numpy(np.stack([w.samples for _, w in queue])).to(self.device)  # (B, window_samples)
         with self.autocast():
             clip, frames = self.model.encode_audio(batch)
-        clip, frames = clip.float(), frames.float()[:, :self.columns]  # (B, d), (B, columns, d)
+        clip, frames = clip.float(), frames.float()[:, : self.columns]  # (B, d), (B, columns, d)
         for j, (sums, window) in enumerate(queue):
-            sums.add(window, clip[j], frames[j, :window.columns])
+            sums.add(window, clip[j], frames[j, : window.columns])
 
 
 @dataclass(frozen=True)
@@ -229,7 +236,7 @@ class _WindowCutter:
         self.next_start = 0  # the next window on the hop grid
 
     def _cut(self, start: int, columns: int) -> _Window:
-        piece = self.buffer[start - self.buffer_start:start - self.buffer_start + self.det.window_samples]
+        piece = self.buffer[start - self.buffer_start : start - self.buffer_start + self.det.window_samples]
         return _Window(start, np.pad(piece, (0, self.det.window_samples - len(piece))), columns)  # a copy: the buffer moves on
 
     def _ready(self) -> bool:
@@ -237,7 +244,9 @@ class _WindowCutter:
 
     def _join(self) -> None:
         if self.arrived:
-            self.buffer = np.concatenate([self.buffer, *self.arrived]) if len(self.buffer) or len(self.arrived) > 1 else self.arrived[0]
+            self.buffer = (
+                np.concatenate([self.buffer, *self.arrived]) if len(self.buffer) or len(self.arrived) > 1 else self.arrived[0]
+            )
             self.arrived = []
 
     def push(self, block: np.ndarray) -> list[_Window]:
@@ -252,7 +261,7 @@ class _WindowCutter:
             out.append(self._cut(self.next_start, self.det.columns))
             self.next_start += self.det.hop_samples
         keep_from = max(self.buffer_start, min(self.next_start, self.num_samples - self.keep))
-        self.buffer, self.buffer_start = self.buffer[keep_from - self.buffer_start:], keep_from
+        self.buffer, self.buffer_start = self.buffer[keep_from - self.buffer_start :], keep_from
         return out
 
     def close(self) -> list[_Window]:
@@ -301,8 +310,8 @@ class _RunningScores:
         self._reserve(first + take)
         for total, v in zip(self.totals, self.vocabularies):
             logit = v.scale * (frames @ v.embeddings.T) + v.bias  # (take, C)
-            total[first:first + take] += torch.sigmoid(logit).cpu().numpy()
-        self.count[first:first + take] += 1
+            total[first : first + take] += torch.sigmoid(logit).cpu().numpy()
+        self.count[first : first + take] += 1
         self.pending -= 1
 
     def result(self) -> ClipScores:

@@ -62,14 +62,26 @@ class ProbeData:
     test_ids: tuple[str, ...]
 
 
-def probe_data(train_split: ShardSplit, test_split: ShardSplit, train_clips: EventClips | None, test_clips: EventClips | None,
-               max_clips: int, seed: int) -> ProbeData:
+def probe_data(
+    train_split: ShardSplit,
+    test_split: ShardSplit,
+    train_clips: EventClips | None,
+    test_clips: EventClips | None,
+    max_clips: int,
+    seed: int,
+) -> ProbeData:
     """At most ``max_clips`` of each side: the first mixtures of each split, and event clips drawn
     with ``seed`` (training clips that the held-out side also uses are dropped first)."""
     if train_clips is not None and test_clips is not None:
         held_out = set(test_clips.audio)
-        train_clips = _draw(EventClips({i: a for i, a in train_clips.audio.items() if i not in held_out},
-                                       {i: c for i, c in train_clips.labels.items() if i not in held_out}), max_clips, seed)
+        train_clips = _draw(
+            EventClips(
+                {i: a for i, a in train_clips.audio.items() if i not in held_out},
+                {i: c for i, c in train_clips.labels.items() if i not in held_out},
+            ),
+            max_clips,
+            seed,
+        )
         test_clips = _draw(test_clips, max_clips, seed)
     return ProbeData(train_clips, test_clips, train_split, train_split.ids[:max_clips], test_split, test_split.ids[:max_clips])
 
@@ -112,7 +124,7 @@ def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> lis
                 _, dense = d.model.encoder(batch.to(d.device), *fbank)
             frames = dense.float().mean(dim=2)[:, :cols].cpu().numpy()  # (B, cols, D)
             for j, (k, first, take, _) in enumerate(queue):
-                per_clip[k][first:first + take] = frames[j, :take]
+                per_clip[k][first : first + take] = frames[j, :take]
         queue.clear()
 
     for k, wave in enumerate(waves):
@@ -121,7 +133,7 @@ def encoder_frames(dets: Sequence[Detector], waves: Iterable[np.ndarray]) -> lis
         for d, per_clip, store in zip(dets, out, kept):
             per_clip.append(store.zeros((frames, d.model.encoder.width), np.float32))
         for first in range(0, frames, cols):
-            piece = wave[first * col_samples:first * col_samples + window]
+            piece = wave[first * col_samples : first * col_samples + window]
             queue.append((k, first, min(cols, frames - first), np.pad(piece, (0, window - len(piece)))))
             if len(queue) == det.batch_size:
                 flush()
@@ -139,7 +151,7 @@ def padded(frames: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     x = np.zeros((len(frames), t, frames[0].shape[1]), np.float32)
     valid = np.zeros((len(frames), t), bool)
     for i, f in enumerate(frames):
-        x[i, :len(f)], valid[i, :len(f)] = f, True
+        x[i, : len(f)], valid[i, : len(f)] = f, True
     return x, valid
 
 
@@ -171,20 +183,21 @@ def mixture_audio(split: ShardSplit, ids: tuple[str, ...]) -> Iterator[tuple[str
     return islice(split.audio(), len(ids))
 
 
-def frame_targets(det: Detector, split: ShardSplit, ids: list[str], frames: list[np.ndarray], classes: tuple[str, ...],
-                  min_overlap: float) -> np.ndarray:
+def frame_targets(
+    det: Detector, split: ShardSplit, ids: list[str], frames: list[np.ndarray], classes: tuple[str, ...], min_overlap: float
+) -> np.ndarray:
     """Frame targets ``(N, T, C)`` bool on the detector's column grid (``T``: the longest clip),
     from each clip's segments of each class, as training labels frames."""
     t = max(len(f) for f in frames)
     where = {c: k for k, c in enumerate(classes)}
     out = np.zeros((len(ids), t, len(classes)), bool)
     for n, (i, f) in enumerate(zip(ids, frames)):
-        edges = det.timestamps_s(round(split.durations_s[i] * det.sample_rate_hz))[:len(f) + 1]
+        edges = det.timestamps_s(round(split.durations_s[i] * det.sample_rate_hz))[: len(f) + 1]
         spans = np.stack([edges[:-1], edges[1:]], axis=1)
         for p in split.phrases[i]:
             if p["label"] in where:
                 segs = [(s["start_s"], s["end_s"]) for s in p["segments"]]
-                out[n, :len(spans), where[p["label"]]] |= frame_labels(segs, 0.0, spans, min_overlap)
+                out[n, : len(spans), where[p["label"]]] |= frame_labels(segs, 0.0, spans, min_overlap)
     return out
 
 
@@ -194,7 +207,9 @@ def clip_features(dets: Sequence[Detector], clips: EventClips) -> tuple[list[str
     return ids, encoder_frames(dets, waves), unreadable
 
 
-def mixture_features(dets: Sequence[Detector], split: ShardSplit, ids: tuple[str, ...]) -> tuple[list[str], list[list[np.ndarray]], list[str]]:
+def mixture_features(
+    dets: Sequence[Detector], split: ShardSplit, ids: tuple[str, ...]
+) -> tuple[list[str], list[list[np.ndarray]], list[str]]:
     """The mixtures ``ids`` (a prefix of the split) -> ``(ids, per detector the frames per clip, unreadable ids)``."""
     read, waves, unreadable = decoded(dets[0], mixture_audio(split, ids))
     return read, encoder_frames(dets, waves), unreadable
@@ -251,7 +266,9 @@ def run_probes(dets: dict[str, Detector], data: ProbeData, e, seed: int) -> dict
             out[name][probe] = found | extra[name, probe]
         del fits  # the set's features
     for name in names:
-        out[name] = {key: out[name][key] for key in [*(f"clip_{p}" for p in e.probe_pooling), "frame"]} | {"unreadable": unreadable}
+        out[name] = {key: out[name][key] for key in [*(f"clip_{p}" for p in e.probe_pooling), "frame"]} | {
+            "unreadable": unreadable
+        }
     return out
 
 
@@ -276,8 +293,9 @@ def _frame_fits(dets: dict[str, Detector], data: ProbeData, e, settings: dict) -
     segment_frames = max(1, round(e.segment_s / det.column_s))
     for name, d in dets.items():
         (xa, va), (xb, vb) = on(d, padded(train_x.pop(0))), on(d, padded(test_x.pop(0)))  # each model's frames, once
-        fits[name, "frame"] = partial(frame_probe, xa, ya, xb, yb, train_valid=va, test_valid=vb,
-                                      segment_frames=segment_frames, **settings)
+        fits[name, "frame"] = partial(
+            frame_probe, xa, ya, xb, yb, train_valid=va, test_valid=vb, segment_frames=segment_frames, **settings
+        )
         extra[name, "frame"] = {"classes": len(classes), "train_clips": len(train_ids), "test_clips": len(test_ids)}
     return fits, extra, {}, bad
 
@@ -286,7 +304,12 @@ def _clip_fits(dets: dict[str, Detector], data: ProbeData, e, settings: dict) ->
     """The clip probes, one per pooling: ``(fits, extra figures per fit, {"clip_<pooling>": skipped}
     for every detector or {}, unreadable clips)``; attention before mean, so the longer fit starts first."""
     if data.train_clips is None or data.test_clips is None:
-        return {}, {}, {f"clip_{pooling}": {"skipped": "no event clips (evaluate.event_clips: null)"} for pooling in e.probe_pooling}, 0
+        return (
+            {},
+            {},
+            {f"clip_{pooling}": {"skipped": "no event clips (evaluate.event_clips: null)"} for pooling in e.probe_pooling},
+            0,
+        )
     models = list(dets.values())
     train_ids, train_x, bad_train = clip_features(models, data.train_clips)
     test_ids, test_x, bad_test = clip_features(models, data.test_clips)
@@ -305,8 +328,14 @@ def _clip_fits(dets: dict[str, Detector], data: ProbeData, e, settings: dict) ->
         xs_train, xs_test = train_x.pop(0), test_x.pop(0)
         (xa, va), (xb, vb) = on(d, padded(xs_train)), on(d, padded([xs_test[k] for k in keep]))
         for pooling in sorted(e.probe_pooling):
-            probe = ClipProbeSettings(pooling=pooling, num_classes=len(classes), heads=e.probe_heads, steps=settings["steps"],
-                                      learning_rate=settings["lr"], seed=settings["seed"])
+            probe = ClipProbeSettings(
+                pooling=pooling,
+                num_classes=len(classes),
+                heads=e.probe_heads,
+                steps=settings["steps"],
+                learning_rate=settings["lr"],
+                seed=settings["seed"],
+            )
             fits[name, f"clip_{pooling}"] = partial(clip_probe, xa, ya, xb, yb, probe, train_valid=va, test_valid=vb)
             extra[name, f"clip_{pooling}"] = {"classes": len(classes), "test_clips_unseen_class": len(test_ids) - len(keep)}
     return fits, extra, {}, bad
@@ -314,9 +343,21 @@ def _clip_fits(dets: dict[str, Detector], data: ProbeData, e, settings: dict) ->
 
 def protocol(det: Detector, data: ProbeData, e, seed: int) -> dict:
     """How the probe figures were computed (the same for every model)."""
-    return {"features": FEATURES, "feature_dim": int(det.model.encoder.width), "train_split": e.probe_split, "test_split": e.split,
-            "max_clips": e.probe_clips, "steps": e.probe_steps, "lr": e.probe_lr, "attention_heads": e.probe_heads,
-            "seed": seed, "frame_hop_s": float(det.column_s), "segment_s": float(max(1, round(e.segment_s / det.column_s)) * det.column_s),
-            "min_label_overlap": det.train_params.data.min_label_overlap,
-            "event_clips": None if data.train_clips is None else {"train": len(data.train_clips.audio), "test": len(data.test_clips.audio)},
-            "mixtures": {"train": len(data.train_ids), "test": len(data.test_ids)}}
+    return {
+        "features": FEATURES,
+        "feature_dim": int(det.model.encoder.width),
+        "train_split": e.probe_split,
+        "test_split": e.split,
+        "max_clips": e.probe_clips,
+        "steps": e.probe_steps,
+        "lr": e.probe_lr,
+        "attention_heads": e.probe_heads,
+        "seed": seed,
+        "frame_hop_s": float(det.column_s),
+        "segment_s": float(max(1, round(e.segment_s / det.column_s)) * det.column_s),
+        "min_label_overlap": det.train_params.data.min_label_overlap,
+        "event_clips": None
+        if data.train_clips is None
+        else {"train": len(data.train_clips.audio), "test": len(data.test_clips.audio)},
+        "mixtures": {"train": len(data.train_ids), "test": len(data.test_ids)},
+    }

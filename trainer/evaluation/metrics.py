@@ -96,9 +96,13 @@ class Timer:
         ``outside_metrics``) spent outside sed_scores_eval's own calls."""
         total = sum(self.seconds.values())
         metric = sum(v for k, v in self.seconds.items() if not k.startswith(outside_metrics))
-        return {**{f"{k}_s": round(v, 4) for k, v in self.seconds.items()}, "total_s": round(total, 4),
-                "metrics_s": round(metric, 4), "sed_scores_eval_s": round(self.library_s, 4),
-                "outside_sed_scores_eval_share": round((metric - self.library_s) / metric, 4) if metric else 0.0}
+        return {
+            **{f"{k}_s": round(v, 4) for k, v in self.seconds.items()},
+            "total_s": round(total, 4),
+            "metrics_s": round(metric, 4),
+            "sed_scores_eval_s": round(self.library_s, 4),
+            "outside_sed_scores_eval_share": round((metric - self.library_s) / metric, 4) if metric else 0.0,
+        }
 
 
 def smooth(probs: np.ndarray, frames: int) -> np.ndarray:
@@ -142,8 +146,18 @@ def _score_dataframe(timestamps_s, probs, classes: list) -> pd.DataFrame:
     return create_score_dataframe(np.asarray(probs, dtype=np.float64), np.asarray(timestamps_s, dtype=np.float64), classes)
 
 
-def sed_metrics(scores, ground_truth: dict, durations_s: dict, classes, timer: Timer, *,
-                segment_s: float = 1.0, max_fpr: float = 0.1, threshold: float = 0.5, f1_scores: dict | None = None) -> dict:
+def sed_metrics(
+    scores,
+    ground_truth: dict,
+    durations_s: dict,
+    classes,
+    timer: Timer,
+    *,
+    segment_s: float = 1.0,
+    max_fpr: float = 0.1,
+    threshold: float = 0.5,
+    f1_scores: dict | None = None,
+) -> dict:
     """All detection metrics for one score set (collar F1 at ``threshold``, on ``f1_scores`` when
     given: the same scores after collar F1's own median filter). ``scores`` and ``f1_scores``:
     ``{clip: DataFrame}`` or a ``lazy_dataset`` of them (:func:`lazy_score_dataframes`).
@@ -240,7 +254,7 @@ def roc_area(class_stats: tuple, max_fpr: float | None = None) -> float:
     if max_fpr is not None:
         stop = int(np.searchsorted(fpr, max_fpr, side="right"))
         if stop < len(fpr):  # the line between the last point within max_fpr and the next one, read at max_fpr
-            edge = np.interp(max_fpr, fpr[stop - 1:stop + 1], tpr[stop - 1:stop + 1]) if stop else tpr[0]
+            edge = np.interp(max_fpr, fpr[stop - 1 : stop + 1], tpr[stop - 1 : stop + 1]) if stop else tpr[0]
             tpr, fpr = np.append(tpr[:stop], edge), np.append(fpr[:stop], max_fpr)
     area = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2))
     return area if max_fpr is None else area / max_fpr
@@ -279,8 +293,14 @@ CLIPS_PER_PART = 256  # statistic deltas are computed this many clips at a time 
 ALL_CLIPS = "all clips"  # the one key of summed deltas handed to sed_scores_eval
 
 
-def psds(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, s: PsdsSettings, *,
-         clips_per_part: int = CLIPS_PER_PART) -> tuple:
+def psds(
+    scores: dict[str, pd.DataFrame],
+    ground_truth: dict,
+    durations_s: dict,
+    s: PsdsSettings,
+    *,
+    clips_per_part: int = CLIPS_PER_PART,
+) -> tuple:
     """sed_scores_eval's intersection-based PSDS (``intersection_based.psds``, same return value:
     ``(psds, {class: psds}, (etpr, efpr), {class: (tpr, efpr, scores)})``, equal to the last bit)
     in a small part of the library's memory: one part of clips at a time, and only the change
@@ -316,17 +336,26 @@ def psds(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict,
         return len(past) if past.all() else int(np.argmin(past))  # the run of thresholds past it from the bottom
 
     criteria = {"dtc_threshold": s.dtc, "gtc_threshold": s.gtc, "cttc_threshold": s.cttc, "time_decimals": 6}
-    summed = summed_deltas(scores, ground_truth, ids, intersection, criteria, drop_low=past_max_efpr, clips_per_part=clips_per_part)
+    summed = summed_deltas(
+        scores, ground_truth, ids, intersection, criteria, drop_low=past_max_efpr, clips_per_part=clips_per_part
+    )
     stats = intersection.accumulated_intermediate_statistics_from_deltas({ALL_CLIPS: summed}, ground_truth)
-    single = _single_class_roc_from_intermediate_statistics(stats, dataset_duration=total_s, alpha_ct=s.alpha_ct,
-                                                            unit_of_time=PSDS_UNIT_OF_TIME, max_efpr=s.max_efpr)
+    single = _single_class_roc_from_intermediate_statistics(
+        stats, dataset_duration=total_s, alpha_ct=s.alpha_ct, unit_of_time=PSDS_UNIT_OF_TIME, max_efpr=s.max_efpr
+    )
     etpr, efpr = multi_class_psd_roc_from_single_class_psd_rocs(single, alpha_st=s.alpha_st, max_efpr=s.max_efpr)
     per_class = {c: psds_from_psd_roc(tpr, e, s.max_efpr) for c, (tpr, e, _) in single.items()}
     return psds_from_psd_roc(etpr, efpr, s.max_efpr), per_class, (etpr, efpr), single
 
 
-def collar_fscore(scores: dict[str, pd.DataFrame], ground_truth: dict, threshold: float, c: CollarSettings = COLLAR, *,
-                  clips_per_part: int = CLIPS_PER_PART) -> tuple:
+def collar_fscore(
+    scores: dict[str, pd.DataFrame],
+    ground_truth: dict,
+    threshold: float,
+    c: CollarSettings = COLLAR,
+    *,
+    clips_per_part: int = CLIPS_PER_PART,
+) -> tuple:
     """sed_scores_eval's ``collar_based.fscore`` at ``threshold`` (same return value ``(f, p, r,
     stats)``), from :func:`summed_deltas` without the change points at or below ``threshold``:
     the library reads the statistics of the first change point above it, which only points at
@@ -336,8 +365,15 @@ def collar_fscore(scores: dict[str, pd.DataFrame], ground_truth: dict, threshold
     from sed_scores_eval.collar_based import intermediate_statistics as collar
 
     scores, ground_truth, ids = parse_inputs(scores, ground_truth)
-    summed = summed_deltas(scores, ground_truth, ids, collar, collar_criteria(c), clips_per_part=clips_per_part,
-                           drop_low=lambda cps, deltas, keys: int(np.searchsorted(cps, threshold, side="right")))
+    summed = summed_deltas(
+        scores,
+        ground_truth,
+        ids,
+        collar,
+        collar_criteria(c),
+        clips_per_part=clips_per_part,
+        drop_low=lambda cps, deltas, keys: int(np.searchsorted(cps, threshold, side="right")),
+    )
     stats = collar.accumulated_intermediate_statistics_from_deltas({ALL_CLIPS: summed}, ground_truth)
     return single_fscore_from_intermediate_statistics(stats, threshold=threshold)
 
@@ -358,12 +394,23 @@ def collar_statistics(scores, ground_truth: dict, c: CollarSettings = COLLAR, *,
 
 def collar_criteria(c: CollarSettings) -> dict:
     """The keyword arguments of sed_scores_eval's collar-based statistics for collars ``c``."""
-    return {"onset_collar": c.onset_collar_s, "offset_collar": c.offset_collar_s,
-            "offset_collar_rate": c.offset_collar_rate, "return_onset_offset_dist_sum": False, "time_decimals": 6}
+    return {
+        "onset_collar": c.onset_collar_s,
+        "offset_collar": c.offset_collar_s,
+        "offset_collar_rate": c.offset_collar_rate,
+        "return_onset_offset_dist_sum": False,
+        "time_decimals": 6,
+    }
 
 
-def segment_statistics(scores: dict[str, pd.DataFrame], ground_truth: dict, durations_s: dict, segment_s: float, *,
-                       clips_per_part: int = CLIPS_PER_PART) -> dict:
+def segment_statistics(
+    scores: dict[str, pd.DataFrame],
+    ground_truth: dict,
+    durations_s: dict,
+    segment_s: float,
+    *,
+    clips_per_part: int = CLIPS_PER_PART,
+) -> dict:
     """sed_scores_eval's segment-based statistics deltas over the split, summed
     (:func:`summed_deltas`), as ``deltas=`` for ``segment_based`` functions: ``{ALL_CLIPS: {class:
     (change-point scores, {statistic: deltas})}}``. Nothing is dropped: the library reads the
@@ -377,9 +424,16 @@ def segment_statistics(scores: dict[str, pd.DataFrame], ground_truth: dict, dura
     return {ALL_CLIPS: summed_deltas(scores, ground_truth, ids, segment, criteria, clips_per_part=clips_per_part)}
 
 
-def summed_deltas(scores: dict, ground_truth: dict, ids: list[str], kind, criteria: dict, *,
-                  drop_low: Callable[[np.ndarray, np.ndarray, list[str]], int] | None = None,
-                  clips_per_part: int = CLIPS_PER_PART) -> dict:
+def summed_deltas(
+    scores: dict,
+    ground_truth: dict,
+    ids: list[str],
+    kind,
+    criteria: dict,
+    *,
+    drop_low: Callable[[np.ndarray, np.ndarray, list[str]], int] | None = None,
+    clips_per_part: int = CLIPS_PER_PART,
+) -> dict:
     """The statistic deltas of every clip of ``ids``, summed per class and distinct score ->
     ``{class: (change-point scores (K,) ascending, {statistic: deltas (K,)})}``, what
     sed_scores_eval's accumulation makes of one clip's deltas.
@@ -401,12 +455,13 @@ def summed_deltas(scores: dict, ground_truth: dict, ids: list[str], kind, criter
     summed: dict = {}  # class -> (scores, deltas (K, S), statistic names, floor)
     step = max(1, clips_per_part)
     for start in range(0, len(ids), step):
-        part = ids[start:start + step]
+        part = ids[start : start + step]
         if hasattr(kind, "statistics_fn"):  # event-based: the shared worker with the kind's criterion
             deltas = event_worker(part, scores, truth, kind.statistics_fn, criteria, kind.acceleration_fn)
         else:  # segment-based: its own worker
-            deltas = kind._worker(part, scores, truth, criteria["audio_durations"], criteria["segment_length"], classes,
-                                  criteria["time_decimals"])
+            deltas = kind._worker(
+                part, scores, truth, criteria["audio_durations"], criteria["segment_length"], classes, criteria["time_decimals"]
+            )
         for c in classes:
             summed[c] = _add_deltas(summed.get(c), [deltas[i][c] for i in part], drop_low)
         del deltas
@@ -470,7 +525,9 @@ def _merged(old_cps: np.ndarray, old: np.ndarray, cps: np.ndarray, deltas: np.nd
     dtype = np.result_type(old, deltas, _narrowest(sums))
     merged_cps = np.insert(old_cps, at[fresh], cps[fresh])
     merged = np.insert(old.astype(dtype, copy=False), at[fresh], deltas[fresh].astype(dtype, copy=False), axis=0)
-    merged[at[shared] + np.searchsorted(at[fresh], at[shared], side="right")] = sums  # each shared old point, moved by the new ones before it
+    merged[at[shared] + np.searchsorted(at[fresh], at[shared], side="right")] = (
+        sums  # each shared old point, moved by the new ones before it
+    )
     return merged_cps, merged
 
 
@@ -515,9 +572,20 @@ def confusion(ids, timestamps_s, probs, ground_truth: dict, classes) -> tuple[np
         return total / events[:, None], events
 
 
-def protocol(classes, clips: int, events: int, *, frame_hop_s: float, median_filter_frames: int, segment_s: float,
-             max_fpr: float, threshold: float, threshold_source: str, f1_median_filter_frames: int | None = None,
-             f1_scores: str = "scores") -> dict:
+def protocol(
+    classes,
+    clips: int,
+    events: int,
+    *,
+    frame_hop_s: float,
+    median_filter_frames: int,
+    segment_s: float,
+    max_fpr: float,
+    threshold: float,
+    threshold_source: str,
+    f1_median_filter_frames: int | None = None,
+    f1_scores: str = "scores",
+) -> dict:
     """How the detection numbers of one set were computed, as plain data for its metrics file:
     the sed_scores_eval version, every PSDS setting, the median filter, the collar F1 settings,
     threshold (and where it came from) and median filter (``f1_median_filter_frames``, default
@@ -530,24 +598,51 @@ def protocol(classes, clips: int, events: int, *, frame_hop_s: float, median_fil
     classes = list(classes)
     return {
         "sed_scores_eval": version("sed_scores_eval"),
-        **{name: {"dtc": s.dtc, "gtc": s.gtc, "cttc": s.cttc, "alpha_ct": s.alpha_ct, "alpha_st": s.alpha_st,
-                  "max_efpr": s.max_efpr, "efpr_unit": f"per {PSDS_UNIT_OF_TIME}"} for name, s in PSDS.items()},
+        **{
+            name: {
+                "dtc": s.dtc,
+                "gtc": s.gtc,
+                "cttc": s.cttc,
+                "alpha_ct": s.alpha_ct,
+                "alpha_st": s.alpha_st,
+                "max_efpr": s.max_efpr,
+                "efpr_unit": f"per {PSDS_UNIT_OF_TIME}",
+            }
+            for name, s in PSDS.items()
+        },
         "median_filter_frames": int(median_filter_frames),
-        "collar_f1": {"onset_collar_s": COLLAR.onset_collar_s, "offset_collar_s": COLLAR.offset_collar_s,
-                      "offset_collar_rate": COLLAR.offset_collar_rate, "threshold": float(threshold),
-                      "threshold_source": threshold_source, "average": "macro over classes (f1_micro: micro)",
-                      "median_filter_frames": int(median_filter_frames if f1_median_filter_frames is None else f1_median_filter_frames)},
-        "segment_auroc": {"segment_s": float(segment_s), "pauroc_max_fpr": float(max_fpr),
-                          "pauroc_normalisation": "area up to max_fpr divided by max_fpr (no McClish correction)",
-                          "area": "trapezoid rule over the operating points in threshold order: tied segments count "
-                                  "one half (sklearn's roc_auc_score), independent of numpy's sort kernels"},
-        "segment_f1": {"segment_s": float(segment_s), "threshold": float(threshold),
-                       "median_filter_frames": int(median_filter_frames if f1_median_filter_frames is None else f1_median_filter_frames),
-                       "average": "micro over classes (segment_f1_macro: macro)"},
-        "files": {"ground_truth": "ground_truth.tsv", "durations": "durations.tsv",
-                  "scores": {**{k: "scores/<model>" for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc")},
-                             **{k: f"{f1_scores}/<model>" for k in ("f1", "precision", "recall", "f1_micro", "segment_f1",
-                                                                   "segment_f1_macro")}}},
+        "collar_f1": {
+            "onset_collar_s": COLLAR.onset_collar_s,
+            "offset_collar_s": COLLAR.offset_collar_s,
+            "offset_collar_rate": COLLAR.offset_collar_rate,
+            "threshold": float(threshold),
+            "threshold_source": threshold_source,
+            "average": "macro over classes (f1_micro: micro)",
+            "median_filter_frames": int(median_filter_frames if f1_median_filter_frames is None else f1_median_filter_frames),
+        },
+        "segment_auroc": {
+            "segment_s": float(segment_s),
+            "pauroc_max_fpr": float(max_fpr),
+            "pauroc_normalisation": "area up to max_fpr divided by max_fpr (no McClish correction)",
+            "area": "trapezoid rule over the operating points in threshold order: tied segments count "
+            "one half (sklearn's roc_auc_score), independent of numpy's sort kernels",
+        },
+        "segment_f1": {
+            "segment_s": float(segment_s),
+            "threshold": float(threshold),
+            "median_filter_frames": int(median_filter_frames if f1_median_filter_frames is None else f1_median_filter_frames),
+            "average": "micro over classes (segment_f1_macro: macro)",
+        },
+        "files": {
+            "ground_truth": "ground_truth.tsv",
+            "durations": "durations.tsv",
+            "scores": {
+                **{k: "scores/<model>" for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc")},
+                **{
+                    k: f"{f1_scores}/<model>" for k in ("f1", "precision", "recall", "f1_micro", "segment_f1", "segment_f1_macro")
+                },
+            },
+        },
         "classes": classes,
         "num_classes": len(classes),
         "clips": int(clips),

@@ -90,8 +90,8 @@ class Spectrogram:
         if upto <= self.frames:
             return
         first = self.frames * self.hop - self.buffer_start
-        span = self.buffer[first:first + (upto - self.frames - 1) * self.hop + self.nfft]
-        frames = np.lib.stride_tricks.sliding_window_view(span, self.nfft)[::self.hop]  # (m, nfft), views
+        span = self.buffer[first : first + (upto - self.frames - 1) * self.hop + self.nfft]
+        frames = np.lib.stride_tricks.sliding_window_view(span, self.nfft)[:: self.hop]  # (m, nfft), views
         power = np.abs(np.fft.rfft(frames * self.window, axis=1)) ** 2 / np.sum(self.window) ** 2  # (m, F)
         self._add(power)
         self.frames = upto
@@ -115,7 +115,9 @@ class Spectrogram:
         """``(time edges (T+1,) s, frequency edges (F+1,) Hz, power (F, T))`` of everything pushed; call after the last push."""
         needed = self._needed()
         if needed > self.frames:  # the last frames reach past the end: zero-pad them
-            self.buffer = np.pad(self.buffer, (0, max(0, (needed - 1) * self.hop + self.nfft - self.buffer_start - len(self.buffer))))
+            self.buffer = np.pad(
+                self.buffer, (0, max(0, (needed - 1) * self.hop + self.nfft - self.buffer_start - len(self.buffer)))
+            )
             self._frames(needed)
         cols = self.done + ([self.partial / self.partial_frames] if self.partial_frames else [])
         power = np.stack(cols, axis=1) if cols else np.zeros((len(self.partial), 0))
@@ -124,7 +126,9 @@ class Spectrogram:
         return edges, np.clip(bins, 0, self.sample_rate_hz / 2), power
 
 
-def frame_envelope(timestamps_s: np.ndarray, probs: np.ndarray, max_steps: int = 2000) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def frame_envelope(
+    timestamps_s: np.ndarray, probs: np.ndarray, max_steps: int = 2000
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Frames ``(L, Q)`` on edges ``(L+1,)`` -> at most ``max_steps`` steps: edges, lowest and highest frame of each.
 
     A picture is about 1000 pixels wide: hours of 80 ms frames are drawn as groups of frames,
@@ -147,10 +151,20 @@ def top_absent(probs: np.ndarray, classes, present, n: int = 3) -> list[int]:
     return [int(c) for c in np.argsort(-peaks, kind="stable") if classes[c] not in present][:n]
 
 
-def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz: int, timestamps_s: np.ndarray, probs: np.ndarray,
-                     queries: list[str], *, truth: dict[str, list[tuple[float, float]]] | None = None,
-                     events: dict[str, list[tuple[float, float, float]]] | None = None, title: str = "", threshold: float = 0.5,
-                     absent: int = 0) -> None:
+def detection_figure(
+    path: Path,
+    wave: np.ndarray | Spectrogram,
+    sample_rate_hz: int,
+    timestamps_s: np.ndarray,
+    probs: np.ndarray,
+    queries: list[str],
+    *,
+    truth: dict[str, list[tuple[float, float]]] | None = None,
+    events: dict[str, list[tuple[float, float, float]]] | None = None,
+    title: str = "",
+    threshold: float = 0.5,
+    absent: int = 0,
+) -> None:
     """``probs (L, Q)`` on the frame grid ``timestamps_s (L+1,)``; ``truth``/``events`` per query.
 
     ``wave`` is the clip's mono samples or a :class:`Spectrogram` already fed with them (long
@@ -165,8 +179,9 @@ def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz:
     t_edges, f_edges, power = wave.columns()
     plt = _pyplot()
     n = len(queries)
-    fig, axes = plt.subplots(n + 1, 1, figsize=(10, 2.2 + 0.9 * n), sharex=True,
-                             gridspec_kw={"height_ratios": [2.2] + [0.9] * n}, squeeze=False)
+    fig, axes = plt.subplots(
+        n + 1, 1, figsize=(10, 2.2 + 0.9 * n), sharex=True, gridspec_kw={"height_ratios": [2.2] + [0.9] * n}, squeeze=False
+    )
     axes = axes[:, 0]
     if power.shape[1] and t_edges[-1] > t_edges[0]:
         axes[0].pcolorfast(t_edges, f_edges / 1000, 10 * np.log10(power + 1e-10), cmap="magma")  # an image, not 500k patches
@@ -186,7 +201,9 @@ def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz:
                 ax.plot([on, off], [1.04, 1.04], color=c, lw=4, solid_capstyle="butt")
         if high is not low:
             ax.stairs(high[:, q], edges, baseline=low[:, q], fill=True, color=c, alpha=0.3, lw=0)
-        ax.stairs(high[:, q], edges, baseline=None, color=c, lw=1.4)  # one level per frame (or its group's peak), even for one frame
+        ax.stairs(
+            high[:, q], edges, baseline=None, color=c, lw=1.4
+        )  # one level per frame (or its group's peak), even for one frame
         ax.axhline(threshold, color="0.6", lw=0.6, ls="--")
         ax.set_ylim(0, 1.1)
         ax.set_yticks([0, 1])
@@ -196,13 +213,17 @@ def detection_figure(path: Path, wave: np.ndarray | Spectrogram, sample_rate_hz:
     if timestamps_s[-1] > timestamps_s[0]:
         axes[-1].set_xlim(0, float(timestamps_s[-1]))
     if truth is not None and n:
-        axes[1].text(0.995, 0.92, "shaded: ground truth", transform=axes[1].transAxes, fontsize=7, ha="right", va="top", color="0.3")
+        axes[1].text(
+            0.995, 0.92, "shaded: ground truth", transform=axes[1].transAxes, fontsize=7, ha="right", va="top", color="0.3"
+        )
     fig.tight_layout()
     save_png(fig, path, dpi=110)
 
 
-CONFUSION_TITLE = ("cell: mean, over the row class's ground-truth events, of the column query's\n"
-                   "peak probability (median-filtered) on the frames overlapping the event")
+CONFUSION_TITLE = (
+    "cell: mean, over the row class's ground-truth events, of the column query's\n"
+    "peak probability (median-filtered) on the frames overlapping the event"
+)
 
 
 def confusion_figure(path: Path, matrix: np.ndarray, classes: list[str], title: str = CONFUSION_TITLE) -> None:
@@ -252,7 +273,15 @@ def curves_figure(path: Path, curves: dict[str, dict]) -> None:
             line = ax.step(efpr, etpr, where="post", label=drawn(model))[0]
             if f"{key}_class_mean" in c:
                 etpr, efpr = c[f"{key}_class_mean"]
-                ax.step(efpr, etpr, where="post", color=line.get_color(), ls="--", lw=1, label=f"{drawn(model)}, class mean (alpha_st 0)")
+                ax.step(
+                    efpr,
+                    etpr,
+                    where="post",
+                    color=line.get_color(),
+                    ls="--",
+                    lw=1,
+                    label=f"{drawn(model)}, class mean (alpha_st 0)",
+                )
     axes[0].plot([0, 1], [0, 1], color="0.7", lw=0.8, ls="--")
     axes[0].set(xlabel="FPR (1 s segments)", ylabel="TPR", title="Segment ROC (macro)")
     axes[1].set(xlabel="eFPR (per hour)", ylabel="eTPR", title="PSD-ROC, PSDS1 setting", xlim=(0, 100))

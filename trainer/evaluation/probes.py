@@ -35,7 +35,9 @@ from trainer.evaluation.ranking import auroc
 PROBE_STEPS = 3000
 PROBE_LR = 1e-2
 PROBE_WEIGHT_DECAY = 1e-2
-FITTED_LOSS = 1e-4  # a probe whose batch loss falls below this has fitted its training set (the attention probes, within 300 steps)
+FITTED_LOSS = (
+    1e-4  # a probe whose batch loss falls below this has fitted its training set (the attention probes, within 300 steps)
+)
 _SEEDED_INIT = threading.Lock()  # torch's global generator seeds each head's initialisation: one probe at a time
 
 
@@ -45,7 +47,7 @@ class AttentionPool(nn.Module):
 
     def __init__(self, dim: int, heads: int = 1):
         super().__init__()
-        self.query = nn.Parameter(torch.randn(1, 1, dim) * dim ** -0.5)
+        self.query = nn.Parameter(torch.randn(1, 1, dim) * dim**-0.5)
         self.attend = nn.MultiheadAttention(dim, heads, batch_first=True)
 
     def forward(self, frames: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -85,8 +87,16 @@ class ClipProbeSettings:
     seed: int = 0
 
 
-def clip_probe(train_features, train_labels, test_features, test_labels,
-               settings: ClipProbeSettings = ClipProbeSettings(), *, train_valid=None, test_valid=None) -> dict:
+def clip_probe(
+    train_features,
+    train_labels,
+    test_features,
+    test_labels,
+    settings: ClipProbeSettings = ClipProbeSettings(),
+    *,
+    train_valid=None,
+    test_valid=None,
+) -> dict:
     """Clip classification probe: pool frames ``(N, T, D)`` to ``(N, D)``, then a linear layer.
 
     ``train_valid`` and ``test_valid``: the ``(N, T)`` bool masks of valid frames (default: every frame).
@@ -98,8 +108,7 @@ def clip_probe(train_features, train_labels, test_features, test_labels,
     "classes_scored", "train_clips", "test_clips", "final_train_loss", "pooling", "steps" (taken: at most ``settings.steps``)}``.
     """
     pooling, num_classes, heads, steps = settings.pooling, settings.num_classes, settings.heads, settings.steps
-    batch_size, lr, weight_decay, seed = (settings.batch_clips, settings.learning_rate, settings.weight_decay,
-                                          settings.seed)
+    batch_size, lr, weight_decay, seed = (settings.batch_clips, settings.learning_rate, settings.weight_decay, settings.seed)
     if pooling not in ("mean", "attention"):
         raise ValueError(f"clip_probe: pooling must be 'mean' or 'attention', got {pooling!r}")
     x_train, valid_train = _frames(train_features, train_valid)
@@ -125,19 +134,30 @@ def clip_probe(train_features, train_labels, test_features, test_labels,
     model = nn.ModuleDict({"head": head, **({"pool": pool} if pool is not None else {})}).to(x_train.device)
 
     if pool is None:  # mean pooling has nothing to learn: pool once
-        pooled_train, pooled_test = (torch.cat([mean_pool(standardised(x), v) for x, v in zip(xs.split(batch_size), vs.split(batch_size))])
-                                     for xs, vs in ((x_train, valid_train), (x_test, valid_test)))
+        pooled_train, pooled_test = (
+            torch.cat([mean_pool(standardised(x), v) for x, v in zip(xs.split(batch_size), vs.split(batch_size))])
+            for xs, vs in ((x_train, valid_train), (x_test, valid_test))
+        )
 
         def logits(split: str, idx: torch.Tensor) -> torch.Tensor:
             return head((pooled_train if split == "train" else pooled_test).index_select(0, idx))
     else:
+
         def logits(split: str, idx: torch.Tensor) -> torch.Tensor:
             x, v = (x_train, valid_train) if split == "train" else (x_test, valid_test)
             return head(pool(standardised(x.index_select(0, idx)), v.index_select(0, idx)))
 
     loss_of = nn.functional.binary_cross_entropy_with_logits if multi_label else nn.functional.cross_entropy
-    final_loss, taken = _fit(model, lambda idx: loss_of(logits("train", idx), y_train.index_select(0, idx)), len(x_train), steps,
-                      batch_size, lr, weight_decay, seed)
+    final_loss, taken = _fit(
+        model,
+        lambda idx: loss_of(logits("train", idx), y_train.index_select(0, idx)),
+        len(x_train),
+        steps,
+        batch_size,
+        lr,
+        weight_decay,
+        seed,
+    )
     with torch.no_grad():
         scores = torch.cat([logits("test", idx) for idx in torch.arange(len(x_test)).split(batch_size)])
     # probabilities rank the clips for each class: a clip's softmax over the classes (single-label), or
@@ -146,15 +166,34 @@ def clip_probe(train_features, train_labels, test_features, test_labels,
     targets = y_test.cpu().numpy().astype(bool) if multi_label else np.eye(classes, dtype=bool)[y_test.cpu().numpy()]
     best = scores.argmax(axis=1)
     ap, scored = mean_average_precision(scores, targets)
-    return {"top1_accuracy": float(targets[np.arange(len(best)), best].mean()), "mean_average_precision": ap,
-            "classes_scored": scored, "train_clips": len(x_train), "test_clips": len(x_test),
-            "final_train_loss": final_loss, "pooling": pooling, "steps": taken}
+    return {
+        "top1_accuracy": float(targets[np.arange(len(best)), best].mean()),
+        "mean_average_precision": ap,
+        "classes_scored": scored,
+        "train_clips": len(x_train),
+        "test_clips": len(x_test),
+        "final_train_loss": final_loss,
+        "pooling": pooling,
+        "steps": taken,
+    }
 
 
-def frame_probe(train_features, train_targets, test_features, test_targets, *, train_valid=None,
-                test_valid=None, threshold: float = 0.5, segment_frames: int = 1, steps: int = PROBE_STEPS,
-                batch_frames: int = 4096, lr: float = PROBE_LR, weight_decay: float = PROBE_WEIGHT_DECAY,
-                seed: int = 0) -> dict:
+def frame_probe(
+    train_features,
+    train_targets,
+    test_features,
+    test_targets,
+    *,
+    train_valid=None,
+    test_valid=None,
+    threshold: float = 0.5,
+    segment_frames: int = 1,
+    steps: int = PROBE_STEPS,
+    batch_frames: int = 4096,
+    lr: float = PROBE_LR,
+    weight_decay: float = PROBE_WEIGHT_DECAY,
+    seed: int = 0,
+) -> dict:
     """Frame-level detection probe: one linear layer on every frame, ``(N, T, D)`` -> ``(N, T, C)``
     probabilities, trained with binary cross-entropy against 0/1 targets ``(N, T, C)``.
 
@@ -183,8 +222,9 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
 
     def batch_loss(idx: torch.Tensor) -> torch.Tensor:
         picked = rows.index_select(0, idx)
-        return nn.functional.binary_cross_entropy_with_logits(head((flat_train.index_select(0, picked) - mean) / std),
-                                                              targets_train.index_select(0, picked).float())
+        return nn.functional.binary_cross_entropy_with_logits(
+            head((flat_train.index_select(0, picked) - mean) / std), targets_train.index_select(0, picked).float()
+        )
 
     final_loss, taken = _fit(head, batch_loss, len(rows), steps, batch_frames, lr, weight_decay, seed)
     valid_test = valid_test.cpu().numpy()
@@ -194,15 +234,20 @@ def frame_probe(train_features, train_targets, test_features, test_targets, *, t
     with torch.no_grad():
         for first, x in zip(range(0, len(x_test), clips_per_batch), x_test.split(clips_per_batch)):
             probs = torch.sigmoid(head((x - mean) / std)).float().cpu().numpy()  # (B, T, C)
-            predicted[first:first + len(x)] = probs >= threshold
-            kept = probs[valid_test[first:first + len(x)]]
-            scores[at:at + len(kept)] = kept
+            predicted[first : first + len(x)] = probs >= threshold
+            kept = probs[valid_test[first : first + len(x)]]
+            scores[at : at + len(kept)] = kept
             at += len(kept)
     frame_auc, scored = macro_auroc(scores, targets[valid_test])
-    return {"frame_auroc_macro": frame_auc, "classes_scored": scored,
-            **segment_f1(predicted, targets, valid_test, segment_frames),
-            "train_frames": len(rows), "test_frames": len(scores),
-            "final_train_loss": final_loss, "steps": taken}
+    return {
+        "frame_auroc_macro": frame_auc,
+        "classes_scored": scored,
+        **segment_f1(predicted, targets, valid_test, segment_frames),
+        "train_frames": len(rows),
+        "test_frames": len(scores),
+        "final_train_loss": final_loss,
+        "steps": taken,
+    }
 
 
 def mean_average_precision(scores: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
@@ -217,8 +262,9 @@ def mean_average_precision(scores: np.ndarray, targets: np.ndarray) -> tuple[flo
 def macro_auroc(scores: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
     """Mean per-class AUROC of ``scores (n, C)`` against bool ``targets (n, C)`` over the classes
     with both labels present -> ``(AUROC, classes scored)``; NaN when no class has both."""
-    values = [auroc(scores[:, c], targets[:, c]) for c in range(targets.shape[1])
-              if targets[:, c].any() and not targets[:, c].all()]
+    values = [
+        auroc(scores[:, c], targets[:, c]) for c in range(targets.shape[1]) if targets[:, c].any() and not targets[:, c].all()
+    ]
     return (float(np.mean(values)) if values else float("nan")), len(values)
 
 
@@ -245,10 +291,12 @@ def segment_f1(predicted: np.ndarray, targets: np.ndarray, valid: np.ndarray, se
     def ratio(a: int, b: int) -> float:
         return float(a / b) if b else float("nan")
 
-    return {"segment_f1": ratio(2 * tp.sum(), 2 * tp.sum() + fp.sum() + fn.sum()),
-            "segment_f1_macro": float(per_class.mean()) if counted.any() else float("nan"),
-            "segment_precision": ratio(tp.sum(), tp.sum() + fp.sum()),
-            "segment_recall": ratio(tp.sum(), tp.sum() + fn.sum())}
+    return {
+        "segment_f1": ratio(2 * tp.sum(), 2 * tp.sum() + fp.sum() + fn.sum()),
+        "segment_f1_macro": float(per_class.mean()) if counted.any() else float("nan"),
+        "segment_precision": ratio(tp.sum(), tp.sum() + fp.sum()),
+        "segment_recall": ratio(tp.sum(), tp.sum() + fn.sum()),
+    }
 
 
 def _tensor(values, device) -> torch.Tensor:
@@ -258,7 +306,11 @@ def _tensor(values, device) -> torch.Tensor:
 
 def _frames(features, valid) -> tuple[torch.Tensor, torch.Tensor]:
     """Features ``(N, T, D)`` as float32 and their valid mask ``(N, T)`` (all frames when None)."""
-    x = features.detach().float() if isinstance(features, torch.Tensor) else torch.as_tensor(np.asarray(features), dtype=torch.float32)
+    x = (
+        features.detach().float()
+        if isinstance(features, torch.Tensor)
+        else torch.as_tensor(np.asarray(features), dtype=torch.float32)
+    )
     if x.ndim != 3:
         raise ValueError(f"probe features must be (N, T, D), got shape {tuple(x.shape)}")
     v = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if valid is None else _tensor(valid, x.device).bool()
@@ -272,8 +324,16 @@ def _standardiser(frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return frames.mean(0), frames.std(0, correction=0).clamp_min(1e-6)
 
 
-def _fit(model: nn.Module, batch_loss: Callable[[torch.Tensor], torch.Tensor], n: int, steps: int,
-         batch_size: int, lr: float, weight_decay: float, seed: int) -> tuple[float, int]:
+def _fit(
+    model: nn.Module,
+    batch_loss: Callable[[torch.Tensor], torch.Tensor],
+    n: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    seed: int,
+) -> tuple[float, int]:
     """AdamW on ``batch_loss(indices)`` for at most ``steps`` steps; the batches walk through a
     permutation of the ``n`` items drawn by a generator seeded with ``seed``, a new one for each
     pass (the whole set each step when ``n <= batch_size``). A probe whose batch loss falls below

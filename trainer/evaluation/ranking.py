@@ -35,19 +35,23 @@ def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
     positives = scores[labels]
     count = 0  # negatives below each positive, twice, plus those tied with it
     for start in range(0, pos, POSITIVES_PER_SEARCH):
-        part = positives[start:start + POSITIVES_PER_SEARCH]
-        count += int(np.searchsorted(negatives, part, side="left").sum()) + int(np.searchsorted(negatives, part, side="right").sum())
+        part = positives[start : start + POSITIVES_PER_SEARCH]
+        count += int(np.searchsorted(negatives, part, side="left").sum()) + int(
+            np.searchsorted(negatives, part, side="right").sum()
+        )
     return float(count / 2 / (pos * neg))
 
 
-def recall_at(similarity: np.ndarray, relevant: list[set[int]], ks=(1, 5, 10), rows_per_block: int = ROWS_PER_BLOCK) -> dict[int, float]:
+def recall_at(
+    similarity: np.ndarray, relevant: list[set[int]], ks=(1, 5, 10), rows_per_block: int = ROWS_PER_BLOCK
+) -> dict[int, float]:
     """Rows are queries, columns candidates; ``relevant[i]`` the columns that count for row ``i``.
 
     R@k: share of rows with a relevant column among their k best. Ties are broken against the
     query (a relevant column tied with an irrelevant one ranks after it), so constant scores
     give chance level or less, never a perfect score.
     """
-    blocks = (similarity[i:i + rows_per_block] for i in range(0, similarity.shape[0], rows_per_block))
+    blocks = (similarity[i : i + rows_per_block] for i in range(0, similarity.shape[0], rows_per_block))
     return recall_from_ranks(ranks_in_blocks(blocks, relevant), ks)
 
 
@@ -57,7 +61,7 @@ def ranks_in_blocks(blocks: Iterable[np.ndarray], relevant: list[set[int]]) -> n
     irrelevant columns scoring at least as high, plus one. One block's temporaries at a time."""
     ranks, start = [], 0
     for block in blocks:
-        rel = relevant[start:start + block.shape[0]]
+        rel = relevant[start : start + block.shape[0]]
         best = np.array([block[i, sorted(r)].max() if r else -np.inf for i, r in enumerate(rel)])
         mask = np.zeros(block.shape, dtype=bool)
         for i, r in enumerate(rel):
@@ -73,8 +77,9 @@ def recall_from_ranks(rank: np.ndarray, ks=(1, 5, 10)) -> dict[int, float]:
     return {k: float((rank <= k).mean()) if len(rank) else float("nan") for k in ks}
 
 
-def retrieval(audio: np.ndarray, text: np.ndarray, pairs: list[tuple[int, int]], ks=(1, 5, 10),
-              rows_per_block: int = ROWS_PER_BLOCK) -> dict[str, float]:
+def retrieval(
+    audio: np.ndarray, text: np.ndarray, pairs: list[tuple[int, int]], ks=(1, 5, 10), rows_per_block: int = ROWS_PER_BLOCK
+) -> dict[str, float]:
     """Audio embeddings ``(A, d)``, text embeddings ``(T, d)`` and the matching ``(audio, text)``
     index pairs -> ``a2t_r{k}`` (a clip finds any of its captions among all texts) and
     ``t2a_r{k}`` (a caption finds any clip it describes).
@@ -88,8 +93,8 @@ def retrieval(audio: np.ndarray, text: np.ndarray, pairs: list[tuple[int, int]],
     for a, t in pairs:
         a2t_rel[a].add(t)
         t2a_rel[t].add(a)
-    rows = (audio[i:i + rows_per_block] @ text.T for i in range(0, len(audio), rows_per_block))
-    columns = ((audio @ text[j:j + rows_per_block].T).T for j in range(0, len(text), rows_per_block))
+    rows = (audio[i : i + rows_per_block] @ text.T for i in range(0, len(audio), rows_per_block))
+    columns = ((audio @ text[j : j + rows_per_block].T).T for j in range(0, len(text), rows_per_block))
     a2t = recall_from_ranks(ranks_in_blocks(rows, a2t_rel), ks)
     t2a = recall_from_ranks(ranks_in_blocks(columns, t2a_rel), ks)
     return {**{f"a2t_r{k}": v for k, v in a2t.items()}, **{f"t2a_r{k}": v for k, v in t2a.items()}}

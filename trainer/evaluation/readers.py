@@ -246,8 +246,10 @@ def _skip_line(name: str, clips: int, skips: list[Skip]) -> str:
     """One line: how many rows and clips were left out, by reason, and the first of them."""
     reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(Counter(s.reason for s in skips).items()))
     first = skips[0]
-    return (f"benchmark {name}: {clips} clips read; {len(skips)} ground-truth rows or clips left out ({reasons}), "
-            f"e.g. {first.item_id}: {first.detail}; SedSet.skips lists each")
+    return (
+        f"benchmark {name}: {clips} clips read; {len(skips)} ground-truth rows or clips left out ({reasons}), "
+        f"e.g. {first.item_id}: {first.detail}; SedSet.skips lists each"
+    )
 
 
 def _no_clip(name: str, key: str, audio_dir: Path, skips: list[Skip]) -> None:
@@ -258,13 +260,22 @@ def _no_clip(name: str, key: str, audio_dir: Path, skips: list[Skip]) -> None:
     elif all(s.reason == "not-in-metadata" for s in skips):
         problem = "holds no annotated clip"
     else:
-        raise BenchmarkError(f"benchmark {name}: no usable clip; {len(skips)} rows or clips left out: "
-                             + "; ".join(f"{s.path}: {s.detail}" for s in skips[:3]))
+        raise BenchmarkError(
+            f"benchmark {name}: no usable clip; {len(skips)} rows or clips left out: "
+            + "; ".join(f"{s.path}: {s.detail}" for s in skips[:3])
+        )
     raise BenchmarkMissing(_missing_message(name, key, audio_dir, problem))
 
 
-def _sed_set(name: str, key: str, audio_dir: Path, clips: list[SedClip], skips: list[Skip],
-             durations_s: dict[str, float], alpha_st: float = 1.0) -> SedSet:
+def _sed_set(
+    name: str,
+    key: str,
+    audio_dir: Path,
+    clips: list[SedClip],
+    skips: list[Skip],
+    durations_s: dict[str, float],
+    alpha_st: float = 1.0,
+) -> SedSet:
     """A :class:`SedSet` from the clips a corpus reader found and the rows and clips it skipped.
 
     A region whose label cannot be a TSV cell is left out (``bad-label``), and a clip all of whose
@@ -388,7 +399,11 @@ def read_urbansed(root: Path | str, split: str = "test", format: str = "txt") ->
     audio_dir, annotation_dir = root / "audio" / split, root / "annotations" / split
     for folder in (audio_dir, annotation_dir):
         if not folder.is_dir():
-            raise BenchmarkMissing(_missing_message("urbansed", "root", folder, f"does not exist (split {split!r}; URBAN-SED has train, validate, test)"))
+            raise BenchmarkMissing(
+                _missing_message(
+                    "urbansed", "root", folder, f"does not exist (split {split!r}; URBAN-SED has train, validate, test)"
+                )
+            )
     if format not in urban_sed.FORMATS:
         raise ValueError(f"benchmark urbansed: format {format!r}; one of {', '.join(urban_sed.FORMATS)}")
     soundscapes, skips = urban_sed.read_folder(root, split, format)
@@ -416,8 +431,9 @@ def read_audioset_strong(audio_dir: Path | str, segments_tsv: Path | str, class_
     segments_tsv = _need("audioset_strong", "segments_tsv", segments_tsv)
     names = {**audioset_strong.class_names(None), **(class_names or {})}
     try:
-        regions, skips = audioset_strong.read_segments_tsv(segments_tsv, names,
-                                                           "the AudioSet-Strong class list, the ontology nor class_names")
+        regions, skips = audioset_strong.read_segments_tsv(
+            segments_tsv, names, "the AudioSet-Strong class list, the ontology nor class_names"
+        )
     except audioset_strong.AudioSetStrongError as e:
         raise BenchmarkError(str(e)) from None
     finder = audioset_strong.AudioFinder(list(audioset_strong.DEFAULT_OPTIONS["patterns"]))
@@ -585,8 +601,15 @@ def _classification_set(name: str, audio: dict[str, str], labels: dict[str, str]
     )
 
 
-def _classification_csv(kind: str, root: Path, meta: Path, file_col: str, label_col: str,
-                        path_of: Callable[[int, dict], Path], required: tuple[str, ...] = ()) -> ClassificationSet:
+def _classification_csv(
+    kind: str,
+    root: Path,
+    meta: Path,
+    file_col: str,
+    label_col: str,
+    path_of: Callable[[int, dict], Path],
+    required: tuple[str, ...] = (),
+) -> ClassificationSet:
     """Rows of a classification metadata CSV -> :class:`ClassificationSet` (clip id = file name without extension)."""
     files: dict[str, Path] = {}
     labels: dict[str, str] = {}
@@ -610,7 +633,9 @@ def read_esc50(root: Path | str) -> ClassificationSet:
     """
     root = _need("esc50", "root", root)
     meta = _need("esc50", "root", root / "meta" / "esc50.csv")
-    return _classification_csv("esc50", root, meta, "filename", "category", lambda _, r: root / "audio" / r["filename"], ("fold",))
+    return _classification_csv(
+        "esc50", root, meta, "filename", "category", lambda _, r: root / "audio" / r["filename"], ("fold",)
+    )
 
 
 def read_us8k(root: Path | str) -> ClassificationSet:
@@ -658,10 +683,14 @@ def read_benchmark(kind: str, **paths: Any) -> Benchmark:
     accepted = ", ".join(params)
     unexpected = sorted(set(paths) - set(params))
     if unexpected:
-        raise ValueError(f"benchmark {kind}: unexpected key(s) {', '.join(unexpected)} in evaluate.benchmarks.{kind}; accepted keys: {accepted}")
+        raise ValueError(
+            f"benchmark {kind}: unexpected key(s) {', '.join(unexpected)} in evaluate.benchmarks.{kind}; accepted keys: {accepted}"
+        )
     absent = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in paths]
     if absent:
-        raise ValueError(f"benchmark {kind}: missing key(s) {', '.join(absent)} in evaluate.benchmarks.{kind}; accepted keys: {accepted}")
+        raise ValueError(
+            f"benchmark {kind}: missing key(s) {', '.join(absent)} in evaluate.benchmarks.{kind}; accepted keys: {accepted}"
+        )
     for key in _PATH_HELP[kind]:
         if paths.get(key) is not None:
             _need(kind, key, paths[key])

@@ -59,8 +59,8 @@ class Packed:
             size = max(self.chunk_bytes, n)
             raw = np.empty(size + self.ALIGN_BYTES, np.uint8)
             start = -raw.ctypes.data % self.ALIGN_BYTES
-            self._chunk, self._used = raw[start:start + size], 0
-        out = self._chunk[self._used:self._used + n].view(dtype).reshape(shape)
+            self._chunk, self._used = raw[start : start + size], 0
+        out = self._chunk[self._used : self._used + n].view(dtype).reshape(shape)
         out.fill(0)
         self._used += -(-n // self.ALIGN_BYTES) * self.ALIGN_BYTES
         return out
@@ -96,8 +96,15 @@ def subset(v: Vocabulary, rows: list[int]) -> Vocabulary:
     return Vocabulary(tuple(v.texts[i] for i in rows), v.embeddings[index], v.scale[index], v.bias[index])
 
 
-def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: Callable[[str], list[Vocabulary]],
-              skips: list[Skip], keep_waves: int = 0, desc: str = "score", total: int | None = None) -> Scored:
+def score_all(
+    det: Detector,
+    audio: Iterable[tuple[str, str | bytes]],
+    vocabs: Callable[[str], list[Vocabulary]],
+    skips: list[Skip],
+    keep_waves: int = 0,
+    desc: str = "score",
+    total: int | None = None,
+) -> Scored:
     """Decode and score each ``(id, path or bytes)``; unreadable audio becomes a :class:`Skip` in
     ``skips`` with one line on stderr (none for a skip already there: a second model scoring the
     same set). The scores kept are read-only views into a :class:`Packed` store.
@@ -134,7 +141,9 @@ def score_all(det: Detector, audio: Iterable[tuple[str, str | bytes]], vocabs: C
             k += 1
 
     start = time.perf_counter()
-    for k, s in enumerate(tqdm(det.score(waves(), per_clip()), desc=desc, unit="clip", total=total, mininterval=5.0, leave=False)):
+    for k, s in enumerate(
+        tqdm(det.score(waves(), per_clip()), desc=desc, unit="clip", total=total, mininterval=5.0, leave=False)
+    ):
         out.ids.append(order[k])
         out.clips.append(kept.put(s.clip))
         out.timestamps_s.append(kept.put(s.timestamps_s))
@@ -153,13 +162,24 @@ def text_matrix(det: Detector, texts: list[str], batch: int = 256) -> np.ndarray
     FSD50K-size test split."""
     rows = []
     for i in range(0, len(texts), batch):
-        rows.append(det.vocabulary(texts[i:i + batch]).embeddings.cpu().numpy())
+        rows.append(det.vocabulary(texts[i : i + batch]).embeddings.cpu().numpy())
         release_freed_heap()
     return np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)
 
 
-def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict, classes, e, timer: M.Timer, *,
-              folder: Path | None, model: str, threshold_source: str = "evaluate.f1_threshold") -> dict:
+def detection(
+    scored: Scored,
+    column: int,
+    ground_truth: dict,
+    durations_s: dict,
+    classes,
+    e,
+    timer: M.Timer,
+    *,
+    folder: Path | None,
+    model: str,
+    threshold_source: str = "evaluate.f1_threshold",
+) -> dict:
     """SED metrics of vocabulary ``column`` of ``scored`` (:func:`metrics.sed_metrics`, collar F1 at
     ``e.f1_threshold``, a number, after a median filter of ``e.f1_median_filter_frames``) and their
     ``protocol`` (:func:`metrics.protocol`); writes the score files under ``folder``:
@@ -182,15 +202,32 @@ def detection(scored: Scored, column: int, ground_truth: dict, durations_s: dict
     f1_tables = None
     if e.f1_median_filter_frames != e.median_filter_frames:
         f1_tables = M.lazy_score_dataframes(ids, scored.timestamps_s, probs, classes, e.f1_median_filter_frames)
-    result = M.sed_metrics(tables, truth, durations, classes, timer, segment_s=e.segment_s, max_fpr=e.max_fpr, threshold=e.f1_threshold,
-                           f1_scores=f1_tables)
+    result = M.sed_metrics(
+        tables,
+        truth,
+        durations,
+        classes,
+        timer,
+        segment_s=e.segment_s,
+        max_fpr=e.max_fpr,
+        threshold=e.f1_threshold,
+        f1_scores=f1_tables,
+    )
     # a clip's first frame is a whole hop unless the clip is shorter than one
     hop_s = max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan"))
-    result["protocol"] = M.protocol(classes, len(ids), sum(len(v) for v in truth.values()), frame_hop_s=hop_s,
-                                    median_filter_frames=e.median_filter_frames, segment_s=e.segment_s, max_fpr=e.max_fpr,
-                                    threshold=e.f1_threshold, threshold_source=threshold_source,
-                                    f1_median_filter_frames=e.f1_median_filter_frames,
-                                    f1_scores="scores" if f1_tables is None else F1_SCORES)
+    result["protocol"] = M.protocol(
+        classes,
+        len(ids),
+        sum(len(v) for v in truth.values()),
+        frame_hop_s=hop_s,
+        median_filter_frames=e.median_filter_frames,
+        segment_s=e.segment_s,
+        max_fpr=e.max_fpr,
+        threshold=e.f1_threshold,
+        threshold_source=threshold_source,
+        f1_median_filter_frames=e.f1_median_filter_frames,
+        f1_scores="scores" if f1_tables is None else F1_SCORES,
+    )
     if folder is not None:
         with timer("write_scores", library=True):  # the library's own loop over a dict of tables, one file a clip
             for name, written in (("scores", tables), (F1_SCORES, f1_tables)):
@@ -253,7 +290,9 @@ def frame_classification_metrics(scored: Scored, column: int, labels: dict[str, 
         return {"accuracy": float((peaks.argmax(axis=1) == y).mean()) if len(y) else float("nan")}
 
 
-def classification_metrics(det: Detector, scored: Scored, labels: dict[str, str], queries: dict[str, str], timer: M.Timer) -> dict:
+def classification_metrics(
+    det: Detector, scored: Scored, labels: dict[str, str], queries: dict[str, str], timer: M.Timer
+) -> dict:
     """Zero-shot accuracy: each clip against "The sound of {query}" for every class of the scored clips
     (``labels``: clip -> class; ``queries``: class -> its text, else the class name)."""
     classes, texts = zero_shot_classes({i: labels[i] for i in scored.ids}, queries)

@@ -81,7 +81,9 @@ class ShardSplit:
 
     def ground_truth(self) -> dict[str, list[tuple[float, float, str]]]:
         """Clip -> ``[(onset_s, offset_s, label)]`` (a label's segments never overlap or touch)."""
-        return {i: sorted((s["start_s"], s["end_s"], p["label"]) for p in self.phrases[i] for s in p["segments"]) for i in self.ids}
+        return {
+            i: sorted((s["start_s"], s["end_s"], p["label"]) for p in self.phrases[i] for s in p["segments"]) for i in self.ids
+        }
 
     def audio(self) -> Iterator[tuple[str, bytes]]:
         """``(id, encoded bytes)`` in :attr:`ids` order, :data:`AUDIO_BATCH_ROWS` rows in memory at a
@@ -196,16 +198,20 @@ def read_split(path: str, split: str, first: int | None = None) -> ShardSplit:
             for k, row in enumerate(rows):
                 wanted = first is None or len(ids) < first  # past ``first`` no audio is read: once reached, it stays so
                 cell = next(cells) if wanted else None
-                fault = (("malformed-row", "the audio cell has no bytes") if k in no_audio
-                         else combined(row_faults(row, clusters)))
+                fault = ("malformed-row", "the audio cell has no bytes") if k in no_audio else combined(row_faults(row, clusters))
                 if fault is None and wanted:
                     fault = audio_fault(cell, row["duration_s"])
                     fault = fault if fault is None or fault[0] == "malformed-row" else (fault[0], f"{fault[0]} audio: {fault[1]}")
                 if fault:
                     i = row["id"]
                     named = str(i) if name_problem(i) is None else shown(i)  # a bad id is quoted, cut, on one line
-                    skip(file, named, fault[0], f"row {k} of {file} (id {named}): {fault[1]}",
-                         "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)")
+                    skip(
+                        file,
+                        named,
+                        fault[0],
+                        f"row {k} of {file} (id {named}): {fault[1]}",
+                        "fix or re-create that shard (`sedsynth validate <folder>` lists every bad row)",
+                    )
                     continue
                 if first is not None:
                     used |= source_clips_of(row["phrases"])
@@ -219,14 +225,24 @@ def read_split(path: str, split: str, first: int | None = None) -> ShardSplit:
             kept_files.append(file)
             kept.append(frozenset(positions))
     if skips:
-        print(f"evaluate: {len(skips)} rows or files of the {split} split under {path} skipped; every metric leaves them out",
-              file=sys.stderr)
+        print(
+            f"evaluate: {len(skips)} rows or files of the {split} split under {path} skipped; every metric leaves them out",
+            file=sys.stderr,
+        )
     if not ids:
         raise ValueError(f"evaluate: no usable rows in the {split} split under {path}; check it with `sedsynth validate`")
     if len(set(ids)) != len(ids):
         raise ValueError(f"evaluate: the {split} split under {path} repeats clip ids; rebuild it with `sedsynth shards`")
-    return ShardSplit(tuple(kept_files), tuple(ids), durations, captions, phrases, tuple(kept), tuple(skips),
-                      frozenset(used) if first is not None else None)
+    return ShardSplit(
+        tuple(kept_files),
+        tuple(ids),
+        durations,
+        captions,
+        phrases,
+        tuple(kept),
+        tuple(skips),
+        frozenset(used) if first is not None else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -242,7 +258,9 @@ def event_clips(clip_dir: str | Path, split: ShardSplit) -> EventClips:
     clip_dir = Path(clip_dir)
     manifest = clip_dir / "manifest.parquet"
     if not manifest.exists():
-        raise FileNotFoundError(f"evaluate: no clip manifest at {manifest}; run `sedsynth clip` or set evaluate.event_clips: null")
+        raise FileNotFoundError(
+            f"evaluate: no clip manifest at {manifest}; run `sedsynth clip` or set evaluate.event_clips: null"
+        )
     used = split.used_clips()
     table = pq.read_table(manifest, columns=["clip_id", "audio_path", "label"]).to_pylist()
     rows = sorted((r for r in table if r["clip_id"] in used), key=lambda r: r["clip_id"])

@@ -33,8 +33,10 @@ from trainer.model import build_model
 from trainer.objective import Objective
 from trainer.precision import autocast_for
 
-NO_DECODER = ("has no captioning decoder: it was trained with train.loss.caption_weight = 0; train one with "
-              "--set train.loss.caption_weight=1.0 (Cacophony's lambda_cap)")
+NO_DECODER = (
+    "has no captioning decoder: it was trained with train.loss.caption_weight = 0; train one with "
+    "--set train.loss.caption_weight=1.0 (Cacophony's lambda_cap)"
+)
 
 
 class Captioner:
@@ -43,7 +45,9 @@ class Captioner:
     def __init__(self, objective: Objective, train: TrainParams, device: str = "auto", batch_size: int = 16):
         if objective.captioner is None:
             raise ValueError(f"describe: the model {NO_DECODER}")
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+        self.device = torch.device(
+            "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+        )
         self.objective = objective.to(self.device).eval()
         self.model, self.decoder = objective.model, objective.captioner
         self.autocast = autocast_for(train.precision, self.device)
@@ -58,8 +62,10 @@ class Captioner:
         """The objective a trainer checkpoint describes, with its weights and its decoder's vocabulary."""
         path = Path(path)
         if not path.exists():
-            raise FileNotFoundError(f"describe: no checkpoint at {path}; train first (sedsynth train with "
-                                    "--set train.loss.caption_weight=1.0) or pass --checkpoint")
+            raise FileNotFoundError(
+                f"describe: no checkpoint at {path}; train first (sedsynth train with "
+                "--set train.loss.caption_weight=1.0) or pass --checkpoint"
+            )
         state = checkpoint.read(path, "describe")
         train = build(TrainParams, current_train_section(state["config"]["train"]), "train")
         if train.loss.caption_weight <= 0:
@@ -89,7 +95,7 @@ class Captioner:
         for block in blocks:
             while len(block):
                 take = min(len(block), self.window_samples - filled)
-                buffer[filled:filled + take], filled, block = block[:take], filled + take, block[take:]
+                buffer[filled : filled + take], filled, block = block[:take], filled + take, block[take:]
                 if filled == self.window_samples:
                     queue.append((buffer.copy(), filled))
                     buffer[:], filled = 0.0, 0
@@ -123,7 +129,9 @@ def main(args, params) -> int:
     (only ``evaluate.checkpoint``, ``evaluate.device`` and ``evaluate.batch_size`` are read): prints
     ``file<TAB>caption`` per file; 2 when a file is missing or unreadable."""
     e = params.evaluate
-    captioner = Captioner.from_checkpoint(args.checkpoint or e.checkpoint, device=args.device or e.device, batch_size=e.batch_size)
+    captioner = Captioner.from_checkpoint(
+        args.checkpoint or e.checkpoint, device=args.device or e.device, batch_size=e.batch_size
+    )
     status = 0
     for file, text, why in caption_files(captioner, list(args.audio), args.decoding):
         if text is None:

@@ -88,11 +88,33 @@ from trainer.evaluation.scoring import (
 from trainer.evaluation.testset import ShardSplit, event_clips, read_split
 from trainer.memory import release_freed_heap
 
-HEADLINE = ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "segment_f1", "alignment", "a2t_r1", "a2t_r5", "a2t_r10",
-            "t2a_r1", "t2a_r5", "t2a_r10", "zero_shot_accuracy", "zero_shot_frame_accuracy")
+HEADLINE = (
+    "psds1",
+    "psds1_astat0",
+    "psds2",
+    "auroc",
+    "pauroc",
+    "f1",
+    "segment_f1",
+    "alignment",
+    "a2t_r1",
+    "a2t_r5",
+    "a2t_r10",
+    "t2a_r1",
+    "t2a_r5",
+    "t2a_r10",
+    "zero_shot_accuracy",
+    "zero_shot_frame_accuracy",
+)
 # the probe figures the report prints and the gain compares: (probe, figure)
-PROBE_HEADLINE = (("clip_mean", "top1_accuracy"), ("clip_mean", "mean_average_precision"), ("clip_attention", "top1_accuracy"),
-                  ("clip_attention", "mean_average_precision"), ("frame", "frame_auroc_macro"), ("frame", "segment_f1"))
+PROBE_HEADLINE = (
+    ("clip_mean", "top1_accuracy"),
+    ("clip_mean", "mean_average_precision"),
+    ("clip_attention", "top1_accuracy"),
+    ("clip_attention", "mean_average_precision"),
+    ("frame", "frame_auroc_macro"),
+    ("frame", "segment_f1"),
+)
 NOT_TIMED_AS_METRICS = ("model_scoring", "read_", "probes", "captions_")  # timing.json: steps outside the metric work
 ABSENT_SHOWN = 3  # absent classes drawn under each picture's own phrases
 
@@ -116,8 +138,18 @@ def write_truth(folder: Path, ground_truth: dict, durations_s: dict) -> None:
             w.writerow([M.tsv_cell(f"{i}.wav", "clip"), repr(float(durations_s[i]))])
 
 
-def evaluate_split(det: Detector, split: ShardSplit, clips, e, *, details: Path, model: str, timer: M.Timer, skips: list[Skip],
-                   threshold_source: str = "evaluate.f1_threshold") -> tuple[dict, dict]:
+def evaluate_split(
+    det: Detector,
+    split: ShardSplit,
+    clips,
+    e,
+    *,
+    details: Path,
+    model: str,
+    timer: M.Timer,
+    skips: list[Skip],
+    threshold_source: str = "evaluate.f1_threshold",
+) -> tuple[dict, dict]:
     """One model on our held-out split (and the event clips, zero-shot) -> ``(metrics, extras)``, extras
     being ``{"curves", "protocol", "clips_per_s"}``; writes its score files, per-class table and,
     for the trained model, the pictures under ``details``."""
@@ -127,25 +159,62 @@ def evaluate_split(det: Detector, split: ShardSplit, clips, e, *, details: Path,
     phrase_vocab = det.vocabulary(texts)
     where = {t: k for k, t in enumerate(texts)}
     own = {i: subset(phrase_vocab, [where[p["phrase"]] for p in split.phrases[i]]) for i in split.ids}
-    scored = score_all(det, split.audio(), lambda i: [class_vocab, own[i]], skips,
-                       keep_waves=e.pictures if model == "trained" else 0, desc=f"evaluate {model}", total=len(split.ids))
+    scored = score_all(
+        det,
+        split.audio(),
+        lambda i: [class_vocab, own[i]],
+        skips,
+        keep_waves=e.pictures if model == "trained" else 0,
+        desc=f"evaluate {model}",
+        total=len(split.ids),
+    )
     timer.seconds[f"model_scoring_{model}"] += scored.seconds
     folder = details / "test"
     truth_events = split.ground_truth()
-    result = detection(scored, 0, truth_events, split.durations_s, classes, e, timer, folder=folder, model=model,
-                       threshold_source=threshold_source)
-    segments = {i: [(p["phrase"], [(s["start_s"], s["end_s"]) for s in p["segments"]]) for p in split.phrases[i]] for i in split.ids}
-    out = {k: result[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1", "precision", "recall", "f1_micro",
-                                  "segment_f1", "segment_f1_macro")}
+    result = detection(
+        scored,
+        0,
+        truth_events,
+        split.durations_s,
+        classes,
+        e,
+        timer,
+        folder=folder,
+        model=model,
+        threshold_source=threshold_source,
+    )
+    segments = {
+        i: [(p["phrase"], [(s["start_s"], s["end_s"]) for s in p["segments"]]) for p in split.phrases[i]] for i in split.ids
+    }
+    out = {
+        k: result[k]
+        for k in (
+            "psds1",
+            "psds1_astat0",
+            "psds2",
+            "auroc",
+            "pauroc",
+            "f1",
+            "precision",
+            "recall",
+            "f1_micro",
+            "segment_f1",
+            "segment_f1_macro",
+        )
+    }
     out |= grounding(scored, 1, lambda i: segments[i], timer)
     out |= retrieval_metrics(det, scored, {i: [split.captions[i]] for i in split.ids}, timer)
     if clips is not None and clips.audio:
         zs_classes, zs_queries = zero_shot_classes(clips.labels, queries)
         zs_vocab = det.vocabulary(zs_queries)
-        clip_scored = score_all(det, clips.audio.items(), lambda i: [zs_vocab], skips, desc=f"event clips {model}", total=len(clips.audio))
+        clip_scored = score_all(
+            det, clips.audio.items(), lambda i: [zs_vocab], skips, desc=f"event clips {model}", total=len(clips.audio)
+        )
         timer.seconds[f"model_scoring_{model}"] += clip_scored.seconds
         out["zero_shot_accuracy"] = classification_metrics(det, clip_scored, clips.labels, queries, timer)["accuracy"]
-        out["zero_shot_frame_accuracy"] = frame_classification_metrics(clip_scored, 0, clips.labels, zs_classes, timer)["accuracy"]
+        out["zero_shot_frame_accuracy"] = frame_classification_metrics(clip_scored, 0, clips.labels, zs_classes, timer)[
+            "accuracy"
+        ]
         out["zero_shot_clips"] = len(clip_scored.ids)
     out["clips"] = len(scored.ids)
     if model == "trained":
@@ -170,9 +239,19 @@ def pictures(det: Detector, split: ShardSplit, scored, own: dict, segments: dict
         class_probs = M.smooth(scored.probs[k][0], e.median_filter_frames)
         gone = plots.top_absent(class_probs, classes, {c for *_, c in truth_events[i]}, ABSENT_SHOWN)
         rows = np.concatenate([probs, class_probs[:, gone]], axis=1)
-        plots.detection_figure(details / "pictures" / f"{i}.png", w, det.sample_rate_hz, scored.timestamps_s[k], rows,
-                               texts + [queries[classes[c]] for c in gone], truth=truth, events=found, title=f"{i}: {split.captions[i]}",
-                               threshold=e.f1_threshold, absent=len(gone))
+        plots.detection_figure(
+            details / "pictures" / f"{i}.png",
+            w,
+            det.sample_rate_hz,
+            scored.timestamps_s[k],
+            rows,
+            texts + [queries[classes[c]] for c in gone],
+            truth=truth,
+            events=found,
+            title=f"{i}: {split.captions[i]}",
+            threshold=e.f1_threshold,
+            absent=len(gone),
+        )
 
 
 def write_confusion(classes, scored, truth_events: dict, e, details: Path) -> None:
@@ -191,8 +270,18 @@ def write_confusion(classes, scored, truth_events: dict, e, details: Path) -> No
     plots.confusion_figure(folder / "confusion_trained.png", matrix, classes)
 
 
-def evaluate_benchmark(det: Detector, name: str, data, e, *, details: Path, model: str, timer: M.Timer, skips: list[Skip],
-                       threshold_source: str = "evaluate.f1_threshold") -> tuple[dict, dict]:
+def evaluate_benchmark(
+    det: Detector,
+    name: str,
+    data,
+    e,
+    *,
+    details: Path,
+    model: str,
+    timer: M.Timer,
+    skips: list[Skip],
+    threshold_source: str = "evaluate.f1_threshold",
+) -> tuple[dict, dict]:
     """One model on a public benchmark read by :mod:`trainer.evaluation.readers` -> ``(metrics, protocol)``:
     the metrics its kind has and how they were computed (for SED sets :func:`metrics.protocol`)."""
     from trainer.evaluation.readers import (
@@ -206,22 +295,39 @@ def evaluate_benchmark(det: Detector, name: str, data, e, *, details: Path, mode
     if isinstance(data, SedSet):
         vocab = det.vocabulary([data.queries[c] for c in data.classes])
         scored = score_all(det, audio, lambda i: [vocab], skips, desc=f"{name} {model}", total=n)
-        r = detection(scored, 0, data.ground_truth, data.durations_s, data.classes, e, timer, folder=details / "benchmarks" / name,
-                      model=model, threshold_source=threshold_source)
+        r = detection(
+            scored,
+            0,
+            data.ground_truth,
+            data.durations_s,
+            data.classes,
+            e,
+            timer,
+            folder=details / "benchmarks" / name,
+            model=model,
+            threshold_source=threshold_source,
+        )
         out = {k: r[k] for k in ("psds1", "psds1_astat0", "psds2", "auroc", "pauroc", "f1")}
         # the PSDS1 a published number on this set compares with (FineLAP: alpha_st 0 on AudioSet-Strong)
         protocol = r["protocol"] | {"published_psds1": "psds1" if data.alpha_st == 1.0 else "psds1_astat0"}
         # the scored clips' ground truth and durations (as scored) beside their score files, as for the test split
-        write_truth(details / "benchmarks" / name, {i: data.ground_truth[i] for i in scored.ids},
-                    {i: min(data.durations_s[i], float(t[-1])) for i, t in zip(scored.ids, scored.timestamps_s)})
+        write_truth(
+            details / "benchmarks" / name,
+            {i: data.ground_truth[i] for i in scored.ids},
+            {i: min(data.durations_s[i], float(t[-1])) for i, t in zip(scored.ids, scored.timestamps_s)},
+        )
         write_json(details / "benchmarks" / name / "protocol.json", protocol)
     elif isinstance(data, GroundingSet):
         texts = sorted({p for ps in data.phrases.values() for p, _ in ps})
         vocab, where = det.vocabulary(texts), {t: k for k, t in enumerate(texts)}
-        scored = score_all(det, audio, lambda i: [subset(vocab, [where[p] for p, _ in data.phrases[i]])], skips, desc=f"{name} {model}", total=n)
+        scored = score_all(
+            det, audio, lambda i: [subset(vocab, [where[p] for p, _ in data.phrases[i]])], skips, desc=f"{name} {model}", total=n
+        )
         out = grounding(scored, 0, lambda i: data.phrases[i], timer)
-        protocol = {"phrases": sum(len(data.phrases[i]) for i in scored.ids),
-                    "frame_hop_s": max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan"))}
+        protocol = {
+            "phrases": sum(len(data.phrases[i]) for i in scored.ids),
+            "frame_hop_s": max((float(t[1] - t[0]) for t in scored.timestamps_s), default=float("nan")),
+        }
     elif isinstance(data, RetrievalSet):
         scored = score_all(det, audio, lambda i: [], skips, desc=f"{name} {model}", total=n)
         out = retrieval_metrics(det, scored, data.captions, timer)
@@ -264,7 +370,11 @@ def probes(models: dict[str, Detector], e, split: ShardSplit, clips, seed: int, 
         out |= run_probes(models, data, e, seed)
     if "untrained" in out:
         a, b = out["trained"], out["untrained"]
-        out["gain"] = {f"{probe}_{k}": a[probe][k] - b[probe][k] for probe, k in PROBE_HEADLINE if k in a.get(probe, {}) and k in b.get(probe, {})}
+        out["gain"] = {
+            f"{probe}_{k}": a[probe][k] - b[probe][k]
+            for probe, k in PROBE_HEADLINE
+            if k in a.get(probe, {}) and k in b.get(probe, {})
+        }
     return out
 
 
@@ -309,9 +419,14 @@ def kept_folders(params) -> dict[str, str | None]:
     from trainer.evaluation.readers import _PATH_HELP as BENCHMARK_PATHS
 
     e = params.evaluate
-    kept: dict[str, str | None] = {**folders_besides(params, "evaluate.out_dir"), "pretrain.out_dir": params.pretrain.out_dir,
-                                   "train.out_dir's checkpoints": str(Path(params.train.out_dir) / "checkpoints"),
-                                   "evaluate.shards": e.shards, "evaluate.event_clips": e.event_clips, "evaluate.checkpoint": e.checkpoint}
+    kept: dict[str, str | None] = {
+        **folders_besides(params, "evaluate.out_dir"),
+        "pretrain.out_dir": params.pretrain.out_dir,
+        "train.out_dir's checkpoints": str(Path(params.train.out_dir) / "checkpoints"),
+        "evaluate.shards": e.shards,
+        "evaluate.event_clips": e.event_clips,
+        "evaluate.checkpoint": e.checkpoint,
+    }
     for name, cfg in e.benchmarks.items():
         if isinstance(cfg, dict):
             kept |= {f"evaluate.benchmarks.{name}.{key}": cfg.get(key) for key in BENCHMARK_PATHS.get(cfg.get("kind"), {})}
@@ -329,15 +444,20 @@ def evaluate(params, out: Path) -> dict:
         clips = event_clips(e.event_clips, split) if e.event_clips else None
     models = detectors(e, params.seed)
     threshold, source, stored = collar_threshold(e)
-    e = replace(e, f1_threshold=threshold, f1_median_filter_frames=f1_median_filter(e.f1_median_filter_frames, stored, e.median_filter_frames))
+    e = replace(
+        e,
+        f1_threshold=threshold,
+        f1_median_filter_frames=f1_median_filter(e.f1_median_filter_frames, stored, e.median_filter_frames),
+    )
     skips: list[Skip] = list(split.skips)  # the split's bad rows and shards, each with its reason
     summary: dict = {"test": {}, "benchmarks": {}}
     extras: dict = {}
     with staged_dir(out / "details") as details, staged_dir(out / "plots") as plot_dir:
         write_truth(details / "test", split.ground_truth(), split.durations_s)
         for name, det in models.items():
-            summary["test"][name], extras[name] = evaluate_split(det, split, clips, e, details=details, model=name, timer=timer,
-                                                                  skips=skips, threshold_source=source)
+            summary["test"][name], extras[name] = evaluate_split(
+                det, split, clips, e, details=details, model=name, timer=timer, skips=skips, threshold_source=source
+            )
             release_freed_heap()  # its scores and metric tables are gone; what comes next (probes' frames) is mapped anew
         summary["protocol"] = extras["trained"]["protocol"]
         if stored is not None:
@@ -360,8 +480,9 @@ def evaluate(params, out: Path) -> dict:
             left_out: list[Skip] = list(getattr(data, "skips", ()))  # the rows and clips its reader left out (SED sets keep them)
             entry = {}
             for m, det in models.items():
-                entry[m], entry["protocol"] = evaluate_benchmark(det, name, data, e, details=details, model=m, timer=timer,
-                                                                  skips=left_out, threshold_source=source)
+                entry[m], entry["protocol"] = evaluate_benchmark(
+                    det, name, data, e, details=details, model=m, timer=timer, skips=left_out, threshold_source=source
+                )
             summary["benchmarks"][name] = entry
             skips += [replace(s, item_id=f"{name}/{s.item_id}") for s in left_out]  # its ids apart from the split's
         if "untrained" in summary["test"]:
@@ -396,19 +517,31 @@ def report(summary: dict, timing: dict) -> str:
         if any(k in test[n] for n in names):
             lines.append(f"  {k:<25}" + "".join(f"{test[n].get(k, float('nan')):>11.3f}" for n in names))
     f1 = summary["protocol"]["collar_f1"]
-    lines.append(f"  collar F1 at threshold {f1['threshold']:.4g} after a {f1.get('median_filter_frames', '?')}-frame median filter ({f1['threshold_source']})")
+    lines.append(
+        f"  collar F1 at threshold {f1['threshold']:.4g} after a {f1.get('median_filter_frames', '?')}-frame median filter ({f1['threshold_source']})"
+    )
     lines += probe_lines(summary.get("probes"), summary.get("captions"))
     for name, b in summary["benchmarks"].items():
-        lines.append(f"  benchmark {name}: " + (b["skipped"] if "skipped" in b else
-                     ", ".join(f"{k} {v:.3f}" for k, v in b.get("trained", {}).items() if k != "clips")))
+        lines.append(
+            f"  benchmark {name}: "
+            + (
+                b["skipped"]
+                if "skipped" in b
+                else ", ".join(f"{k} {v:.3f}" for k, v in b.get("trained", {}).items() if k != "clips")
+            )
+        )
     t = timing["time"]
     scoring = {k: v for k, v in t.items() if k.startswith("model_scoring")}
     rates = [f"{m} {r:.1f} clips/s" for m, r in timing["clips_per_s"].items()]
     lines.append(f"  time: model scoring {sum(scoring.values()):.1f} s ({', '.join(rates)})")
-    metric_keys = [k for k in t if k.endswith("_s") and not k.startswith(("model_scoring", "total", "metrics", "sed_scores_eval"))]
+    metric_keys = [
+        k for k in t if k.endswith("_s") and not k.startswith(("model_scoring", "total", "metrics", "sed_scores_eval"))
+    ]
     lines.append("  steps: " + ", ".join(f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in metric_keys))
-    lines.append(f"  metrics {t['metrics_s']:.2f} s, of which sed_scores_eval {t['sed_scores_eval_s']:.2f} s "
-                 f"({100 * t['outside_sed_scores_eval_share']:.1f}% outside it); {t['total_s']:.2f} s in all")
+    lines.append(
+        f"  metrics {t['metrics_s']:.2f} s, of which sed_scores_eval {t['sed_scores_eval_s']:.2f} s "
+        f"({100 * t['outside_sed_scores_eval_share']:.1f}% outside it); {t['total_s']:.2f} s in all"
+    )
     return "\n".join(lines)
 
 
@@ -419,12 +552,23 @@ def probe_lines(probed: dict | None, captioned: dict | None) -> list[str]:
         lines.append(f"  probes: skipped ({probed['skipped']})")
     elif probed is not None:
         names = [n for n in ("trained", "untrained") if n in probed]
-        lines.append(f"  probes on the frozen encoder ({probed['protocol']['train_split']} -> {probed['protocol']['test_split']})"
-                     + "".join(f"{n:>11}" for n in names))
+        lines.append(
+            f"  probes on the frozen encoder ({probed['protocol']['train_split']} -> {probed['protocol']['test_split']})"
+            + "".join(f"{n:>11}" for n in names)
+        )
         for probe, k in PROBE_HEADLINE:
             if any(k in probed[n].get(probe, {}) for n in names):
-                lines.append(f"    {probe + ' ' + k:<40}" + "".join(f"{probed[n].get(probe, {}).get(k, float('nan')):>11.3f}" for n in names))
+                lines.append(
+                    f"    {probe + ' ' + k:<40}"
+                    + "".join(f"{probed[n].get(probe, {}).get(k, float('nan')):>11.3f}" for n in names)
+                )
     if captioned is not None:
-        lines.append("  captions: " + (f"skipped ({captioned['skipped']})" if "skipped" in captioned else
-                     ", ".join(f"{k} {captioned[k]:.3f}" for k in ("bleu_4", "rouge_l", "cider_d"))))
+        lines.append(
+            "  captions: "
+            + (
+                f"skipped ({captioned['skipped']})"
+                if "skipped" in captioned
+                else ", ".join(f"{k} {captioned[k]:.3f}" for k in ("bleu_4", "rouge_l", "cider_d"))
+            )
+        )
     return lines

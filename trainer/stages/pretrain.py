@@ -88,8 +88,13 @@ def kept_folders(params) -> dict[str, str | None]:
     evaluate stages' output folders (whose ``config.json``, ``metrics.json`` and ``curves.png`` it
     would overwrite)."""
     m = params.pretrain
-    return {**folders_besides(params, "pretrain.out_dir"), **{f"pretrain.audio[{i}]": a for i, a in enumerate(m.audio)},
-            "pretrain.heldout_mix": m.heldout_mix, "train.out_dir": params.train.out_dir, "evaluate.out_dir": params.evaluate.out_dir}
+    return {
+        **folders_besides(params, "pretrain.out_dir"),
+        **{f"pretrain.audio[{i}]": a for i, a in enumerate(m.audio)},
+        "pretrain.heldout_mix": m.heldout_mix,
+        "train.out_dir": params.train.out_dir,
+        "evaluate.out_dir": params.evaluate.out_dir,
+    }
 
 
 def pretrain(params, out: Path) -> dict:
@@ -100,19 +105,27 @@ def pretrain(params, out: Path) -> dict:
         torch.set_num_threads(m.threads)
     clips, left_out = list_clips(m.audio, m.heldout_mix)
     torch.manual_seed(params.seed)  # the initial weights
-    model = MaskedAutoencoder(cropped_encoder(build_encoder(m.encoder), m.crop_s), m.decoder_dim, m.decoder_depth,
-                              m.decoder_heads, m.mask_ratio).to(device)
+    model = MaskedAutoencoder(
+        cropped_encoder(build_encoder(m.encoder), m.crop_s), m.decoder_dim, m.decoder_depth, m.decoder_heads, m.mask_ratio
+    ).to(device)
     data = CropDataset(clips, params.seed, model.encoder.sample_rate_hz, model.encoder.input_samples(m.crop_s))
-    loader = DataLoader(data, batch_sampler=endless_batches(m.batch_size), num_workers=m.num_workers, collate_fn=collate,
-                        pin_memory=device.type == "cuda")
+    loader = DataLoader(
+        data,
+        batch_sampler=endless_batches(m.batch_size),
+        num_workers=m.num_workers,
+        collate_fn=collate,
+        pin_memory=device.type == "cuda",
+    )
     optimizer = adamw(model, m)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(m))
     masks = torch.Generator().manual_seed(params.seed)
     autocast = autocast_for(m.precision, device)
 
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", {"seed": params.seed, "pretrain": dataclasses.asdict(m), "clips": len(clips),
-                                     "heldout_left_out": left_out})
+    write_json(
+        out / "config.json",
+        {"seed": params.seed, "pretrain": dataclasses.asdict(m), "clips": len(clips), "heldout_left_out": left_out},
+    )
     log, skips = CsvLog(out / "pretrain_log.csv"), {}  # skips: path -> Skip, each file once
     log.rows = []
     progress = step_progress("pretrain", m.steps)
@@ -123,7 +136,9 @@ def pretrain(params, out: Path) -> dict:
         for s in batch["skips"]:
             skips.setdefault(s.path, s)
         if len(skips) == len(clips):
-            raise ValueError(f"pretrain: none of the {len(clips)} audio files decodes; each one and why is in {out / 'skipped.csv'}")
+            raise ValueError(
+                f"pretrain: none of the {len(clips)} audio files decodes; each one and why is in {out / 'skipped.csv'}"
+            )
         if batch["wave"] is None:
             write_skips(out / "skipped.csv", list(skips.values()))
             continue
@@ -141,8 +156,14 @@ def pretrain(params, out: Path) -> dict:
         progress.update(1)
         progress.set_postfix({"loss": f"{loss:.3f}"}, refresh=False)
         if step % m.log_every_steps == 0 or step == m.steps:
-            log.add({"step": step, "loss": loss, "lr": scheduler.get_last_lr()[0],
-                     "clips_per_s": clips_seen / max(1e-9, time.perf_counter() - started)})
+            log.add(
+                {
+                    "step": step,
+                    "loss": loss,
+                    "lr": scheduler.get_last_lr()[0],
+                    "clips_per_s": clips_seen / max(1e-9, time.perf_counter() - started),
+                }
+            )
             log.flush()
         if step == m.steps:
             break
@@ -150,18 +171,35 @@ def pretrain(params, out: Path) -> dict:
     progress.close()
 
     # the outputs: the encoder's weights, the logs, metrics.json and curves.png
-    write_torch_file(out / "checkpoints" / "encoder.pt", pretrained_file(
-        m.encoder, encoder_state(model), steps=step, loss=loss, seed=params.seed, mask_ratio=m.mask_ratio, crop_s=m.crop_s))
+    write_torch_file(
+        out / "checkpoints" / "encoder.pt",
+        pretrained_file(
+            m.encoder, encoder_state(model), steps=step, loss=loss, seed=params.seed, mask_ratio=m.mask_ratio, crop_s=m.crop_s
+        ),
+    )
     write_skips(out / "skipped.csv", list(skips.values()))
     flops = flops_per_step(model, m.batch_size, m.crop_s)
-    summary = {"encoder": m.encoder, "steps": step, "first_loss": first_loss, "final_loss": loss, "clips": len(clips),
-               "clips_seen": clips_seen, "clips_per_s": round(clips_seen / wall_s, 3), "wall_s": round(wall_s, 1),
-               "skipped": len(skips), "heldout_left_out": left_out, "flops_per_step": flops, "device": str(device),
-               "mfu": mfu(flops, wall_s / max(1, step), device)}
+    summary = {
+        "encoder": m.encoder,
+        "steps": step,
+        "first_loss": first_loss,
+        "final_loss": loss,
+        "clips": len(clips),
+        "clips_seen": clips_seen,
+        "clips_per_s": round(clips_seen / wall_s, 3),
+        "wall_s": round(wall_s, 1),
+        "skipped": len(skips),
+        "heldout_left_out": left_out,
+        "flops_per_step": flops,
+        "device": str(device),
+        "mfu": mfu(flops, wall_s / max(1, step), device),
+    }
     write_json(out / "metrics.json", summary)
     plot_loss(log.rows, out / "curves.png")
-    print(f"pretrain: {step} steps of {m.encoder} on {len(clips)} clips ({len(skips)} skipped), loss {first_loss:.3f} -> {loss:.3f}, "
-          f"{summary['clips_per_s']:.1f} clips/s; encoder weights in {out / 'checkpoints' / 'encoder.pt'}")
+    print(
+        f"pretrain: {step} steps of {m.encoder} on {len(clips)} clips ({len(skips)} skipped), loss {first_loss:.3f} -> {loss:.3f}, "
+        f"{summary['clips_per_s']:.1f} clips/s; encoder weights in {out / 'checkpoints' / 'encoder.pt'}"
+    )
     return summary
 
 
@@ -182,7 +220,10 @@ def list_clips(folders: tuple[str, ...], heldout_mix: str | None) -> tuple[list[
             else:
                 clips.append(clip)
     if not clips:
-        raise ValueError(f"pretrain: no audio files in {', '.join(folders)}" + (f" outside {heldout_mix}'s held-out splits" if left_out else ""))
+        raise ValueError(
+            f"pretrain: no audio files in {', '.join(folders)}"
+            + (f" outside {heldout_mix}'s held-out splits" if left_out else "")
+        )
     return clips, left_out
 
 
@@ -206,12 +247,16 @@ def heldout_ids(mix_dir: Path) -> set[str]:
     clips (``occurrences.parquet``) and background segments they use."""
     mixtures, occurrences = mix_dir / "mixtures.parquet", mix_dir / "occurrences.parquet"
     if not (mixtures.exists() and occurrences.exists()):
-        raise FileNotFoundError(f"pretrain: {mix_dir} holds no mixtures.parquet and occurrences.parquet; point pretrain.heldout_mix "
-                                "at the mix stage's folder, or set it to null to use every file")
+        raise FileNotFoundError(
+            f"pretrain: {mix_dir} holds no mixtures.parquet and occurrences.parquet; point pretrain.heldout_mix "
+            "at the mix stage's folder, or set it to null to use every file"
+        )
     rows = pq.read_table(mixtures, columns=["mixture_id", "split", "background_id"]).to_pylist()
     held = {r["mixture_id"] for r in rows if r["split"] in HELDOUT_SPLITS}
     backgrounds = {r["background_id"] for r in rows if r["mixture_id"] in held and r["background_id"]}
-    events = {r["clip_id"] for r in pq.read_table(occurrences, columns=["mixture_id", "clip_id"]).to_pylist() if r["mixture_id"] in held}
+    events = {
+        r["clip_id"] for r in pq.read_table(occurrences, columns=["mixture_id", "clip_id"]).to_pylist() if r["mixture_id"] in held
+    }
     return held | backgrounds | events
 
 
@@ -242,7 +287,7 @@ class CropDataset(Dataset):
         n = self.input_samples
         if len(x) > n:
             start = int(np.random.default_rng([self.seed, epoch, i]).integers(0, len(x) - n + 1))
-            x = x[start:start + n]
+            x = x[start : start + n]
         length = len(x)
         return {"wave": np.pad(x, (0, n - length)), "length": length, "skip": None}
 
@@ -256,9 +301,11 @@ def endless_batches(batch_size: int) -> Iterator[list[int]]:
 def collate(items: list[dict]) -> dict:
     """Items -> ``{"wave": (B, S) or None, "lengths": (B,), "skips": [...]}``; skipped files drop out."""
     good = [it for it in items if it["skip"] is None]
-    return {"wave": torch.from_numpy(np.stack([it["wave"] for it in good])) if good else None,
-            "lengths": torch.tensor([it["length"] for it in good], dtype=torch.long),
-            "skips": [it["skip"] for it in items if it["skip"] is not None]}
+    return {
+        "wave": torch.from_numpy(np.stack([it["wave"] for it in good])) if good else None,
+        "lengths": torch.tensor([it["length"] for it in good], dtype=torch.long),
+        "skips": [it["skip"] for it in items if it["skip"] is not None],
+    }
 
 
 # --------------------------------------------------------------------------- the model
@@ -272,7 +319,9 @@ def cropped_encoder(encoder: AudioEncoder, crop_s: float) -> AudioEncoder:
     samples = encoder.input_samples(crop_s)
     frames = (1 + (samples - p.window_samples) // p.shift_samples if samples >= p.window_samples else 0) // PATCH * PATCH
     if frames < PATCH:
-        raise ValueError(f"pretrain: crop_s {crop_s} s gives fewer fbank frames than one {PATCH}-frame patch; raise pretrain.crop_s")
+        raise ValueError(
+            f"pretrain: crop_s {crop_s} s gives fewer fbank frames than one {PATCH}-frame patch; raise pretrain.crop_s"
+        )
     encoder.fbank = Fbank(dataclasses.replace(p, target_frames=min(frames, p.target_frames)))
     return encoder
 
@@ -292,8 +341,10 @@ def adamw(model: torch.nn.Module, m: PretrainParams) -> torch.optim.AdamW:
     the CLS and mask tokens), as MAE does."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plain = [p for n, p in named if p.dim() < 2 or n.endswith(("cls_token", "mask_token"))]
-    groups = [{"params": [p for _, p in named if not any(p is q for q in plain)], "weight_decay": m.weight_decay},
-              {"params": plain, "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for _, p in named if not any(p is q for q in plain)], "weight_decay": m.weight_decay},
+        {"params": plain, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=m.lr, betas=tuple(m.betas))
 
 
@@ -302,7 +353,6 @@ def schedule(m: PretrainParams):
     down to ``final_lr / lr`` at ``steps`` (Cacophony: to 1e-6)."""
     floor, warm_cosine = m.final_lr / m.lr, lr_lambda(m.warmup_steps, m.steps)
     return lambda step: warm_cosine(step) if step < m.warmup_steps else floor + (1 - floor) * warm_cosine(step)
-
 
 
 def mfu(flops: int, step_s: float, device: torch.device) -> float | None:

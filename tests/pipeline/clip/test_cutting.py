@@ -19,8 +19,11 @@ SR = 44100
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     dev = [(1, *BARK, "train"), (2, *BARK_AND_MEOW, "train"), (3, *BARK, "val")]
-    audio = {"1": (tone_burst(SR, 4.0, 1.0, 3.0), SR, "PCM_16"), "2": (tone_burst(SR, 4.0, 1.0, 3.0), SR, "PCM_16"),
-             "3": (tone_burst(SR, 4.0, 0.5, 0.9), SR, "PCM_16")}
+    audio = {
+        "1": (tone_burst(SR, 4.0, 1.0, 3.0), SR, "PCM_16"),
+        "2": (tone_burst(SR, 4.0, 1.0, 3.0), SR, "PCM_16"),
+        "3": (tone_burst(SR, 4.0, 0.5, 0.9), SR, "PCM_16"),
+    }
     return write_fsd50k(tmp_path / "FSD50K", dev, [], audio)
 
 

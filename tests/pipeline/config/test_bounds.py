@@ -29,13 +29,36 @@ def test_an_exponent_too_large_for_a_float_is_refused() -> None:
         load_params(PARAMS, parse_override("captions.llm.timeout_s=1e999"), skip_sections=SECTIONS)
 
 
-@pytest.mark.parametrize("knob, at_bound, above, message", [
-    ("placement_tries", MAX_PLACEMENT_TRIES, 1_000_000_000, f"'placement_tries' must be a whole number >= 1 and <= {MAX_PLACEMENT_TRIES}"),
-    ("events_per_mixture", ["const", MAX_EVENTS], ["choose", [1, MAX_EVENTS + 1]], f"<= {MAX_EVENTS}"),
-    ("repetition", {"count": ["const", MAX_OCCURRENCES]}, {"count": ["const", 10**6]}, f"'repetition.count' values must be whole numbers >= 1 and <= {MAX_OCCURRENCES}"),
-    ("splitting", {"pieces": ["choose", [2, MAX_OCCURRENCES]]}, {"pieces": ["choose", [2, 10**6]]}, "'splitting.pieces' values"),
-    ("duration_s", ["const", MAX_DURATION_S], ["uniform", 10.0, 1e6], f"'duration_s' must produce positive durations of at most {MAX_DURATION_S:g} s"),
-])
+@pytest.mark.parametrize(
+    "knob, at_bound, above, message",
+    [
+        (
+            "placement_tries",
+            MAX_PLACEMENT_TRIES,
+            1_000_000_000,
+            f"'placement_tries' must be a whole number >= 1 and <= {MAX_PLACEMENT_TRIES}",
+        ),
+        ("events_per_mixture", ["const", MAX_EVENTS], ["choose", [1, MAX_EVENTS + 1]], f"<= {MAX_EVENTS}"),
+        (
+            "repetition",
+            {"count": ["const", MAX_OCCURRENCES]},
+            {"count": ["const", 10**6]},
+            f"'repetition.count' values must be whole numbers >= 1 and <= {MAX_OCCURRENCES}",
+        ),
+        (
+            "splitting",
+            {"pieces": ["choose", [2, MAX_OCCURRENCES]]},
+            {"pieces": ["choose", [2, 10**6]]},
+            "'splitting.pieces' values",
+        ),
+        (
+            "duration_s",
+            ["const", MAX_DURATION_S],
+            ["uniform", 10.0, 1e6],
+            f"'duration_s' must produce positive durations of at most {MAX_DURATION_S:g} s",
+        ),
+    ],
+)
 def test_a_costly_knob_is_refused_above_its_bound(knob: str, at_bound: object, above: object, message: str) -> None:
     resolve_spec("finelap", {knob: at_bound}, sample_rate_hz=16000)
     with pytest.raises(ParamsError, match="mix.spec") as e:

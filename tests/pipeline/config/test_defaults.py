@@ -16,8 +16,11 @@ from tests.conftest import ROOT
 def _differences(default: object, configured: object, key: str = "") -> list[str]:
     """Dotted keys whose dataclass default differs from the configured value, with both values."""
     if dataclasses.is_dataclass(default) and type(default) is type(configured):
-        return [d for f in dataclasses.fields(default)
-                for d in _differences(getattr(default, f.name), getattr(configured, f.name), f"{key}.{f.name}".lstrip("."))]
+        return [
+            d
+            for f in dataclasses.fields(default)
+            for d in _differences(getattr(default, f.name), getattr(configured, f.name), f"{key}.{f.name}".lstrip("."))
+        ]
     return [] if default == configured else [f"{key}: default {default!r}, params.yaml {configured!r}"]
 
 

@@ -47,7 +47,10 @@ def _load(*sets: str) -> Params:
         (["seed=-1"], "'seed' is -1; use a seed in [0, 4294967295]"),
         (["corpus.seed=-3"], "'corpus.seed' is -3"),
         (["compute.workers=0"], "'compute.workers' is 0; use a whole number >= 1"),
-        (["clip.segmentation.threshold_percentile=101"], "'clip.segmentation.threshold_percentile' is 101.0; use a percentile in [0, 100]"),
+        (
+            ["clip.segmentation.threshold_percentile=101"],
+            "'clip.segmentation.threshold_percentile' is 101.0; use a percentile in [0, 100]",
+        ),
         (["clip.segmentation.threshold_db=5"], "'clip.segmentation.threshold_db' is 5.0; with threshold_reference peak"),
         (["clip.min_duration_s=9"], "'clip.min_duration_s' is 9.0; use a duration below clip.max_duration_s (7.5)"),
         (["mix.relabel.absolute_floor_db=-.inf"], "'mix.relabel.absolute_floor_db' is -inf; use a finite number"),
@@ -176,8 +179,14 @@ def _cli_child(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.Co
     """``sedsynth clip ARGS`` in a child with 4 GiB of address space, so a regression fails instead of eating the machine."""
     limit = "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); from sedsynth.cli import main; "
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", limit + "sys.exit(main(sys.argv[1:]))", "clip", "--params", str(PARAMS), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", limit + "sys.exit(main(sys.argv[1:]))", "clip", "--params", str(PARAMS), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _one_line(done: subprocess.CompletedProcess) -> str:
@@ -192,7 +201,10 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     levels += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]  # 10^9 zeros
     bomb.write_text("mix:\n  spec:\n" + "\n".join(levels) + "\n")
     err = _one_line(_cli_child(tmp_path, "--overrides", str(bomb)))
-    assert err == f"sedsynth clip: error: params: {bomb} line 4, column 14: an alias (*l0); params take no YAML aliases: write the value out in full\n"
+    assert (
+        err
+        == f"sedsynth clip: error: params: {bomb} line 4, column 14: an alias (*l0); params take no YAML aliases: write the value out in full\n"
+    )
 
 
 def test_a_recursive_alias_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -236,8 +248,10 @@ def test_an_overrides_file_that_is_not_params_is_named_but_its_contents_are_not_
     shadow.write_text("root:$6$s3cr3tsalt$hashhashhash:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\n")
     code, err = _cli(capsys, "--params", str(PARAMS), "--overrides", str(shadow))
     assert code == 2 and err.count("\n") == 1
-    assert err == (f"sedsynth clip: error: params: overrides file {shadow} has a top-level key that is not a section name "
-                   "(not shown); is it a params file?\n")
+    assert err == (
+        f"sedsynth clip: error: params: overrides file {shadow} has a top-level key that is not a section name "
+        "(not shown); is it a params file?\n"
+    )
     nested = tmp_path / "nested.yaml"
     nested.write_text("clip:\n  root:$6$s3cr3tsalt$hash:20228:: 1\n")
     code, err = _cli(capsys, "--params", str(PARAMS), "--overrides", str(nested))
@@ -249,16 +263,26 @@ def test_a_long_value_is_cut_in_the_error(capsys) -> None:
     assert code == 2 and "'clip.plot_examples' must be int, got 'xxx" in err and len(err) < 200
 
 
-@pytest.mark.parametrize("sets, missing, message", [
-    (["mix.export.jams=true"], "jams",
-     "sedsynth mix: error: params: 'mix.export.jams' is true but the jams package is not installed; "
-     "pip install -e '.[jams]' (the jams extra), or set mix.export.jams: false\n"),
-    (["mix.spec.time_stretch_factor=[uniform, 0.9, 1.1]"], "pedalboard",
-     "sedsynth mix: error: params: 'mix.spec.stretch_method' is rubberband but the pedalboard package is not installed; "
-     "pip install pedalboard, or set mix.spec.stretch_method: varispeed\n"),
-])
-def test_a_setting_whose_package_is_missing_is_refused_when_params_load(tmp_path: Path, capsys, monkeypatch, sets, missing,
-                                                                         message) -> None:
+@pytest.mark.parametrize(
+    "sets, missing, message",
+    [
+        (
+            ["mix.export.jams=true"],
+            "jams",
+            "sedsynth mix: error: params: 'mix.export.jams' is true but the jams package is not installed; "
+            "pip install -e '.[jams]' (the jams extra), or set mix.export.jams: false\n",
+        ),
+        (
+            ["mix.spec.time_stretch_factor=[uniform, 0.9, 1.1]"],
+            "pedalboard",
+            "sedsynth mix: error: params: 'mix.spec.stretch_method' is rubberband but the pedalboard package is not installed; "
+            "pip install pedalboard, or set mix.spec.stretch_method: varispeed\n",
+        ),
+    ],
+)
+def test_a_setting_whose_package_is_missing_is_refused_when_params_load(
+    tmp_path: Path, capsys, monkeypatch, sets, missing, message
+) -> None:
     """Refused in one line naming what to install, before any mixture is made (not a traceback after mixing them all)."""
     from pipeline.config import params
 

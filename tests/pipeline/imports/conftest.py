@@ -89,8 +89,9 @@ class MidIndex:
 def import_params() -> Params:
     """Default params run in-process, with small shards so a split spans several row groups."""
     p = Params()
-    return replace(p, compute=ComputeParams(workers=1, chunk_size=2),
-                   shards=replace(p.shards, shard_size_mb=0.5, row_group_size_mb=0.2))
+    return replace(
+        p, compute=ComputeParams(workers=1, chunk_size=2), shards=replace(p.shards, shard_size_mb=0.5, row_group_size_mb=0.2)
+    )
 
 
 @pytest.fixture

@@ -28,36 +28,54 @@ def write(path: Path, text: str) -> None:
 @pytest.fixture
 def release(tmp_path: Path) -> Path:
     """A TACOS release in its published layout, with the quirks a reader must survive."""
-    write(tmp_path / "annotations_strong.csv", "\n".join([
-        "filename,text,onset,offset",
-        "1001.mp3,A dog barks twice.,0.5,1.5",
-        '1001.mp3,"A dog barks, then a car passes by.",0.2,3.0',
-        "1001.mp3,A dog barks twice.,1.0,2.0",       # overlaps the first one, same text: kept apart
-        "1001.mp3,Rain falls on a roof.,1.0,1.0",    # onset == offset
-        "1001.mp3,,2.0,3.0",                          # empty caption
-        "1001.mp3,Birds chirp.,4.0,99.0",             # past the clip's end: kept for the writer
-        "1002.mp3,Footsteps on gravel.,-0.5,1.0",    # the clip's only row is negative
-        "1003.mp3,A door slams.,soon,1.0",           # not a number
-        "1003.mp3,A door slams.,0.0,0.4",            # audio of 1003 is missing
-        "1004.mp3,Keys jingle.,0,0.3",
-        "1005.mp3,Wind blows.,0.1",                   # one field short
-        "1006.mp3,A bell rings.,0.0,2.0",            # in no split file
-        "../etc/passwd,Escapes the root.,0.0,1.0",
-    ]) + "\n")
-    write(tmp_path / "annotations_weak.csv", "\n".join([
-        "filename,text",
-        '1001.mp3,"A dog barks near a road, then a car passes."',
-        '1001.mp3,"A dog barks near a road, then a car passes."',  # repeated: kept once
-        "1004.mp3,",
-        "1007.mp3,A weak caption without strong ones.",
-    ]) + "\n")
-    write(tmp_path / "metadata.csv", "\n".join([
-        "filename,keywords,freesound_id,sound_link,manufacturer,license,superclass,subclass,title,description,duration",
-        f'1001.mp3,"dog, car",1001,https://freesound.org/people/ann/sounds/1001/,ann,{LICENSE_CC0},Animal,Dog,Street dog,'
-        '"Recorded at night,\nnear a road.",12.5',
-        "1004.mp3,keys,1004,https://freesound.org/people/bo/sounds/1004/,bo,http://creativecommons.org/licenses/by/4.0/,"
-        "Object,Keys,Keys,plain,3.0",
-    ]) + "\n")
+    write(
+        tmp_path / "annotations_strong.csv",
+        "\n".join(
+            [
+                "filename,text,onset,offset",
+                "1001.mp3,A dog barks twice.,0.5,1.5",
+                '1001.mp3,"A dog barks, then a car passes by.",0.2,3.0',
+                "1001.mp3,A dog barks twice.,1.0,2.0",  # overlaps the first one, same text: kept apart
+                "1001.mp3,Rain falls on a roof.,1.0,1.0",  # onset == offset
+                "1001.mp3,,2.0,3.0",  # empty caption
+                "1001.mp3,Birds chirp.,4.0,99.0",  # past the clip's end: kept for the writer
+                "1002.mp3,Footsteps on gravel.,-0.5,1.0",  # the clip's only row is negative
+                "1003.mp3,A door slams.,soon,1.0",  # not a number
+                "1003.mp3,A door slams.,0.0,0.4",  # audio of 1003 is missing
+                "1004.mp3,Keys jingle.,0,0.3",
+                "1005.mp3,Wind blows.,0.1",  # one field short
+                "1006.mp3,A bell rings.,0.0,2.0",  # in no split file
+                "../etc/passwd,Escapes the root.,0.0,1.0",
+            ]
+        )
+        + "\n",
+    )
+    write(
+        tmp_path / "annotations_weak.csv",
+        "\n".join(
+            [
+                "filename,text",
+                '1001.mp3,"A dog barks near a road, then a car passes."',
+                '1001.mp3,"A dog barks near a road, then a car passes."',  # repeated: kept once
+                "1004.mp3,",
+                "1007.mp3,A weak caption without strong ones.",
+            ]
+        )
+        + "\n",
+    )
+    write(
+        tmp_path / "metadata.csv",
+        "\n".join(
+            [
+                "filename,keywords,freesound_id,sound_link,manufacturer,license,superclass,subclass,title,description,duration",
+                f'1001.mp3,"dog, car",1001,https://freesound.org/people/ann/sounds/1001/,ann,{LICENSE_CC0},Animal,Dog,Street dog,'
+                '"Recorded at night,\nnear a road.",12.5',
+                "1004.mp3,keys,1004,https://freesound.org/people/bo/sounds/1004/,bo,http://creativecommons.org/licenses/by/4.0/,"
+                "Object,Keys,Keys,plain,3.0",
+            ]
+        )
+        + "\n",
+    )
     write(tmp_path / "development_split.csv", "filename\n1001.mp3\n1002.mp3\n1003.mp3\n1007.mp3\n")
     write(tmp_path / "test_split.csv", "filename\n1004.mp3\n")
     for name in ("1001", "1002", "1004", "1006", "1007"):
@@ -86,19 +104,21 @@ def test_release_clips_regions_and_captions(release: Path) -> None:
 def test_release_skip_reasons(release: Path) -> None:
     _, skips = tacos.read(release, {})
     got = sorted((s.item_id, s.reason) for s in skips)
-    assert got == sorted([
-        ("tacos-1001#line5", "bad-region"),
-        ("tacos-1001#line6", "empty-caption"),
-        ("tacos-1002#line8", "bad-region"),
-        ("tacos-1002", "no-label"),
-        ("tacos-1003#line9", "malformed-row"),
-        ("tacos-1003", "missing-file"),
-        ("annotations_strong.csv#line12", "malformed-row"),
-        ("tacos-1006", "not-in-metadata"),
-        ("annotations_strong.csv#line14", "malformed-row"),
-        ("tacos-1004#weak-line4", "empty-caption"),
-        ("tacos-1007", "no-label"),
-    ])
+    assert got == sorted(
+        [
+            ("tacos-1001#line5", "bad-region"),
+            ("tacos-1001#line6", "empty-caption"),
+            ("tacos-1002#line8", "bad-region"),
+            ("tacos-1002", "no-label"),
+            ("tacos-1003#line9", "malformed-row"),
+            ("tacos-1003", "missing-file"),
+            ("annotations_strong.csv#line12", "malformed-row"),
+            ("tacos-1006", "not-in-metadata"),
+            ("annotations_strong.csv#line14", "malformed-row"),
+            ("tacos-1004#weak-line4", "empty-caption"),
+            ("tacos-1007", "no-label"),
+        ]
+    )
     by_id = {s.item_id: s for s in skips}
     assert "onset 1 s is not before offset 1 s" in by_id["tacos-1001#line5"].detail
     assert by_id["tacos-1003"].path == "audio/1003.mp3"
@@ -109,7 +129,9 @@ def test_documented_fallback_columns_without_split_or_metadata_files(tmp_path: P
     write_audio(tmp_path / "clips" / "a.wav")
     clips, skips = tacos.read(tmp_path, {"audio_dir": "clips", "split": "valid"})
     assert skips == []
-    assert [(c.clip_id, c.audio_path, c.split, c.license, c.captions) for c in clips] == [("tacos-a", "clips/a.wav", "valid", "", ())]
+    assert [(c.clip_id, c.audio_path, c.split, c.license, c.captions) for c in clips] == [
+        ("tacos-a", "clips/a.wav", "valid", "", ())
+    ]
     assert clips[0].regions == (ImportedRegion("", "", "A cat meows.", 0.0, 1.0),)
     assert clips[0].attribution == tacos.CAPTIONS_CREDIT
 

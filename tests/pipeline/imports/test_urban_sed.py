@@ -29,14 +29,29 @@ def write(path: Path, text: str) -> None:
 
 
 def observation(time: float, duration: float, label: str, role: str) -> dict:
-    value = {"label": label, "source_file": f"/UrbanSound8K/{label}.wav", "source_time": 0.0, "event_time": time,
-             "event_duration": duration, "snr": 6.0, "role": role, "pitch_shift": None, "time_stretch": None}
+    value = {
+        "label": label,
+        "source_file": f"/UrbanSound8K/{label}.wav",
+        "source_time": 0.0,
+        "event_time": time,
+        "event_duration": duration,
+        "snr": 6.0,
+        "role": role,
+        "pitch_shift": None,
+        "time_stretch": None,
+    }
     return {"time": time, "duration": duration, "value": value, "confidence": 1.0}
 
 
 def jams_text(observations: list) -> str:
-    annotation = {"annotation_metadata": {}, "namespace": "scaper", "data": observations,
-                  "sandbox": {"scaper": {"duration": 10.0, "n_events": 2}}, "time": 0, "duration": 10.0}
+    annotation = {
+        "annotation_metadata": {},
+        "namespace": "scaper",
+        "data": observations,
+        "sandbox": {"scaper": {"duration": 10.0, "n_events": 2}},
+        "time": 0,
+        "duration": 10.0,
+    }
     return json.dumps({"annotations": [annotation], "file_metadata": {"duration": 10.0, "jams_version": "0.3.4"}, "sandbox": {}})
 
 
@@ -44,25 +59,36 @@ def jams_text(observations: list) -> str:
 def corpus(tmp_path: Path) -> Path:
     """URBAN-SED_v2.0.0 with txt and JAMS annotations, quirks included."""
     ann, audio = tmp_path / "annotations", tmp_path / "audio"
-    write(ann / "train/soundscape_train_bimodal0.txt", "\n".join([
-        "0.5\t2.0\tdog_bark",
-        "1.0\t3.0\tdog_bark",        # overlaps the line above: both kept
-        "9.5\t11.0\tsiren",          # past the 10 s soundscape: kept for the writer
-        "2.0\t2.0\tjackhammer",      # onset == offset
-        "1.0\t2.0\tcow",             # not an UrbanSound8K class
-        "oops",
-    ]) + "\n")
-    write(ann / "train/soundscape_train_bimodal0.jams", jams_text([
-        observation(0.0, 10.0, "brownian", "background"),
-        observation(0.5, 1.5, "dog_bark", "foreground"),
-        observation(9.5, 1.5, "siren", "foreground"),
-        observation(1.0, 1.0, "cow", "foreground"),
-        {"time": 2.0, "duration": 1.0, "confidence": 1.0},
-    ]))
+    write(
+        ann / "train/soundscape_train_bimodal0.txt",
+        "\n".join(
+            [
+                "0.5\t2.0\tdog_bark",
+                "1.0\t3.0\tdog_bark",  # overlaps the line above: both kept
+                "9.5\t11.0\tsiren",  # past the 10 s soundscape: kept for the writer
+                "2.0\t2.0\tjackhammer",  # onset == offset
+                "1.0\t2.0\tcow",  # not an UrbanSound8K class
+                "oops",
+            ]
+        )
+        + "\n",
+    )
+    write(
+        ann / "train/soundscape_train_bimodal0.jams",
+        jams_text(
+            [
+                observation(0.0, 10.0, "brownian", "background"),
+                observation(0.5, 1.5, "dog_bark", "foreground"),
+                observation(9.5, 1.5, "siren", "foreground"),
+                observation(1.0, 1.0, "cow", "foreground"),
+                {"time": 2.0, "duration": 1.0, "confidence": 1.0},
+            ]
+        ),
+    )
     write(ann / "validate/soundscape_validate_uniform3.txt", "0\t1\tgun_shot\n")
     write(ann / "validate/soundscape_validate_uniform3.jams", "{not json")
-    write(ann / "test/soundscape_test_unimodal1.txt", "0\t1\tsiren\n")         # its audio is missing
-    write(ann / "test/soundscape_test_unimodal2.txt", "3\t1\tsiren\n")         # its only event is backwards
+    write(ann / "test/soundscape_test_unimodal1.txt", "0\t1\tsiren\n")  # its audio is missing
+    write(ann / "test/soundscape_test_unimodal2.txt", "3\t1\tsiren\n")  # its only event is backwards
     write(ann / "test/soundscape_test_unimodal2.jams", jams_text([observation(0.0, 10.0, "brownian", "background")]))
     for name in ("train/soundscape_train_bimodal0", "validate/soundscape_validate_uniform3", "test/soundscape_test_unimodal2"):
         write_audio(audio / f"{name}.wav")
@@ -82,29 +108,35 @@ def test_txt_clips_and_skips(corpus: Path) -> None:
     )
     assert clips[1].regions == (ImportedRegion("gun_shot", GUNSHOT, "", 0.0, 1.0),)
     assert clips[0].license == "CC BY 4.0" and "URBAN-SED" in clips[0].attribution
-    assert sorted((s.item_id, s.reason) for s in skips) == sorted([
-        ("urbansed-soundscape_train_bimodal0#line4", "bad-region"),
-        ("urbansed-soundscape_train_bimodal0#line5", "unknown-label"),
-        ("urbansed-soundscape_train_bimodal0#line6", "malformed-row"),
-        ("urbansed-soundscape_test_unimodal1", "missing-file"),
-        ("urbansed-soundscape_test_unimodal2#line1", "bad-region"),
-        ("urbansed-soundscape_test_unimodal2", "no-label"),
-    ])
+    assert sorted((s.item_id, s.reason) for s in skips) == sorted(
+        [
+            ("urbansed-soundscape_train_bimodal0#line4", "bad-region"),
+            ("urbansed-soundscape_train_bimodal0#line5", "unknown-label"),
+            ("urbansed-soundscape_train_bimodal0#line6", "malformed-row"),
+            ("urbansed-soundscape_test_unimodal1", "missing-file"),
+            ("urbansed-soundscape_test_unimodal2#line1", "bad-region"),
+            ("urbansed-soundscape_test_unimodal2", "no-label"),
+        ]
+    )
 
 
 def test_jams_foreground_events_only(corpus: Path) -> None:
     clips, skips = urban_sed.read(corpus, {"format": "jams"})
     # the soundscape with only a background is a clip without events; the one with broken JSON is one skip
     assert [(c.clip_id, c.split) for c in clips] == [
-        ("urbansed-soundscape_test_unimodal2", "test"), ("urbansed-soundscape_train_bimodal0", "train")]
+        ("urbansed-soundscape_test_unimodal2", "test"),
+        ("urbansed-soundscape_train_bimodal0", "train"),
+    ]
     assert clips[0].regions == ()
     assert clips[1].regions == (ImportedRegion("dog_bark", BARK, "", 0.5, 2.0), ImportedRegion("siren", SIREN, "", 9.5, 11.0))
-    assert sorted((s.item_id, s.reason) for s in skips) == sorted([
-        ("urbansed-soundscape_train_bimodal0#event3", "unknown-label"),
-        ("urbansed-soundscape_train_bimodal0#event4", "malformed-row"),
-        ("urbansed-soundscape_validate_uniform3", "malformed-row"),
-        ("urbansed-soundscape_test_unimodal1", "missing-file"),  # it has only a txt, which is read in its place
-    ])
+    assert sorted((s.item_id, s.reason) for s in skips) == sorted(
+        [
+            ("urbansed-soundscape_train_bimodal0#event3", "unknown-label"),
+            ("urbansed-soundscape_train_bimodal0#event4", "malformed-row"),
+            ("urbansed-soundscape_validate_uniform3", "malformed-row"),
+            ("urbansed-soundscape_test_unimodal1", "missing-file"),  # it has only a txt, which is read in its place
+        ]
+    )
 
 
 def test_jams_stored_as_columns_reads_as_the_list_does(corpus: Path) -> None:
@@ -160,8 +192,18 @@ def test_urbansound_class_map_is_the_ontology() -> None:
     ontology = default_ontology()
     with open(urban_sed.URBANSOUND_CLASSES, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [r["label"] for r in rows] == ["air_conditioner", "car_horn", "children_playing", "dog_bark", "drilling",
-                                          "engine_idling", "gun_shot", "jackhammer", "siren", "street_music"]
+    assert [r["label"] for r in rows] == [
+        "air_conditioner",
+        "car_horn",
+        "children_playing",
+        "dog_bark",
+        "drilling",
+        "engine_idling",
+        "gun_shot",
+        "jackhammer",
+        "siren",
+        "street_music",
+    ]
     for row in rows:
         assert ontology.by_mid[row["mid"]].name == row["audioset_name"]
 
@@ -186,5 +228,7 @@ def test_a_jams_nested_200000_deep_is_skipped_and_the_others_read(corpus: Path) 
     write(corpus / "annotations/train/soundscape_train_deep0.jams", "[" * 200_000 + "]" * 200_000)
     clips, skips = urban_sed.read(corpus, {"format": "jams"})
     deep = [s for s in skips if s.item_id == "urbansed-soundscape_train_deep0"]
-    assert [(s.reason, s.detail) for s in deep] == [("malformed-row", "JSON nested deeper than the reader can follow; not a JAMS file")]
+    assert [(s.reason, s.detail) for s in deep] == [
+        ("malformed-row", "JSON nested deeper than the reader can follow; not a JAMS file")
+    ]
     assert "urbansed-soundscape_train_bimodal0" in {c.clip_id for c in clips}

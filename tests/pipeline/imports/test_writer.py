@@ -55,14 +55,25 @@ def imported(import_params, audioset_root, tmp_path):
 def test_every_skip_reason_and_the_missing_share(capsys, imported):
     _, _, out, summary = imported
     assert _skips(out) == {
-        ("abc_def_30000", "unknown-label"), ("gone_clip_10000", "missing-file"), ("nounderscore", "malformed-row"),
-        ("bad_time_0", "malformed-row"), ("corrupt_0", "unreadable"), ("silent_5000", "silent"),
-        ("abc_def_30000#2", "bad-region"), ("evalclip_0", "bad-region"),
+        ("abc_def_30000", "unknown-label"),
+        ("gone_clip_10000", "missing-file"),
+        ("nounderscore", "malformed-row"),
+        ("bad_time_0", "malformed-row"),
+        ("corrupt_0", "unreadable"),
+        ("silent_5000", "silent"),
+        ("abc_def_30000#2", "bad-region"),
+        ("evalclip_0", "bad-region"),
     }
     assert summary["outputs"] == 4 and summary["inputs"] == 7  # six clips with audio listed, one without
     assert summary["missing_audio"] == 1 and summary["missing_audio_share"] == pytest.approx(1 / 7, abs=1e-6)
-    assert summary["skipped_by_reason"] == {"bad-region": 2, "malformed-row": 2, "missing-file": 1, "silent": 1, "unknown-label": 1,
-                                            "unreadable": 1}
+    assert summary["skipped_by_reason"] == {
+        "bad-region": 2,
+        "malformed-row": 2,
+        "missing-file": 1,
+        "silent": 1,
+        "unknown-label": 1,
+        "unreadable": 1,
+    }
     assert sum(summary["rows_by_split"].values()) == 4 and summary["rows_by_split"]["test"] == 1
     assert json.loads((out / "summary.json").read_text()) == summary
     assert "1 of 7 listed clips (14.3%) had no audio" in capsys.readouterr().err
@@ -87,8 +98,10 @@ def test_regions_merge_clip_and_become_phrases(imported):
     rows = _rows(out)
     dog = rows["-0RWZT-miFs_420000"]
     shipped = default_label_phrases()
-    assert [(p.phrase, p.label, p.mid) for p in dog.phrases] == [(shipped["/m/05tny_"][0], "Bark", "/m/05tny_"),
-                                                                 (shipped["/m/09x0r"][0], "Speech", "/m/09x0r")]
+    assert [(p.phrase, p.label, p.mid) for p in dog.phrases] == [
+        (shipped["/m/05tny_"][0], "Bark", "/m/05tny_"),
+        (shipped["/m/09x0r"][0], "Speech", "/m/09x0r"),
+    ]
     bark = dog.phrases[0]
     assert bark.segments == (TimeSpan(0.5, 3.0),)  # 0.5-2.0 and 1.8-3.0 merged
     assert bark.source_clip_ids == () and bark.snr_db == ()
@@ -145,16 +158,28 @@ def test_own_captions_text_phrases_and_clips_without_regions(import_params, tmp_
     for name in ("a", "b"):
         write_tone(root / f"{name}.wav", 3.0, 16000, 440.0)
     clips = [
-        ImportedClip("a", "a.wav", "train", ("A dog barks twice.", "second caption"),
-                     (ImportedRegion("", "", "a dog barks", 0.0, 1.0), ImportedRegion("", "", "a dog barks", 1.0, 1.5),
-                      ImportedRegion("", "", "a car passes", 0.5, 2.5)), "CC-BY 4.0", "a by someone"),
+        ImportedClip(
+            "a",
+            "a.wav",
+            "train",
+            ("A dog barks twice.", "second caption"),
+            (
+                ImportedRegion("", "", "a dog barks", 0.0, 1.0),
+                ImportedRegion("", "", "a dog barks", 1.0, 1.5),
+                ImportedRegion("", "", "a car passes", 0.5, 2.5),
+            ),
+            "CC-BY 4.0",
+            "a by someone",
+        ),
         ImportedClip("b", "b.wav", "train", ("Rain on a roof.",), (), "CC0", ""),
     ]
     write_import(clips, [], root, tmp_path / "out", import_params, "tacos", index=MidIndex())
     rows = _rows(tmp_path / "out")
     assert rows["a"].caption == "A dog barks twice."
-    assert [(p.phrase, p.segments) for p in rows["a"].phrases] == [("a dog barks", (TimeSpan(0.0, 1.5),)),
-                                                                    ("a car passes", (TimeSpan(0.5, 2.5),))]
+    assert [(p.phrase, p.segments) for p in rows["a"].phrases] == [
+        ("a dog barks", (TimeSpan(0.0, 1.5),)),
+        ("a car passes", (TimeSpan(0.5, 2.5),)),
+    ]
     assert rows["b"].caption == "Rain on a roof." and rows["b"].phrases == ()
     assert rows["a"].license == "CC-BY" and rows["b"].license == "CC0"
     low = list(csv.reader(open(tmp_path / "out" / "clusters" / "low_similarity.csv")))
@@ -169,8 +194,10 @@ def test_a_missing_annotation_file_is_not_a_clip_without_audio(import_params, tm
     root = tmp_path / "corpus"
     write_tone(root / "a.wav", 2.0, 16000, 440.0)
     clips = [ImportedClip("a", "a.wav", "test", (), (ImportedRegion("Bark", "/m/05tny_", "", 0.0, 1.0),), "", "")]
-    skips = [Skip("metadata/eval/public.tsv", "metadata/eval/public.tsv", "missing-file", "not there"),  # a file, not a clip
-             Skip("b", "audio/b.wav", "missing-file", "listed, no audio")]
+    skips = [
+        Skip("metadata/eval/public.tsv", "metadata/eval/public.tsv", "missing-file", "not there"),  # a file, not a clip
+        Skip("b", "audio/b.wav", "missing-file", "listed, no audio"),
+    ]
     summary = write_import(clips, skips, root, tmp_path / "out", import_params, "desed", index=MidIndex())
     assert summary["missing_audio"] == 1 and summary["missing_audio_share"] == 0.5  # b of {a, b}
 
@@ -188,9 +215,20 @@ def test_template_captions_follow_time_and_a_per_clip_seed():
 
 def test_region_rules():
     assert merge_spans([(2.0, 3.0), (0.0, 1.0), (1.0, 1.5), (2.5, 2.6)]) == (TimeSpan(0.0, 1.5), TimeSpan(2.0, 3.0))
-    clip = ImportedClip("c", "c.wav", "train", (), (
-        ImportedRegion("Speech", "/m/09x0r", "", -1.0, 1.0), ImportedRegion("Speech", "/m/09x0r", "", 2.0, 2.0),
-        ImportedRegion("Speech", "/m/09x0r", "", 5.0, 6.0), ImportedRegion("Some_new_Label", "", "", 1.0, 9.0)), "", "")
+    clip = ImportedClip(
+        "c",
+        "c.wav",
+        "train",
+        (),
+        (
+            ImportedRegion("Speech", "/m/09x0r", "", -1.0, 1.0),
+            ImportedRegion("Speech", "/m/09x0r", "", 2.0, 2.0),
+            ImportedRegion("Speech", "/m/09x0r", "", 5.0, 6.0),
+            ImportedRegion("Some_new_Label", "", "", 1.0, 9.0),
+        ),
+        "",
+        "",
+    )
     phrases, skips = clip_phrases(clip, 4.0, {})
     assert [(s.item_id, s.reason) for s in skips] == [("c#0", "bad-region"), ("c#1", "bad-region"), ("c#2", "bad-region")]
     assert phrases == [("some new label", "Some_new_Label", "", (TimeSpan(1.0, 4.0),))]
@@ -217,10 +255,27 @@ def test_stage_errors_name_the_kinds_and_the_root(import_params, tmp_path):
 def test_cli_import_reads_options_and_the_out_folder(audioset_root, tmp_path, monkeypatch, capsys):
     from sedsynth import cli
 
-    monkeypatch.setattr("pipeline.stages.imports.write_import", lambda clips, skips, root, out, params, kind, index=None:
-                        capsys.readouterr() and print(f"{kind} {len(clips)} {out} {params.compute.workers}") or {})
-    code = cli.main(["import", "audioset-strong", str(audioset_root), "--out", str(tmp_path / "o"), "--option", "valid_fraction=0.5",
-                     "--option", "patterns=[\"{segment_id}.wav\"]", "--set", "compute.workers=1"])
+    monkeypatch.setattr(
+        "pipeline.stages.imports.write_import",
+        lambda clips, skips, root, out, params, kind, index=None: (
+            capsys.readouterr() and print(f"{kind} {len(clips)} {out} {params.compute.workers}") or {}
+        ),
+    )
+    code = cli.main(
+        [
+            "import",
+            "audioset-strong",
+            str(audioset_root),
+            "--out",
+            str(tmp_path / "o"),
+            "--option",
+            "valid_fraction=0.5",
+            "--option",
+            'patterns=["{segment_id}.wav"]',
+            "--set",
+            "compute.workers=1",
+        ]
+    )
     assert code == 0
     assert capsys.readouterr().out.strip() == f"audioset-strong 4 {tmp_path / 'o'} 1"  # .wav names only: four clips found
     assert cli.main(["import", "nope", str(audioset_root)]) == 2
@@ -230,25 +285,44 @@ def test_cli_import_reads_options_and_the_out_folder(audioset_root, tmp_path, mo
 @pytest.mark.parametrize("binary_limit", [2**31, 0])  # 0: the path for row groups beyond 32-bit offsets
 def test_row_group_table_is_the_table_of_the_records(tmp_path, monkeypatch, binary_limit):
     monkeypatch.setattr("pipeline.shards.writer.BINARY_DATA_LIMIT_BYTES", binary_limit)
-    clips = [ImportedClip("a/1", "a.wav", "train", (), (ImportedRegion("Bark", "/m/05tny_", "", 0.5, 1.0),), "CC-BY 4.0", "by x"),
-             ImportedClip("b", "b.wav", "train", ("Own caption.",), (), "", "")]
+    clips = [
+        ImportedClip("a/1", "a.wav", "train", (), (ImportedRegion("Bark", "/m/05tny_", "", 0.5, 1.0),), "CC-BY 4.0", "by x"),
+        ImportedClip("b", "b.wav", "train", ("Own caption.",), (), "", ""),
+    ]
     spans = (TimeSpan(0.5, 1.0), TimeSpan(2.0, 3.5))
     phrases = [[("a dog barking", "Bark", "/m/05tny_", spans)], []]
     items = []
     for n, (clip, ph) in enumerate(zip(clips, phrases)):
         data = bytes([n]) * (100 + n)
         (tmp_path / f"{n}.flac").write_bytes(data)
-        items.append((clip, PreparedAudio(clip.clip_id, f"{n}.flac", len(data), hashlib.sha256(data).hexdigest(), 16000 + n, 44100, 2, False), ph))
+        items.append(
+            (
+                clip,
+                PreparedAudio(clip.clip_id, f"{n}.flac", len(data), hashlib.sha256(data).hexdigest(), 16000 + n, 44100, 2, False),
+                ph,
+            )
+        )
     cluster_of = {("a dog barking", "Bark", "/m/05tny_"): 7}
     schema = shard_schema(16000)
     table = row_group_table(items, tmp_path, schema, 16000, 3, cluster_of, ["One {}."], "empty")
-    records = [ShardRow(id=c.clip_id, audio=AudioFile(bytes([n]) * (100 + n), c.clip_id.replace("/", "_") + ".flac"),
-                        audio_sha256=a.sha256, sample_rate_hz=16000, duration_s=a.num_frames / 16000,
-                        caption=clip_caption(c, [p[0] for p in ph], ["One {}."], 3, "empty"),
-                        phrases=tuple(ShardPhrase(p, lab, mid, cluster_of[(p, lab, mid)], segs, (), ()) for p, lab, mid, segs in ph),
-                        background_id="", split=c.split, license="CC-BY" if c.license else "unknown",
-                        licenses=("CC-BY" if c.license else "unknown",), attribution=(c.attribution,) if c.attribution else (), seed=3)
-               for n, (c, a, ph) in enumerate(items)]
+    records = [
+        ShardRow(
+            id=c.clip_id,
+            audio=AudioFile(bytes([n]) * (100 + n), c.clip_id.replace("/", "_") + ".flac"),
+            audio_sha256=a.sha256,
+            sample_rate_hz=16000,
+            duration_s=a.num_frames / 16000,
+            caption=clip_caption(c, [p[0] for p in ph], ["One {}."], 3, "empty"),
+            phrases=tuple(ShardPhrase(p, lab, mid, cluster_of[(p, lab, mid)], segs, (), ()) for p, lab, mid, segs in ph),
+            background_id="",
+            split=c.split,
+            license="CC-BY" if c.license else "unknown",
+            licenses=("CC-BY" if c.license else "unknown",),
+            attribution=(c.attribution,) if c.attribution else (),
+            seed=3,
+        )
+        for n, (c, a, ph) in enumerate(items)
+    ]
     assert table.equals(to_table(records, ShardRow).cast(schema), check_metadata=True)
 
 

@@ -27,8 +27,14 @@ HOP_S = 0.02
 def _context(overrides: dict, preset: str = "finelap", seed: int = 0, clips=None) -> MixContext:
     sources, default_clips, segments = bank()
     clips = list(default_clips if clips is None else clips)
-    return MixContext(resolve_spec(preset, overrides, sample_rate_hz=SR), seed, RelabelParams(), sources,
-                      events={s: clips for s in SPLITS}, backgrounds={s: list(segments) for s in SPLITS})
+    return MixContext(
+        resolve_spec(preset, overrides, sample_rate_hz=SR),
+        seed,
+        RelabelParams(),
+        sources,
+        events={s: clips for s in SPLITS},
+        backgrounds={s: list(segments) for s in SPLITS},
+    )
 
 
 def _peak_hz(x: np.ndarray) -> float:
@@ -74,7 +80,20 @@ def test_reverberate_is_dry_plus_convolution() -> None:
 
 
 def test_fft_sizes_are_fast_and_at_most_a_quarter_above_the_length() -> None:
-    lengths = [1, 2, 7, 8, 9, 17, 1000, 4097, 60000, 61441, 160000 + 15000, *np.random.default_rng(0).integers(1, 10**6, 500).tolist()]
+    lengths = [
+        1,
+        2,
+        7,
+        8,
+        9,
+        17,
+        1000,
+        4097,
+        60000,
+        61441,
+        160000 + 15000,
+        *np.random.default_rng(0).integers(1, 10**6, 500).tolist(),
+    ]
     for n in lengths:
         size = augment.fft_size(n)
         m = size
@@ -107,7 +126,7 @@ def test_room_files_are_unit_energy_and_cut_at_the_inaudible_tail(tmp_path) -> N
     assert r[0] == pytest.approx(r.max()) and r[0] > 0  # the direct sound is not delayed
     full = h[37:] / np.sqrt(np.sum(h**2))
     assert np.sum(r**2) == pytest.approx(1.0, abs=1e-6)
-    remaining_db = 10 * np.log10(np.sum(full[r.shape[0]:] ** 2))
+    remaining_db = 10 * np.log10(np.sum(full[r.shape[0] :] ** 2))
     assert -71.0 < remaining_db <= -70.0 + 1e-6
     with pytest.raises(augment.AugmentError, match="not a folder"):
         augment.room_files(str(tmp_path / "missing"))
@@ -119,7 +138,9 @@ def test_simulated_rooms_reverberate_for_about_their_rt60() -> None:
     energy_db = 10 * np.log10(np.maximum(np.cumsum((h**2)[::-1])[::-1], 1e-30))
     t20 = (np.argmax(energy_db < -25.0) - np.argmax(energy_db < -5.0)) / SR * 3  # T20, scaled to 60 dB
     assert 0.3 < t20 < 0.8
-    assert augment.draw_room(np.random.default_rng(1), *_room_dists()) == augment.draw_room(np.random.default_rng(1), *_room_dists())
+    assert augment.draw_room(np.random.default_rng(1), *_room_dists()) == augment.draw_room(
+        np.random.default_rng(1), *_room_dists()
+    )
 
 
 def _room_dists():
@@ -165,7 +186,11 @@ def test_augmented_recipes_re_render_identically(name: str) -> None:
 
 def test_repeats_of_a_reverberated_event_are_made_once_and_judged_as_a_fresh_render_judges_them() -> None:
     ctx = _context({**AUGMENTED["reverb"], "repetition": {"probability": 1.0, "count": ["const", 3]}})
-    m = next(m for m in (instantiate(ctx, "train", i, f"m{i}", "x") for i in range(8)) if any(o.role == "repeat" for o in m.occurrences))
+    m = next(
+        m
+        for m in (instantiate(ctx, "train", i, f"m{i}", "x") for i in range(8))
+        if any(o.role == "repeat" for o in m.occurrences)
+    )
     repeats = [o for o in m.occurrences if o.role == "repeat" and o.rir_id]
     parts = [occurrence_signal(ctx.sources, o) for o in repeats]
     assert all(not x.flags.writeable for x in parts)  # kept samples cannot be changed by a caller
@@ -232,8 +257,11 @@ def test_flam_pools_draw_each_mixture_from_one_pool_by_its_share() -> None:
 
 def test_spec_refuses_contradictory_augmentation_knobs() -> None:
     with pytest.raises(SpecError, match="varispeed"):
-        resolve_spec("finelap", {"stretch_method": "varispeed", "pitch_shift_semitones": ["const", 1],
-                                 "time_stretch_factor": ["const", 1.1]}, sample_rate_hz=SR)
+        resolve_spec(
+            "finelap",
+            {"stretch_method": "varispeed", "pitch_shift_semitones": ["const", 1], "time_stretch_factor": ["const", 1.1]},
+            sample_rate_hz=SR,
+        )
     with pytest.raises(SpecError, match="add up to 1"):
         resolve_spec("finelap", {"pools": {"a": {"share": 0.5, "datasets": ["fsd50k"]}}}, sample_rate_hz=SR)
     with pytest.raises(SpecError, match="stretch_method"):
@@ -262,15 +290,49 @@ def _burst_labels(tmp_path, level_dbfs: float, rt60_s: float | None) -> tuple[fl
         [rid] = augment.room_files(str(tmp_path))
     tail = augment.tail_samples(rid, SR)
     occ = EventOccurrence(
-        mixture_id="m", occurrence_index=0, event_index=0, role="whole", clip_id="burst", label="Hiss", mid="/m/07rjwbb",
-        source_in_s=0.0, source_out_s=1.0, onset_s=1.0, offset_s=min(2 * SR + tail, 4 * SR) / SR, fade_in_s=0.0, fade_out_s=0.0,
-        gain_db=0.0, snr_db=0.0, realised_snr_db=0.0, license="CC0", rir_id=rid, reverb_wet_db=0.0, reverb_dry_db=-120.0,
+        mixture_id="m",
+        occurrence_index=0,
+        event_index=0,
+        role="whole",
+        clip_id="burst",
+        label="Hiss",
+        mid="/m/07rjwbb",
+        source_in_s=0.0,
+        source_out_s=1.0,
+        onset_s=1.0,
+        offset_s=min(2 * SR + tail, 4 * SR) / SR,
+        fade_in_s=0.0,
+        fade_out_s=0.0,
+        gain_db=0.0,
+        snr_db=0.0,
+        realised_snr_db=0.0,
+        license="CC0",
+        rir_id=rid,
+        reverb_wet_db=0.0,
+        reverb_dry_db=-120.0,
     )
     recipe = MixtureRecipe(
-        mixture_id="m", split="train", index=0, audio_path="x", duration_s=4.0, num_samples=4 * SR, sample_rate_hz=SR,
-        level_mode="rms", background_id="quiet", background_offset_s=0.0, background_gain_db=0.0, background_level_db=-120.0,
-        mixture_gain_db=0.0, peak_dbfs=0.0, num_events=1, num_occurrences=1, max_polyphony=1, labels=("Hiss",), license="CC0",
-        licenses=("CC0",), attribution=(),
+        mixture_id="m",
+        split="train",
+        index=0,
+        audio_path="x",
+        duration_s=4.0,
+        num_samples=4 * SR,
+        sample_rate_hz=SR,
+        level_mode="rms",
+        background_id="quiet",
+        background_offset_s=0.0,
+        background_gain_db=0.0,
+        background_level_db=-120.0,
+        mixture_gain_db=0.0,
+        peak_dbfs=0.0,
+        num_events=1,
+        num_occurrences=1,
+        max_polyphony=1,
+        labels=("Hiss",),
+        license="CC0",
+        licenses=("CC0",),
+        attribution=(),
     )
     ctx = MixContext(resolve_spec("finelap", sample_rate_hz=SR), 0, RelabelParams(), sources, {}, {})
     [label] = relabel_mixture(ctx, recipe, [occ], segment, {"burst": clip})
@@ -307,5 +369,9 @@ def test_jams_export_is_refused_for_augmented_mixtures() -> None:
     from tests.conftest import ROOT
 
     with pytest.raises(ParamsError, match=r"mix.export.jams.*\(reverb\).*set mix.export.jams: false"):
-        load_params(ROOT / "params.yaml", {"mix": {"export": {"jams": True}, "spec": {"reverb": {"probability": 0.5}}}}, skip_sections=SKIP)
+        load_params(
+            ROOT / "params.yaml",
+            {"mix": {"export": {"jams": True}, "spec": {"reverb": {"probability": 0.5}}}},
+            skip_sections=SKIP,
+        )
     assert load_params(ROOT / "params.yaml", {"mix": {"export": {"jams": True}}}, skip_sections=SKIP).mix.export.jams

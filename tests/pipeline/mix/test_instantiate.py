@@ -55,12 +55,32 @@ def event_clip(clip_id: str, q: np.ndarray, label: str, mid: str) -> EventClip:
     _, rms, peak, lufs, env = _levels(q)
     n = int(q.shape[0])
     return EventClip(
-        clip_id=clip_id, audio_path=f"{clip_id}.flac", source_dataset="FSD50K", source_id=clip_id, source_split="train",
-        source_path=f"{clip_id}.wav", label=label, mid=mid, audioset_name=label, onset_in_source_s=0.0,
-        offset_in_source_s=n / SR, duration_s=n / SR, num_samples=n, sample_rate_hz=SR, source_sample_rate_hz=SR,
-        source_channels=1, rms_dbfs=rms, peak_dbfs=peak, loudness_lufs=lufs, envelope_frame_s=FRAME_S,
-        envelope_hop_s=HOP_S, envelope_db=env, license_url="http://creativecommons.org/publicdomain/zero/1.0/",
-        license="CC0", uploader="tester", title=f"clip {clip_id}",
+        clip_id=clip_id,
+        audio_path=f"{clip_id}.flac",
+        source_dataset="FSD50K",
+        source_id=clip_id,
+        source_split="train",
+        source_path=f"{clip_id}.wav",
+        label=label,
+        mid=mid,
+        audioset_name=label,
+        onset_in_source_s=0.0,
+        offset_in_source_s=n / SR,
+        duration_s=n / SR,
+        num_samples=n,
+        sample_rate_hz=SR,
+        source_sample_rate_hz=SR,
+        source_channels=1,
+        rms_dbfs=rms,
+        peak_dbfs=peak,
+        loudness_lufs=lufs,
+        envelope_frame_s=FRAME_S,
+        envelope_hop_s=HOP_S,
+        envelope_db=env,
+        license_url="http://creativecommons.org/publicdomain/zero/1.0/",
+        license="CC0",
+        uploader="tester",
+        title=f"clip {clip_id}",
     )
 
 
@@ -68,10 +88,26 @@ def background_segment(segment_id: str, q: np.ndarray) -> BackgroundSegment:
     _, rms, peak, lufs, env = _levels(q)
     n = int(q.shape[0])
     return BackgroundSegment(
-        segment_id=segment_id, audio_path=f"{segment_id}.flac", source_id=segment_id, source_path=f"{segment_id}.wav",
-        category="park", offset_in_source_s=0.0, duration_s=n / SR, num_samples=n, sample_rate_hz=SR,
-        source_sample_rate_hz=SR, source_channels=1, rms_dbfs=rms, peak_dbfs=peak, loudness_lufs=lufs,
-        peak_to_median_db=3.0, envelope_frame_s=FRAME_S, envelope_hop_s=HOP_S, envelope_db=env, license="CC0", author="tester",
+        segment_id=segment_id,
+        audio_path=f"{segment_id}.flac",
+        source_id=segment_id,
+        source_path=f"{segment_id}.wav",
+        category="park",
+        offset_in_source_s=0.0,
+        duration_s=n / SR,
+        num_samples=n,
+        sample_rate_hz=SR,
+        source_sample_rate_hz=SR,
+        source_channels=1,
+        rms_dbfs=rms,
+        peak_dbfs=peak,
+        loudness_lufs=lufs,
+        peak_to_median_db=3.0,
+        envelope_frame_s=FRAME_S,
+        envelope_hop_s=HOP_S,
+        envelope_db=env,
+        license="CC0",
+        author="tester",
     )
 
 
@@ -116,8 +152,14 @@ def spec_for(preset: str) -> MixSpec:
 
 def context(spec: MixSpec, seed: int = 0) -> MixContext:
     sources, clips, segments = bank()
-    return MixContext(spec, seed, RelabelParams(), sources, events={s: list(clips) for s in SPLITS},
-                      backgrounds={s: list(segments) for s in SPLITS})
+    return MixContext(
+        spec,
+        seed,
+        RelabelParams(),
+        sources,
+        events={s: list(clips) for s in SPLITS},
+        backgrounds={s: list(segments) for s in SPLITS},
+    )
 
 
 @lru_cache(maxsize=None)
@@ -127,7 +169,9 @@ def shared_context(preset: str, seed: int) -> MixContext:
 
 
 def make(preset: str, seed: int, split: str, index: int) -> Mixture:
-    return instantiate(shared_context(preset, seed), split, index, f"{split}_{index:06d}", f"audio/{split}/{split}_{index:06d}.flac")
+    return instantiate(
+        shared_context(preset, seed), split, index, f"{split}_{index:06d}", f"audio/{split}/{split}_{index:06d}.flac"
+    )
 
 
 def _samples(t_s: float) -> int:
@@ -225,8 +269,15 @@ VARIANTS = {
     "peak-always": ("flam", {"normalize": {"peak": "always", "peak_dbfs": -3.0}}),
     "saturating": ("finelap", {"normalize": {"peak": "never", "peak_dbfs": -0.45, "loudness_lufs": 0.0}}),
     "local-mode": ("flam", {"level_mode": "local", "fade_in_s": ["uniform", 0.0, 0.3]}),
-    "ref-db-rms": ("finelap", {"ref_db": -30.0, "duration_s": ["uniform", 4.0, 10.0], "source_time_s": ["uniform", 0.0, "fit"],
-                               "event_duration_s": ["uniform", 0.3, 3.0]}),
+    "ref-db-rms": (
+        "finelap",
+        {
+            "ref_db": -30.0,
+            "duration_s": ["uniform", 4.0, 10.0],
+            "source_time_s": ["uniform", 0.0, "fit"],
+            "event_duration_s": ["uniform", 0.3, 3.0],
+        },
+    ),
 }
 
 
@@ -300,7 +351,9 @@ def test_instantiate_is_draw_then_render_then_relabel() -> None:
     assert drawn.recipe.mixture_gain_db == 0.0 and all(math.isnan(o.realised_snr_db) for o in drawn.occurrences)
     assert [o.occurrence_index for o in drawn.occurrences] == list(range(len(drawn.occurrences)))
     assert [o.onset_s for o in drawn.occurrences] == sorted(o.onset_s for o in drawn.occurrences)
-    assert set(drawn.clips) == {o.clip_id for o in drawn.occurrences} and drawn.background.segment_id == drawn.recipe.background_id
+    assert (
+        set(drawn.clips) == {o.clip_id for o in drawn.occurrences} and drawn.background.segment_id == drawn.recipe.background_id
+    )
     recipe, occurrences, audio = render_mixture(ctx, drawn)
     segments = relabel_mixture(ctx, recipe, occurrences, drawn.background, drawn.clips)
     m = instantiate(context(spec_for("flam"), seed=2), "train", 7, "m", "x.flac")
@@ -339,7 +392,11 @@ def test_mixture_depends_on_seed_and_split() -> None:
     ("preset", "overrides", "match"),
     [
         ("finelap", {"max_polyphonyy": 2}, r"unknown key 'max_polyphonyy'; did you mean 'max_polyphony'\?"),
-        ("finelap", {"repetition": {"probabilty": 0.5}}, r"unknown key 'repetition.probabilty'; did you mean 'repetition.probability'\?"),
+        (
+            "finelap",
+            {"repetition": {"probabilty": 0.5}},
+            r"unknown key 'repetition.probabilty'; did you mean 'repetition.probability'\?",
+        ),
         ("finelap", {"snr_db": ["uniform", 30, 6]}, r"'snr_db'.*lo <= hi"),
         ("finelap", {"onset_s": ["truncnorm", 5.0, 2.0, 10.0, 0.0]}, r"'onset_s'.*lo <= hi"),
         ("finelap", {"events_per_mixture": ["uniform", 1, 5]}, r"'events_per_mixture' draws a count"),
@@ -348,7 +405,11 @@ def test_mixture_depends_on_seed_and_split() -> None:
         ("finelap", {"fade_in_s": ["const", -0.01]}, r"'fade_in_s' must not produce negative values"),
         ("finelap", {"fade_out_s": ["uniform", -0.01, 0.01]}, r"'fade_out_s' must not produce negative values"),
         ("finelap", {"fade_out_s": ["normal", 0.01, 0.005]}, r"'fade_out_s' must not produce negative values"),
-        ("finelap", {"repetition": {"probability": 0.7}, "splitting": {"probability": 0.5}}, r"'repetition.probability' plus splitting.probability"),
+        (
+            "finelap",
+            {"repetition": {"probability": 0.7}, "splitting": {"probability": 0.5}},
+            r"'repetition.probability' plus splitting.probability",
+        ),
         ("flam", {"splitting": {"probability": 0.95}}, r"'repetition.probability' plus splitting.probability"),
         ("finelap", {"repetition": {"probability": 1.5}}, r"'repetition.probability' must be a probability"),
         ("finelap", {"sample_rate_hz": ["const", 48000]}, r"'sample_rate_hz' is not a knob.*top-level sample_rate_hz"),
@@ -377,7 +438,9 @@ def test_unknown_preset() -> None:
 def test_presets_resolve_and_round_trip(preset: str) -> None:
     spec = resolve_spec(preset, sample_rate_hz=SR)
     assert spec.preset == preset
-    again = resolve_spec(preset, {k: v for k, v in spec.to_dict().items() if k not in ("preset", "sample_rate_hz")}, sample_rate_hz=SR)
+    again = resolve_spec(
+        preset, {k: v for k, v in spec.to_dict().items() if k not in ("preset", "sample_rate_hz")}, sample_rate_hz=SR
+    )
     assert again == spec
 
 
@@ -393,12 +456,20 @@ def test_every_preset_mixes_at_the_rate_it_is_given(preset: str) -> None:
 
 def test_resolution_is_cached_by_canonical_overrides() -> None:
     """Equal overrides in any key order share one resolved spec; another rate or knob is another spec."""
-    a = resolve_spec("flam", {"snr_db": ["uniform", 6, 30], "repetition": {"probability": 0.2, "overlap": True}}, sample_rate_hz=SR)
-    b = resolve_spec("flam", {"repetition": {"overlap": True, "probability": 0.2}, "snr_db": ("uniform", 6, 30)}, sample_rate_hz=SR)
+    a = resolve_spec(
+        "flam", {"snr_db": ["uniform", 6, 30], "repetition": {"probability": 0.2, "overlap": True}}, sample_rate_hz=SR
+    )
+    b = resolve_spec(
+        "flam", {"repetition": {"overlap": True, "probability": 0.2}, "snr_db": ("uniform", 6, 30)}, sample_rate_hz=SR
+    )
     assert a is b
     assert resolve_spec("flam", {"snr_db": ["uniform", 6, 30]}, sample_rate_hz=SR) is not a
-    assert resolve_spec("flam", {"snr_db": ["uniform", 6, 30], "repetition": {"probability": 0.2, "overlap": True}},
-                        sample_rate_hz=22050).sample_rate_hz == 22050
+    assert (
+        resolve_spec(
+            "flam", {"snr_db": ["uniform", 6, 30], "repetition": {"probability": 0.2, "overlap": True}}, sample_rate_hz=22050
+        ).sample_rate_hz
+        == 22050
+    )
     with pytest.raises(SpecError, match="must map knob names"):  # YAML allows a number as a key
         resolve_spec("flam", {1: 2, "snr_db": 3}, sample_rate_hz=SR)
 
@@ -420,7 +491,9 @@ def test_params_yaml_lists_the_finelap_knobs() -> None:
 
 
 def test_overrides_apply() -> None:
-    spec = resolve_spec("flam", {"max_polyphony": 2, "snr_db": ["uniform", 6, 30], "repetition": {"probability": 0.2}}, sample_rate_hz=8000)
+    spec = resolve_spec(
+        "flam", {"max_polyphony": 2, "snr_db": ["uniform", 6, 30], "repetition": {"probability": 0.2}}, sample_rate_hz=8000
+    )
     assert spec.max_polyphony == 2 and spec.sample_rate_hz == 8000
     assert spec.snr_db.bounds() == (6, 30)
     assert spec.repetition.probability == 0.2 and spec.repetition.count.values == (2, 3)  # siblings kept

@@ -33,14 +33,26 @@ ALL = list(SPLITS)
 
 def library_events(files_per_label: dict[str, int]) -> list:
     """Library event records: ``<label>/<label><i>.wav`` for each label's file count."""
-    return [replace(event_clip(f"{label}-{i}", QUIET, label, ""), source_dataset=LIBRARY_DATASET, source_split="",
-                    source_id=f"{label}/{label}{i}.wav", source_path=f"{label}/{label}{i}.wav", license="CC-BY")
-            for label, n in files_per_label.items() for i in range(n)]
+    return [
+        replace(
+            event_clip(f"{label}-{i}", QUIET, label, ""),
+            source_dataset=LIBRARY_DATASET,
+            source_split="",
+            source_id=f"{label}/{label}{i}.wav",
+            source_path=f"{label}/{label}{i}.wav",
+            license="CC-BY",
+        )
+        for label, n in files_per_label.items()
+        for i in range(n)
+    ]
 
 
 def backgrounds_of(recordings: int, segments: int) -> list:
-    return [replace(background_segment(f"r{r}-{k}", QUIET), source_id=f"rec{r}", source_path=f"amb/rec{r}.wav", license="CC-BY")
-            for r in range(recordings) for k in range(segments)]
+    return [
+        replace(background_segment(f"r{r}-{k}", QUIET), source_id=f"rec{r}", source_path=f"amb/rec{r}.wav", license="CC-BY")
+        for r in range(recordings)
+        for k in range(segments)
+    ]
 
 
 def pools_by_id(pools: dict) -> dict[str, list[str]]:
@@ -55,16 +67,19 @@ def spec_for(p: MixParams, **knobs):
     return resolve_spec(p.preset, {**p.spec, **knobs}, sample_rate_hz=16000)
 
 
-@pytest.mark.parametrize(("n", "needed", "expected"), [
-    (1, ALL, (1, 0, 0)),
-    (2, ALL, (1, 0, 1)),  # train and test: a label is learnt and scored before it is calibrated
-    (3, ALL, (1, 1, 1)),
-    (5, ALL, (3, 1, 1)),
-    (10, ALL, (8, 1, 1)),
-    (20, ALL, (16, 2, 2)),
-    (3, ["train", "test"], (2, 0, 1)),  # no valid mixtures: no file is held for them
-    (2, ["valid", "test"], (0, 1, 1)),
-])
+@pytest.mark.parametrize(
+    ("n", "needed", "expected"),
+    [
+        (1, ALL, (1, 0, 0)),
+        (2, ALL, (1, 0, 1)),  # train and test: a label is learnt and scored before it is calibrated
+        (3, ALL, (1, 1, 1)),
+        (5, ALL, (3, 1, 1)),
+        (10, ALL, (8, 1, 1)),
+        (20, ALL, (16, 2, 2)),
+        (3, ["train", "test"], (2, 0, 1)),  # no valid mixtures: no file is held for them
+        (2, ["valid", "test"], (0, 1, 1)),
+    ],
+)
 def test_a_labels_files_follow_the_holdout_and_reach_every_split_they_can(n, needed, expected) -> None:
     counts = label_counts(n, DEFAULT, needed)
     assert tuple(counts[s] for s in SPLITS) == expected and sum(counts.values()) == n
@@ -77,7 +92,10 @@ def test_every_label_of_a_library_reaches_every_split_and_small_labels_go_where_
     event_pools, _ = assign_splits(events, backgrounds_of(1, 1), p, spec_for(p, events_per_mixture=["const", 1]), seed=3)
     coverage = label_coverage(event_pools)
     assert {label: tuple(c[s] for s in SPLITS) for label, c in coverage.items()} == {
-        **{f"label{k}": (3, 1, 1) for k in range(8)}, "pair": (1, 0, 1), "single": (1, 0, 0)}
+        **{f"label{k}": (3, 1, 1) for k in range(8)},
+        "pair": (1, 0, 1),
+        "single": (1, 0, 0),
+    }
     assert {e.clip_id for s in SPLITS for e in event_pools[s]} == {e.clip_id for e in events}, "every file in one split"
 
     again, _ = assign_splits(events[::-1], backgrounds_of(1, 1), p, spec_for(p, events_per_mixture=["const", 1]), seed=3)
@@ -101,8 +119,14 @@ def test_a_file_added_to_one_label_moves_no_file_of_another() -> None:
 
 def test_the_clip_stages_events_and_recordings_split_as_before() -> None:
     """FSD50K's split (the default), event_split: random and whole recordings: the same pools as the rule they always had."""
-    events = [replace(event_clip(f"e{i}", QUIET, ("Bark", "Siren", "Knock")[i % 3], ""), source_id=f"clip{i // 2}",
-                      source_split=("train", "val", "eval")[i % 4 % 3]) for i in range(60)]
+    events = [
+        replace(
+            event_clip(f"e{i}", QUIET, ("Bark", "Siren", "Knock")[i % 3], ""),
+            source_id=f"clip{i // 2}",
+            source_split=("train", "val", "eval")[i % 4 % 3],
+        )
+        for i in range(60)
+    ]
     backgrounds = backgrounds_of(12, 3)
     fractions = DEFAULT
     by_recording = allocate_groups([b.source_id for b in backgrounds], fractions, ALL, 7, "backgrounds")
@@ -126,7 +150,9 @@ def test_background_split_segment_and_shared() -> None:
     spec = spec_for(p, events_per_mixture=["const", 1])
     _, pools = assign_splits(events, backgrounds, p, spec, seed=3)
     assert sorted(len(pools[s]) for s in SPLITS) == [2, 2, 16] and pools_by_id(pools)["train"]
-    assert sorted(sum((pools_by_id(pools)[s] for s in SPLITS), [])) == sorted(b.segment_id for b in backgrounds), "each segment once"
+    assert sorted(sum((pools_by_id(pools)[s] for s in SPLITS), [])) == sorted(b.segment_id for b in backgrounds), (
+        "each segment once"
+    )
     owners: dict[str, set[str]] = {}
     for s in SPLITS:
         for b in pools[s]:
@@ -141,8 +167,11 @@ def test_too_few_recordings_name_background_split_and_too_few_segments_name_shar
     events = library_events({"a": 5})
     p = params()
     spec = spec_for(p, events_per_mixture=["const", 1])
-    with pytest.raises(MixError, match=r"2 recordings cannot give each of the 3 splits .* whatever mix.holdout says; "
-                                       r"set mix.background_split: segment .* or shared"):
+    with pytest.raises(
+        MixError,
+        match=r"2 recordings cannot give each of the 3 splits .* whatever mix.holdout says; "
+        r"set mix.background_split: segment .* or shared",
+    ):
         assign_splits(events, backgrounds_of(2, 1), p, spec, seed=3)
     with pytest.raises(MixError, match=r"2 segments cannot give each of the 3 splits .*; set mix.background_split: shared"):
         assign_splits(events, backgrounds_of(2, 1), replace(p, background_split="segment"), spec, seed=3)
@@ -168,7 +197,9 @@ def test_licence_skips_of_a_library_name_the_users_files() -> None:
     *_, skips, _ = filter_licenses(events, backgrounds, ("CC0",), from_library=("events", "backgrounds"))
     assert sorted(s.path for s in skips) == ["dog_bark/dog_bark0.wav", "dog_bark/dog_bark1.wav", "park/park.wav", "park/park.wav"]
     *_, stage_skips, _ = filter_licenses(events, backgrounds, ("CC0",))
-    assert sorted(s.path for s in stage_skips) == sorted(x.audio_path for x in [*events, *backgrounds]), "a stage output's own files"
+    assert sorted(s.path for s in stage_skips) == sorted(x.audio_path for x in [*events, *backgrounds]), (
+        "a stage output's own files"
+    )
 
 
 def test_background_segments_cover_the_file_and_none_is_shorter_than_a_mixture() -> None:

@@ -55,14 +55,37 @@ def envelope_of(q: np.ndarray) -> Envelope:
     return Envelope.from_db(e.frame_s, e.hop_s, e.energy_db)
 
 
-def occurrence(clip_id: str, q: np.ndarray, onset_s: float, source_in_s: float = 0.0, source_out_s: float | None = None,
-               gain_db: float = 0.0, label: str = "Bark", mid: str = "/m/05tny_", index: int = 0) -> EventOccurrence:
+def occurrence(
+    clip_id: str,
+    q: np.ndarray,
+    onset_s: float,
+    source_in_s: float = 0.0,
+    source_out_s: float | None = None,
+    gain_db: float = 0.0,
+    label: str = "Bark",
+    mid: str = "/m/05tny_",
+    index: int = 0,
+) -> EventOccurrence:
     if source_out_s is None:
         source_out_s = q.shape[0] / SR
     return EventOccurrence(
-        mixture_id="m", occurrence_index=index, event_index=index, role="whole", clip_id=clip_id, label=label, mid=mid,
-        source_in_s=source_in_s, source_out_s=source_out_s, onset_s=onset_s, offset_s=onset_s + source_out_s - source_in_s,
-        fade_in_s=0.0, fade_out_s=0.0, gain_db=gain_db, snr_db=0.0, realised_snr_db=0.0, license="CC0",
+        mixture_id="m",
+        occurrence_index=index,
+        event_index=index,
+        role="whole",
+        clip_id=clip_id,
+        label=label,
+        mid=mid,
+        source_in_s=source_in_s,
+        source_out_s=source_out_s,
+        onset_s=onset_s,
+        offset_s=onset_s + source_out_s - source_in_s,
+        fade_in_s=0.0,
+        fade_out_s=0.0,
+        gain_db=gain_db,
+        snr_db=0.0,
+        realised_snr_db=0.0,
+        license="CC0",
     )
 
 
@@ -186,7 +209,11 @@ def test_background_burst_masks_event(onset_s: float, bg_offset_s: float) -> Non
 
 
 @settings(max_examples=30, deadline=None)
-@given(onset=st.integers(int(0.2 * SR), int(0.8 * SR)), start=st.integers(int(1.0 * SR), int(1.3 * SR)), length=st.integers(int(0.3 * SR), int(0.6 * SR)))
+@given(
+    onset=st.integers(int(0.2 * SR), int(0.8 * SR)),
+    start=st.integers(int(1.0 * SR), int(1.3 * SR)),
+    length=st.integers(int(0.3 * SR), int(0.6 * SR)),
+)
 def test_background_burst_event_inactive_during_burst(onset: int, start: int, length: int) -> None:
     """Anywhere off the grid: never active during the burst, and the two edges next to it
     within three hops (what frame-centred masking can promise; see the xfail below)."""
@@ -199,9 +226,13 @@ def test_background_burst_event_inactive_during_burst(onset: int, start: int, le
     assert b0 - e0 <= 3 * HOP_S + 1e-6 and s1 - b1 <= 3 * HOP_S + 1e-6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "documented limitation: edges set by masking keep frame centres, so off the hop grid they are within about "
-    "three hops of the masker's edge (the event is never active during the burst: see the test above)"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "documented limitation: edges set by masking keep frame centres, so off the hop grid they are within about "
+        "three hops of the masker's edge (the event is never active during the burst: see the test above)"
+    ),
+)
 def test_background_burst_edges_within_one_hop_off_grid() -> None:
     assert_segments(_burst_segments(0.513, 0.0, (1.0, 1.6)), [(0.513, 1.0), (1.6, 2.513)])
 
@@ -333,10 +364,10 @@ def test_merge_segments_overlapping_touching_and_distinct() -> None:
     raw = [
         ("Bark", "/m/05tny_", 1.0, 2.0),
         ("Meow", "/m/07qrkrw", 1.5, 2.5),
-        ("Bark", "/m/05tny_", 1.5, 3.0),   # overlaps the first Bark
-        ("Bark", "/m/05tny_", 3.0, 3.5),   # touches it
-        ("Bark", "/m/05tny_", 5.0, 6.0),   # apart
-        ("Bark", "/m/05tny_", 5.2, 5.4),   # inside the previous one
+        ("Bark", "/m/05tny_", 1.5, 3.0),  # overlaps the first Bark
+        ("Bark", "/m/05tny_", 3.0, 3.5),  # touches it
+        ("Bark", "/m/05tny_", 5.0, 6.0),  # apart
+        ("Bark", "/m/05tny_", 5.2, 5.4),  # inside the previous one
         ("Meow", "/m/07qrkrw", 2.6, 3.0),  # apart from the first Meow
     ]
     out = merge_segments("mx", raw)
@@ -435,7 +466,9 @@ def test_smooth_defaults_in_frames() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(bits=st.lists(st.booleans(), min_size=1, max_size=60), fill=st.integers(0, 6), drop=st.integers(0, 4), span=st.integers(0, 40))
+@given(
+    bits=st.lists(st.booleans(), min_size=1, max_size=60), fill=st.integers(0, 6), drop=st.integers(0, 4), span=st.integers(0, 40)
+)
 def test_smooth_properties(bits: list[bool], fill: int, drop: int, span: int) -> None:
     a = np.array(bits, dtype=bool)
     out = smooth(a, fill, drop, span)
@@ -464,7 +497,9 @@ def test_smooth_properties(bits: list[bool], fill: int, drop: int, span: int) ->
     masker=st.one_of(st.none(), st.tuples(st.integers(0, 3 * SR), st.integers(int(0.25 * SR), int(0.6 * SR)))),
 )
 @example(blips=[(782, -19.75)], onset=5613, masker=(10907, 6031))  # a masker leaves a 2-frame run: 20 ms between its centres
-def test_no_segment_shorter_than_drop_runs_below_s(blips: list[tuple[int, float]], onset: int, masker: tuple[int, int] | None) -> None:
+def test_no_segment_shorter_than_drop_runs_below_s(
+    blips: list[tuple[int, float]], onset: int, masker: tuple[int, int] | None
+) -> None:
     """Short blips 0.3 s apart (too far for gap filling) in a long occurrence, sometimes under a
     loud masker: every written segment of an occurrence longer than drop_runs_if_longer_than_s
     lasts at least drop_runs_below_s (a 2-frame run, which FLAM's frame count keeps, spans only
@@ -482,4 +517,3 @@ def test_no_segment_shorter_than_drop_runs_below_s(blips: list[tuple[int, float]
     assert all(o.offset_s - o.onset_s > p.drop_runs_if_longer_than_s for o in occs)
     segs = relabel("m", 10.0, occs, envs, quiet_background(level_dbfs=-100.0), 0.0, p)
     assert all(s.offset_s - s.onset_s >= p.drop_runs_below_s - 1e-9 for s in segs), bounds(segs)
-

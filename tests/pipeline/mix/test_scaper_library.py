@@ -45,8 +45,11 @@ def test_listing_takes_the_label_from_the_top_folder_and_reports_loose_files(tmp
             write(tmp_path / rel, x, RATE)
     (tmp_path / "empty_label").mkdir()
     files, skips = list_library(tmp_path, ("wav", "flac"))
-    assert [(f.rel_path, f.label) for f in files] == [("car_horn/c.WAV", "car_horn"), ("siren/a.wav", "siren"),
-                                                      ("siren/deeper/b.flac", "siren")]
+    assert [(f.rel_path, f.label) for f in files] == [
+        ("car_horn/c.WAV", "car_horn"),
+        ("siren/a.wav", "siren"),
+        ("siren/deeper/b.flac", "siren"),
+    ]
     assert [(s.path, s.reason) for s in skips] == [("loose.wav", "no-label")]
     assert label_folders(tmp_path, ("wav", "flac")) == ["car_horn", "siren"]
     assert label_folders(tmp_path / "nothing", ("wav",)) == []
@@ -66,7 +69,9 @@ def test_an_event_file_is_used_whole_downmixed_and_resampled(tmp_path: Path) -> 
     burst = tone_burst(44100, 1.5, 0.5, 1.0, seed=1)
     write(tmp_path / "siren/a.wav", np.stack([burst, burst], axis=1), 44100)
     clip = ClipParams()
-    r = analyse_event(one(tmp_path, "siren/a.wav"), SoundLibraryParams(license="CC0"), clip, RATE, tmp_path / "out", "/m/x", "Siren")
+    r = analyse_event(
+        one(tmp_path, "siren/a.wav"), SoundLibraryParams(license="CC0"), clip, RATE, tmp_path / "out", "/m/x", "Siren"
+    )
     assert isinstance(r, EventClip)
     assert (r.onset_in_source_s, r.offset_in_source_s) == (0.0, 1.5)
     assert (r.num_samples, r.sample_rate_hz, r.source_sample_rate_hz, r.source_channels) == (24000, RATE, 44100, 2)
@@ -75,9 +80,13 @@ def test_an_event_file_is_used_whole_downmixed_and_resampled(tmp_path: Path) -> 
     assert sr == RATE and stored.shape == (24000,)
     assert len(r.envelope_db) > 0 and r.envelope_hop_s == pytest.approx(clip.envelope_hop_s)
 
-    trimmed = analyse_event(one(tmp_path, "siren/a.wav"), SoundLibraryParams(trim_events=True), clip, RATE, tmp_path / "out2", "", "siren")
+    trimmed = analyse_event(
+        one(tmp_path, "siren/a.wav"), SoundLibraryParams(trim_events=True), clip, RATE, tmp_path / "out2", "", "siren"
+    )
     assert isinstance(trimmed, EventClip)
-    assert trimmed.onset_in_source_s == pytest.approx(0.5, abs=0.04) and trimmed.offset_in_source_s == pytest.approx(1.0, abs=0.04)
+    assert trimmed.onset_in_source_s == pytest.approx(0.5, abs=0.04) and trimmed.offset_in_source_s == pytest.approx(
+        1.0, abs=0.04
+    )
     assert trimmed.license == "unknown"
 
 
@@ -94,7 +103,13 @@ def test_bad_event_files_are_skipped_with_the_reason(tmp_path: Path) -> None:
         r = analyse_event(one(tmp_path, f"siren/{name}.wav"), lib, ClipParams(), RATE, tmp_path / "out", "", "siren")
         assert isinstance(r, Skip) and r.path == f"siren/{name}.wav"
         reasons[name] = r.reason
-    assert reasons == {"corrupt": "unreadable", "silent": "silent", "clipped": "clipped", "short": "too-short", "long": "too-long"}
+    assert reasons == {
+        "corrupt": "unreadable",
+        "silent": "silent",
+        "clipped": "clipped",
+        "short": "too-short",
+        "long": "too-long",
+    }
     assert not list((tmp_path / "out").glob("*.flac"))
 
 
@@ -136,6 +151,9 @@ def test_a_label_folder_with_a_tab_or_line_break_is_skipped_and_named(tmp_path: 
         write(tmp_path / rel, x, RATE)
     files, skips = list_library(tmp_path, ("wav",))
     assert [f.label for f in files] == ["siren"]
-    assert [(s.item_id, s.path, s.reason) for s in skips] == [("car\\thorn", "car\\thorn", "bad-label"), ("dog\\nbark", "dog\\nbark", "bad-label")]
+    assert [(s.item_id, s.path, s.reason) for s in skips] == [
+        ("car\\thorn", "car\\thorn", "bad-label"),
+        ("dog\\nbark", "dog\\nbark", "bad-label"),
+    ]
     assert "the label folder 'car\\thorn' has a tab, line break" in skips[0].detail and "rename the folder" in skips[0].detail
     assert all("\t" not in s.detail and "\n" not in s.detail for s in skips)

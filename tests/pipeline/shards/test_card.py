@@ -37,8 +37,15 @@ def _fixture() -> tuple:
             "segment_s": [1.25, 2.5, 0.75],
             "snr_db": [12.5, 19.75, 15.0],
         },
-        "test": {"mixtures": 1, "hours": 10.0 / 3600, "labels_per_mixture": [], "phrases": Counter(), "clusters": Counter(),
-                 "segment_s": [], "snr_db": []},
+        "test": {
+            "mixtures": 1,
+            "hours": 10.0 / 3600,
+            "labels_per_mixture": [],
+            "phrases": Counter(),
+            "clusters": Counter(),
+            "segment_s": [],
+            "snr_db": [],
+        },
     }
     licenses = {"dataset_license": "CC-Sampling+", "mixtures_by_license": {"CC0": 2, "CC-BY": 1, "CC-Sampling+": 1}}
     attribution = [["event" if i % 2 else "background", f"id{i}", "", "", f"title {i}", f"author {i}", "CC0"] for i in range(25)]
@@ -54,7 +61,9 @@ def test_the_statistics_picture_draws_splits_whose_values_coincide(tmp_path: Pat
     from pipeline.shards.card import plot
 
     same = [2.6000000000000005, 2.6, 2.6000000000000001]
-    stats = {"valid": {"labels_per_mixture": [1, 1], "segment_s": same, "snr_db": [3.0, 3.0 + 1e-13], "clusters": Counter({1: 2})},
-             "test": {"labels_per_mixture": [], "segment_s": [], "snr_db": [], "clusters": Counter()}}
+    stats = {
+        "valid": {"labels_per_mixture": [1, 1], "segment_s": same, "snr_db": [3.0, 3.0 + 1e-13], "clusters": Counter({1: 2})},
+        "test": {"labels_per_mixture": [], "segment_s": [], "snr_db": [], "clusters": Counter()},
+    }
     plot(stats, {1: "Siren"}, tmp_path / "statistics.png")
     assert (tmp_path / "statistics.png").stat().st_size > 0

@@ -68,7 +68,9 @@ class Hub:
 # --------------------------------------------------------------------------- links and special files
 
 
-def test_a_link_to_a_file_outside_makes_the_folder_invalid_and_publish_refuse(copy: Path, secret: Path, capsys, monkeypatch) -> None:
+def test_a_link_to_a_file_outside_makes_the_folder_invalid_and_publish_refuse(
+    copy: Path, secret: Path, capsys, monkeypatch
+) -> None:
     (copy / "images" / "x.png").symlink_to(secret)
     [message] = problems(copy)
     assert message.startswith("images/x.png is a symbolic link (validate and publish do not follow links)"), message
@@ -108,11 +110,15 @@ def test_every_link_is_named_a_linked_shard_card_index_or_folder_too(copy: Path,
     (outside / "more").mkdir()
     (copy / "more").symlink_to(outside / "more")
     found = problems(copy)
-    assert any(p.startswith(f"index.json entry {shard!r} is a symbolic link (validate and publish do not follow links)") for p in found), found
+    assert any(
+        p.startswith(f"index.json entry {shard!r} is a symbolic link (validate and publish do not follow links)") for p in found
+    ), found
     for rel in ("README.md", "clusters/clusters.parquet", "more"):
         assert any(p.startswith(f"{rel} is a symbolic link") for p in found), (rel, found)
     assert len(found) == 4, found
-    with pytest.raises(pub.PublishError, match=r"is a symbolic link \(validate and publish do not follow links\) \(and 3 more such entries\)"):
+    with pytest.raises(
+        pub.PublishError, match=r"is a symbolic link \(validate and publish do not follow links\) \(and 3 more such entries\)"
+    ):
         pub.publish(copy, "me/sed", api=Hub())
 
     index = (copy / "index.json").read_bytes()
@@ -127,8 +133,10 @@ def test_a_linked_data_folder_names_every_shard_under_it(copy: Path, tmp_path: P
     shutil.move(copy / "data", tmp_path / "data")
     (copy / "data").symlink_to(tmp_path / "data")
     found = problems(copy)
-    assert "data is a symbolic link (validate and publish do not follow links); a shard folder holds regular files only: " \
-           "put a copy of the file itself there, or remove it" in found, found
+    assert (
+        "data is a symbolic link (validate and publish do not follow links); a shard folder holds regular files only: "
+        "put a copy of the file itself there, or remove it" in found
+    ), found
     lying = [p for p in found if p.startswith("index.json entry 'data/")]
     assert len(lying) == len(_shards(copy)) and all("lies under data, a symbolic link" in p for p in lying), found
 
@@ -141,8 +149,10 @@ def test_a_fifo_card_or_stray_fifo_is_named_without_opening_it(copy: Path) -> No
     start = time.monotonic()
     found = problems(copy)
     assert time.monotonic() - start < 0.5, "a FIFO was opened and waited on"
-    assert found == ["README.md is not a regular file (a FIFO, socket or device); a shard folder holds regular files only: remove it",
-                     "images/pipe.png is not a regular file (a FIFO, socket or device); a shard folder holds regular files only: remove it"], found
+    assert found == [
+        "README.md is not a regular file (a FIFO, socket or device); a shard folder holds regular files only: remove it",
+        "images/pipe.png is not a regular file (a FIFO, socket or device); a shard folder holds regular files only: remove it",
+    ], found
     with pytest.raises(pub.PublishError, match="README.md is not a regular file"):
         pub.publish(copy, "me/sed", api=Hub())
 
@@ -162,7 +172,7 @@ def _with_total_frames(data: bytes, total: int) -> bytes:
     at = 8 + 13  # the field's low nibble of this byte and the 4 bytes after it
     head = bytearray(data)
     head[at] = (head[at] & 0xF0) | (total >> 32) & 0x0F
-    head[at + 1:at + 5] = (total & 0xFFFFFFFF).to_bytes(4, "big")
+    head[at + 1 : at + 5] = (total & 0xFFFFFFFF).to_bytes(4, "big")
     return bytes(head)
 
 
@@ -184,8 +194,10 @@ def test_a_cell_longer_than_its_row_is_a_bad_row_without_decoding(copy: Path, ca
         assert len(found) == 3, found
         prefix = [f"{entry['path']}: row {k} (mixture {rows[k]['id']}): audio header " for k in range(3)]
         duration = rows[0]["duration_s"]
-        assert found[0].startswith(prefix[0] + f"says {3 * round(duration * rate)} frames at {rate} Hz ({3 * duration:.1f} s), "
-                                   f"longer than the row's duration_s {duration} s"), found[0]
+        assert found[0].startswith(
+            prefix[0] + f"says {3 * round(duration * rate)} frames at {rate} Hz ({3 * duration:.1f} s), "
+            f"longer than the row's duration_s {duration} s"
+        ), found[0]
         assert found[1].startswith(prefix[1] + f"says {4 * 3600 * rate} frames at {rate} Hz (14400.0 s), longer than"), found[1]
         assert found[2].startswith(prefix[2] + "gives no length"), found[2]
     assert main(["validate", str(copy)]) == 2
@@ -201,5 +213,7 @@ def test_a_cell_at_another_rate_than_its_row_is_a_bad_row_without_decoding(copy:
 
     rows = rewrite_rows(copy, entry, resample)
     [message] = problems(copy)
-    assert message.startswith(f"{entry['path']}: row 0 (mixture {rows[0]['id']}): audio header says "
-                              f"{rows[0]['sample_rate_hz'] // 2} Hz, the row says {rows[0]['sample_rate_hz']} Hz"), message
+    assert message.startswith(
+        f"{entry['path']}: row 0 (mixture {rows[0]['id']}): audio header says "
+        f"{rows[0]['sample_rate_hz'] // 2} Hz, the row says {rows[0]['sample_rate_hz']} Hz"
+    ), message

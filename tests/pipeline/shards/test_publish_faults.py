@@ -73,14 +73,27 @@ def _cases():
     import httpx2
 
     return [
-        ("create_repo", _hub_http_error(401, "401 Client Error: Unauthorized\n\nInvalid credentials"),
-         "creating the dataset repo failed (401 Client Error: Unauthorized); the token in $HF_TOKEN is not valid"),
-        ("create_repo", _hub_http_error(403, "403 Forbidden: you may not create a repo under acme"),
-         "the token in $HF_TOKEN may not write to me/sed"),
+        (
+            "create_repo",
+            _hub_http_error(401, "401 Client Error: Unauthorized\n\nInvalid credentials"),
+            "creating the dataset repo failed (401 Client Error: Unauthorized); the token in $HF_TOKEN is not valid",
+        ),
+        (
+            "create_repo",
+            _hub_http_error(403, "403 Forbidden: you may not create a repo under acme"),
+            "the token in $HF_TOKEN may not write to me/sed",
+        ),
         ("upload_folder", _hub_http_error(429, "429 Too Many Requests"), "wait a few minutes, then run the same command again"),
-        ("upload_folder", _hub_http_error(503, "503 Service Unavailable"), "uploading batch 1 of 2 failed (503 Service Unavailable)"),
-        ("list_repo_tree", httpx2.ConnectError("[Errno 111] Connection refused"),
-         "listing the repo's files failed, the hub did not answer (ConnectError: [Errno 111] Connection refused); check the network"),
+        (
+            "upload_folder",
+            _hub_http_error(503, "503 Service Unavailable"),
+            "uploading batch 1 of 2 failed (503 Service Unavailable)",
+        ),
+        (
+            "list_repo_tree",
+            httpx2.ConnectError("[Errno 111] Connection refused"),
+            "listing the repo's files failed, the hub did not answer (ConnectError: [Errno 111] Connection refused); check the network",
+        ),
         ("upload_folder", httpx2.ReadTimeout("The read operation timed out"), "the hub did not answer (ReadTimeout"),
         ("create_repo", ConnectionResetError(104, "Connection reset by peer"), "the hub did not answer (ConnectionResetError"),
     ]
@@ -103,7 +116,9 @@ def test_the_cli_prints_a_hub_failure_as_one_line(folder, capsys, monkeypatch) -
     monkeypatch.setattr("huggingface_hub.HfApi", lambda token: hub)
     code = main(["publish", str(folder), "--repo-id", "me/sed"])
     err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("sedsynth publish: error: publish to me/sed: "), err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("sedsynth publish: error: publish to me/sed: "), (
+        err
+    )
 
 
 class _Refuses(BaseHTTPRequestHandler):
@@ -131,7 +146,10 @@ def test_the_real_client_against_a_hub_that_refuses_the_token(folder) -> None:
     thread.start()
     try:
         api = HfApi(endpoint=f"http://127.0.0.1:{server.server_address[1]}", token="hf_not_a_real_token")
-        with pytest.raises(pub.PublishError, match=r"^publish to me/sed: listing the repo's files failed \(.*401 Unauthorized.*\); the token in \$HF_TOKEN is not valid"):
+        with pytest.raises(
+            pub.PublishError,
+            match=r"^publish to me/sed: listing the repo's files failed \(.*401 Unauthorized.*\); the token in \$HF_TOKEN is not valid",
+        ):
             pub.publish(folder, "me/sed", api=api)
     finally:
         server.shutdown()
@@ -144,9 +162,11 @@ def test_a_batch_below_one_file_is_refused_before_anything_is_sent(folder, batch
     with pytest.raises(pub.PublishError, match="1 or more"):
         pub.publish(folder, "me/sed", batch_files=batch_files, api=hub)
     assert hub.uploads == []
-    assert pub.publish(folder, "me/sed", batch_files=1, api=hub) and hub.uploads == [["data/train-00000-of-00002.parquet"],
-                                                                                   ["data/train-00001-of-00002.parquet"],
-                                                                                   ["README.md", "index.json"]]
+    assert pub.publish(folder, "me/sed", batch_files=1, api=hub) and hub.uploads == [
+        ["data/train-00000-of-00002.parquet"],
+        ["data/train-00001-of-00002.parquet"],
+        ["README.md", "index.json"],
+    ]
 
 
 def test_an_unreadable_local_file_is_not_taken_for_a_hub_error(folder) -> None:
@@ -167,7 +187,9 @@ def test_a_hub_that_takes_the_connection_and_never_answers_is_one_line(folder, m
     try:
         api = HfApi(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", token="hf_not_a_real_token")
         start = time.monotonic()
-        with pytest.raises(pub.PublishError, match=r"^publish to me/sed: listing the repo's files failed, the hub did not answer"):
+        with pytest.raises(
+            pub.PublishError, match=r"^publish to me/sed: listing the repo's files failed, the hub did not answer"
+        ):
             pub.publish(folder, "me/sed", api=api)
         assert time.monotonic() - start < 60
     finally:

@@ -86,9 +86,13 @@ def test_a_retry_after_past_the_deadline_stops_at_once_and_says_when(folder, mon
         server.server_close()
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("sedsynth publish: error: publish to me/sed: listing the repo's files stopped: the hub answered 429 "
-                          "and asks to wait 1000000000 s before retrying"), err
-    assert "--deadline-s" in err and "run the same command again after 20" in err and "UTC (it uploads only what is missing)" in err
+    assert err.startswith(
+        "sedsynth publish: error: publish to me/sed: listing the repo's files stopped: the hub answered 429 "
+        "and asks to wait 1000000000 s before retrying"
+    ), err
+    assert (
+        "--deadline-s" in err and "run the same command again after 20" in err and "UTC (it uploads only what is missing)" in err
+    )
     assert took < 10 and len(handler.seen) == 1, (took, handler.seen)
 
 
@@ -100,8 +104,11 @@ def test_waits_that_add_up_past_the_deadline_stop_at_it(folder, monkeypatch) -> 
     server, url = _serve(handler)
     try:
         start = time.monotonic()
-        with pytest.raises(pub.PublishError, match=r"stopped: the hub answered 503 and asks to wait 1 s before retrying, more than the "
-                                                   r"\d+ s left of the run's time limit \(2.5 s, --deadline-s\)"):
+        with pytest.raises(
+            pub.PublishError,
+            match=r"stopped: the hub answered 503 and asks to wait 1 s before retrying, more than the "
+            r"\d+ s left of the run's time limit \(2.5 s, --deadline-s\)",
+        ):
             pub.publish(folder, "me/sed", api=HfApi(endpoint=url, token="hf_x"), deadline_s=2.5)
         took = time.monotonic() - start
     finally:
@@ -162,8 +169,11 @@ def test_a_hub_that_drips_its_answer_is_cut_at_the_request_limit(folder, monkeyp
         listener.close()
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert re.match(r"sedsynth publish: error: publish to me/sed: listing the repo's files failed, the hub did not answer in time "
-                    r"\(ReadTimeout after \d+\.\d s; a request may take 1.5 s in all, --request-timeout-s", err), err
+    assert re.match(
+        r"sedsynth publish: error: publish to me/sed: listing the repo's files failed, the hub did not answer in time "
+        r"\(ReadTimeout after \d+\.\d s; a request may take 1.5 s in all, --request-timeout-s",
+        err,
+    ), err
     assert err.strip().endswith("then run the same command again (it uploads only what is missing)"), err
     assert 1.4 < took < 5 and len(connections) == 1, (took, connections)  # not retried
 
@@ -176,8 +186,11 @@ def test_a_hub_that_takes_the_connection_and_never_answers_is_cut_at_the_request
     try:
         api = HfApi(endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}", token="hf_not_a_real_token")
         start = time.monotonic()
-        with pytest.raises(pub.PublishError, match=r"^publish to me/sed: listing the repo's files failed, the hub did not answer in time "
-                                                   r"\(ReadTimeout after \d+\.\d s; a request may take 1 s in all"):
+        with pytest.raises(
+            pub.PublishError,
+            match=r"^publish to me/sed: listing the repo's files failed, the hub did not answer in time "
+            r"\(ReadTimeout after \d+\.\d s; a request may take 1 s in all",
+        ):
             pub.publish(folder, "me/sed", api=api, request_timeout_s=1)
         assert time.monotonic() - start < 4
     finally:
@@ -201,14 +214,27 @@ def test_a_hub_call_still_going_at_the_deadline_is_given_up(folder) -> None:
     finally:
         release.set()
     message = str(raised.value)
-    assert message.startswith("publish to me/sed: listing the repo's files stopped at the run's time limit of 0.5 s (--deadline-s)"), message
-    assert message.endswith("run the same command again, on a slow link with a larger --deadline-s (it uploads only what is missing)")
+    assert message.startswith(
+        "publish to me/sed: listing the repo's files stopped at the run's time limit of 0.5 s (--deadline-s)"
+    ), message
+    assert message.endswith(
+        "run the same command again, on a slow link with a larger --deadline-s (it uploads only what is missing)"
+    )
     assert "\n" not in message
     assert took < 0.5 + pub.GIVE_UP_GRACE_S + 1.5, took
 
 
-@pytest.mark.parametrize("name, value", [("request_timeout_s", 0), ("request_timeout_s", float("nan")), ("deadline_s", -1.0),
-                                         ("deadline_s", float("inf")), ("deadline_s", "60"), ("request_timeout_s", True)])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("request_timeout_s", 0),
+        ("request_timeout_s", float("nan")),
+        ("deadline_s", -1.0),
+        ("deadline_s", float("inf")),
+        ("deadline_s", "60"),
+        ("request_timeout_s", True),
+    ],
+)
 def test_a_time_limit_that_is_not_a_positive_number_is_refused(folder, name, value, capsys) -> None:
     class Hub:
         def list_repo_tree(self, *args, **kwargs):
@@ -231,7 +257,9 @@ def test_the_bounded_client_still_goes_through_the_proxy_the_environment_names(f
         monkeypatch.delenv(name.upper(), raising=False)
     monkeypatch.setenv("HTTP_PROXY", url)
     try:
-        with pytest.raises(pub.PublishError, match=r"^publish to me/sed: listing the repo's files failed \(.*401.*\); the token in \$HF_TOKEN"):
+        with pytest.raises(
+            pub.PublishError, match=r"^publish to me/sed: listing the repo's files failed \(.*401.*\); the token in \$HF_TOKEN"
+        ):
             pub.publish(folder, "me/sed", api=HfApi(endpoint="http://hub.invalid", token="hf_x"))
     finally:
         server.shutdown()

@@ -73,7 +73,13 @@ def test_datasets_loads_the_folder_and_audio_is_the_rendered_audio(dataset, tmp_
     occurrences = from_table(pq.read_table(mix_dir / "occurrences.parquet"), EventOccurrence)
     clips = from_table(pq.read_table(events_dir / "manifest.parquet"), EventClip)
     bgs = from_table(pq.read_table(backgrounds_dir / "manifest.parquet"), BackgroundSegment)
-    files = FileSources(events_dir, backgrounds_dir, p.sample_rate_hz, {c.clip_id: c.audio_path for c in clips}, {b.segment_id: b.audio_path for b in bgs})
+    files = FileSources(
+        events_dir,
+        backgrounds_dir,
+        p.sample_rate_hz,
+        {c.clip_id: c.audio_path for c in clips},
+        {b.segment_id: b.audio_path for b in bgs},
+    )
     seen = 0
     for split in ds:
         for row in ds[split]:
@@ -93,7 +99,10 @@ def test_phrases_match_the_recipe_and_clusters(dataset) -> None:
     _, mix_dir, _, _, tmp = dataset
     segments = pq.read_table(mix_dir / "segments.parquet").to_pylist()
     occurrences = pq.read_table(mix_dir / "occurrences.parquet").to_pylist()
-    database = {(r["phrase"], r["label"], r["mid"]): r["cluster_id"] for r in pq.read_table(tmp / "clusters" / "phrases.parquet").to_pylist()}
+    database = {
+        (r["phrase"], r["label"], r["mid"]): r["cluster_id"]
+        for r in pq.read_table(tmp / "clusters" / "phrases.parquet").to_pylist()
+    }
     want: dict = {}
     for s in segments:
         want.setdefault(s["mixture_id"], {}).setdefault(s["label"], []).append((s["onset_s"], s["offset_s"]))
@@ -122,7 +131,9 @@ def test_shards_and_row_groups_follow_the_size_params(dataset) -> None:
         for g in range(meta.num_row_groups):  # the FLAC bytes: plain pages, no codec, no dictionary to decode first
             columns = {meta.row_group(g).column(c).path_in_schema: meta.row_group(g).column(c) for c in range(meta.num_columns)}
             audio = columns["audio.bytes"]
-            assert audio.compression == "UNCOMPRESSED" and not audio.has_dictionary_page and "RLE_DICTIONARY" not in audio.encodings
+            assert (
+                audio.compression == "UNCOMPRESSED" and not audio.has_dictionary_page and "RLE_DICTIONARY" not in audio.encodings
+            )
             assert columns["audio.path"].has_dictionary_page  # the other columns keep theirs
     assert any(f["num_row_groups"] > 1 for f in train)
     assert sum(f["num_rows"] for f in train) == index["splits"]["train"]["num_rows"] == 20
@@ -137,7 +148,9 @@ def test_same_bytes_on_a_second_run(dataset, tmp_path: Path) -> None:
 def records_the_record_way(mix_dir: Path, captions_dir: Path, clusters_dir: Path, seed: int) -> list[ShardRow]:
     """Every row as a :class:`ShardRow` record in row order, built from every recipe, caption and phrase held
     as a Python record: how the stage built its rows before its columnar index, kept here as the reference."""
-    recipes = sorted(from_table(pq.read_table(mix_dir / "mixtures.parquet"), MixtureRecipe), key=lambda r: (SPLITS.index(r.split), r.index))
+    recipes = sorted(
+        from_table(pq.read_table(mix_dir / "mixtures.parquet"), MixtureRecipe), key=lambda r: (SPLITS.index(r.split), r.index)
+    )
     captions = {c.mixture_id: c.caption for c in from_table(pq.read_table(captions_dir / "captions.parquet"), Caption)}
     phrases = defaultdict(list)
     for ph in from_table(pq.read_table(captions_dir / "phrases.parquet"), LabelPhrase):
@@ -147,11 +160,23 @@ def records_the_record_way(mix_dir: Path, captions_dir: Path, clusters_dir: Path
     rows = []
     for r in recipes:
         data = (mix_dir / r.audio_path).read_bytes()
-        rows.append(ShardRow(
-            id=r.mixture_id, audio=AudioFile(data, Path(r.audio_path).name), audio_sha256=hashlib.sha256(data).hexdigest(),
-            sample_rate_hz=r.sample_rate_hz, duration_s=r.duration_s, caption=captions[r.mixture_id],
-            phrases=tuple(shard_phrase(ph, cluster_of[(ph.phrase, ph.label, ph.mid)]) for ph in phrases[r.mixture_id]),
-            background_id=r.background_id, split=r.split, license=r.license, licenses=r.licenses, attribution=r.attribution, seed=seed))
+        rows.append(
+            ShardRow(
+                id=r.mixture_id,
+                audio=AudioFile(data, Path(r.audio_path).name),
+                audio_sha256=hashlib.sha256(data).hexdigest(),
+                sample_rate_hz=r.sample_rate_hz,
+                duration_s=r.duration_s,
+                caption=captions[r.mixture_id],
+                phrases=tuple(shard_phrase(ph, cluster_of[(ph.phrase, ph.label, ph.mid)]) for ph in phrases[r.mixture_id]),
+                background_id=r.background_id,
+                split=r.split,
+                license=r.license,
+                licenses=r.licenses,
+                attribution=r.attribution,
+                seed=seed,
+            )
+        )
     return rows
 
 
@@ -161,11 +186,13 @@ def test_row_groups_built_from_the_columnar_index_are_the_records(dataset, monke
     p, mix_dir, _, _, tmp = dataset
     records = records_the_record_way(mix_dir, tmp / "captions", tmp / "clusters", p.seed)
     index = mixture_index(mix_dir, tmp / "captions", tmp / "clusters")
-    assert index.column_names == list(INDEX_FIELDS) and index.num_rows == len(records), "metadata only: no audio, one row per mixture"
+    assert index.column_names == list(INDEX_FIELDS) and index.num_rows == len(records), (
+        "metadata only: no audio, one row per mixture"
+    )
     assert index["id"].to_pylist() == [r.id for r in records]
     schema = shard_schema(p.sample_rate_hz)
     for rows in (range(0, 1), range(3, 11), range(len(records) - 4, len(records))):  # a row group starts and ends anywhere
-        want = to_table(records[rows.start:rows.stop], ShardRow).cast(schema)
+        want = to_table(records[rows.start : rows.stop], ShardRow).cast(schema)
         assert row_group_table(index, rows, mix_dir, schema, p.seed).equals(want, check_metadata=True)
     files = json.loads((tmp / "dataset" / "index.json").read_text())["files"]
     assert [r for f in files for r in from_table(pq.read_table(tmp / "dataset" / f["path"]), ShardRow)] == records
@@ -182,7 +209,9 @@ def test_a_mixture_without_a_caption_or_a_phrase_without_a_cluster_is_refused(da
     shutil.copyfile(tmp / "captions" / "captions.parquet", tmp_path / "captions" / "captions.parquet")
     phrase = pq.read_table(tmp / "captions" / "phrases.parquet").slice(0, 1).to_pylist()[0]
     database = pq.read_table(tmp / "clusters" / "phrases.parquet")
-    other = [(a["phrase"], a["label"], a["mid"]) != (phrase["phrase"], phrase["label"], phrase["mid"]) for a in database.to_pylist()]
+    other = [
+        (a["phrase"], a["label"], a["mid"]) != (phrase["phrase"], phrase["label"], phrase["mid"]) for a in database.to_pylist()
+    ]
     pq.write_table(database.filter(pa.array(other)), tmp_path / "clusters" / "phrases.parquet")
     with pytest.raises(ShardError, match=re.escape(f"phrase {phrase['phrase']!r} ({phrase['label']}) has no cluster")):
         mixture_index(mix_dir, tmp_path / "captions", tmp_path / "clusters")
@@ -195,10 +224,14 @@ def test_card_yaml_matches_the_index(dataset) -> None:
     index = json.loads((tmp / "dataset" / "index.json").read_text())
     assert [c["config_name"] for c in meta["configs"]] == ["default"]
     assert {d["split"]: d["path"] for d in meta["configs"][0]["data_files"]} == {s: f"data/{s}-*" for s in index["splits"]}
-    assert {s["name"]: s["num_examples"] for s in meta["dataset_info"]["splits"]} == {s: v["num_rows"] for s, v in index["splits"].items()}
+    assert {s["name"]: s["num_examples"] for s in meta["dataset_info"]["splits"]} == {
+        s: v["num_rows"] for s, v in index["splits"].items()
+    }
     assert {"name": "audio", "dtype": {"audio": {"sampling_rate": 16000}}} in meta["dataset_info"]["features"]
     assert meta["license"] in {"cc0-1.0", "cc-by-4.0", "cc-by-nc-4.0", "other"}
-    assert "![statistics](images/statistics.png)" in text and (tmp / "dataset" / "images" / "statistics.png").stat().st_size > 1000
+    assert (
+        "![statistics](images/statistics.png)" in text and (tmp / "dataset" / "images" / "statistics.png").stat().st_size > 1000
+    )
     assert (tmp / "dataset" / "attribution.csv").exists() and (tmp / "dataset" / "clusters" / "phrases.parquet").exists()
 
 
@@ -260,8 +293,12 @@ def test_validate_rejects_missing_metadata_and_bad_audio(copy: Path) -> None:
     path = copy / f["path"]
     table = pq.read_table(path)
     audio = table.column("audio").combine_chunks()
-    broken = pa.StructArray.from_arrays([pa.array([b"not flac"] * len(table), pa.binary()), audio.field("path")], fields=list(audio.type))
-    table = table.set_column(table.schema.get_field_index("audio"), table.schema.field("audio"), broken).replace_schema_metadata(None)
+    broken = pa.StructArray.from_arrays(
+        [pa.array([b"not flac"] * len(table), pa.binary()), audio.field("path")], fields=list(audio.type)
+    )
+    table = table.set_column(table.schema.get_field_index("audio"), table.schema.field("audio"), broken).replace_schema_metadata(
+        None
+    )
     pq.write_table(table, path)
     f.update(sha256=hashlib.sha256(path.read_bytes()).hexdigest(), num_row_groups=1)
     (copy / "index.json").write_text(json.dumps(index))
@@ -293,9 +330,15 @@ class FakeHub:
 
         if not self.remote.exists():
             raise RepositoryNotFoundError("no repo", response=SimpleNamespace(headers={}, status_code=404, request=None))
-        return [SimpleNamespace(path=p.relative_to(self.remote).as_posix(), size=p.stat().st_size,
-                                lfs=SimpleNamespace(sha256=hashlib.sha256(p.read_bytes()).hexdigest()) if p.suffix == ".parquet" else None)
-                for p in self.remote.rglob("*") if p.is_file()]
+        return [
+            SimpleNamespace(
+                path=p.relative_to(self.remote).as_posix(),
+                size=p.stat().st_size,
+                lfs=SimpleNamespace(sha256=hashlib.sha256(p.read_bytes()).hexdigest()) if p.suffix == ".parquet" else None,
+            )
+            for p in self.remote.rglob("*")
+            if p.is_file()
+        ]
 
     def create_repo(self, repo_id, repo_type, private, exist_ok):
         self.remote.mkdir(exist_ok=True)

@@ -109,7 +109,7 @@ def rewrite_rows(folder: Path, entry: dict, change) -> list[dict]:
 
 def zero_middle(data: bytes) -> bytes:
     middle = len(data) // 2
-    return data[: middle - 512] + bytes(1024) + data[middle + 512:]
+    return data[: middle - 512] + bytes(1024) + data[middle + 512 :]
 
 
 def truncate(data: bytes) -> bytes:
@@ -145,8 +145,10 @@ def test_every_bad_cell_is_named_with_its_file_row_mixture_and_fault(copy: Path,
         assert len(hits) == 1 and fault in hits[0], (k, found)
     assert len(found) == 4, found
     # without --decode the checksum still finds the swapped cells (and nothing else is claimed)
-    assert sorted(m.split(":")[1] for m in problems(copy, decode=False)) == [" row 2 (mixture " + rows[2]["id"] + ")",
-                                                                             " row 3 (mixture " + rows[3]["id"] + ")"]
+    assert sorted(m.split(":")[1] for m in problems(copy, decode=False)) == [
+        " row 2 (mixture " + rows[2]["id"] + ")",
+        " row 3 (mixture " + rows[3]["id"] + ")",
+    ]
     # the command exits non-zero and names the rows
     assert main(["validate", str(copy), "--decode"]) != 0
     err = capsys.readouterr().err

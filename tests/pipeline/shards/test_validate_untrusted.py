@@ -38,12 +38,15 @@ def problems(folder: Path) -> list[str]:
     return e.value.problems
 
 
-@pytest.mark.parametrize("entry, fault", [
-    ("../outside.parquet", "leaves the folder"),
-    ("data/../../outside.parquet", "leaves the folder"),
-    ("data/train-fifo.parquet", "not a regular file"),
-    ("data", "not a regular file"),
-])
+@pytest.mark.parametrize(
+    "entry, fault",
+    [
+        ("../outside.parquet", "leaves the folder"),
+        ("data/../../outside.parquet", "leaves the folder"),
+        ("data/train-fifo.parquet", "not a regular file"),
+        ("data", "not a regular file"),
+    ],
+)
 def test_an_entry_outside_the_folder_or_not_a_file_is_named_and_not_opened(copy: Path, entry: str, fault: str, capsys) -> None:
     shutil.copy(copy / _shards(copy)[0]["path"], copy.parent / "outside.parquet")  # a valid shard, but not this folder's
     fifo(copy / "data" / "train-fifo.parquet")
@@ -105,9 +108,16 @@ def test_null_fields_are_named_each_on_its_row(copy: Path) -> None:
 def test_the_shared_rules_by_hand(tmp_path: Path) -> None:
     ok = {"phrase": "a dog", "label": "Dog", "cluster_id": 3, "segments": [{"start_s": 0.0, "end_s": 10.0}]}
     assert phrase_problems([ok], 10.0, {3}) == [] and phrase_problems([ok], math.inf) == []
-    for segment in ({"start_s": math.nan, "end_s": 1.0}, {"start_s": -0.1, "end_s": 1.0}, {"start_s": 2.0, "end_s": 1.0},
-                    {"start_s": 1.0, "end_s": 1.0}, {"start_s": 1.0, "end_s": 10.1}, {"start_s": 1.0, "end_s": math.inf},
-                    {"start_s": None, "end_s": 1.0}, None):
+    for segment in (
+        {"start_s": math.nan, "end_s": 1.0},
+        {"start_s": -0.1, "end_s": 1.0},
+        {"start_s": 2.0, "end_s": 1.0},
+        {"start_s": 1.0, "end_s": 1.0},
+        {"start_s": 1.0, "end_s": 10.1},
+        {"start_s": 1.0, "end_s": math.inf},
+        {"start_s": None, "end_s": 1.0},
+        None,
+    ):
         assert len(phrase_problems([{**ok, "segments": [segment]}], 10.0)) == 1, segment
     assert "cluster id 4" in phrase_problems([{**ok, "cluster_id": 4}], 10.0, {3})[0]
     assert "duration_s" in phrase_problems([ok], math.nan)[0]

@@ -29,21 +29,21 @@ def _rows_and_audio() -> tuple[list, list, dict]:
     stereo96 = np.stack([tone_burst(96000, 4.0, 1.0, 3.0), tone_burst(96000, 4.0, 1.0, 3.0, seed=3)], axis=1)
     clipped = np.clip(tone_burst(SR, 4.0, 1.0, 3.0, level_dbfs=6.0), -1.0, 1.0 - 2**-15)
     dev = [
-        (101, *BARK, "train"),     # clean 1.0-3.5 s
-        (102, *MEOW, "val"),       # clean, 8-bit
+        (101, *BARK, "train"),  # clean 1.0-3.5 s
+        (102, *MEOW, "val"),  # clean, 8-bit
         (103, *BARK_AND_MEOW, "train"),
-        (104, *KNOCK, "train"),    # corrupt bytes
-        (105, *BARK, "train"),     # zero-length
-        (106, *MEOW, "train"),     # NaN samples
-        (107, *KNOCK, "train"),    # 96 kHz stereo
-        (108, *BARK, "train"),     # file missing
-        (109, *MEOW, "train"),     # event too short
-        (110, *KNOCK, "train"),    # event too long
-        (111, *BARK, "train"),     # digital silence
-        (112, *MEOW, "train"),     # clipped
+        (104, *KNOCK, "train"),  # corrupt bytes
+        (105, *BARK, "train"),  # zero-length
+        (106, *MEOW, "train"),  # NaN samples
+        (107, *KNOCK, "train"),  # 96 kHz stereo
+        (108, *BARK, "train"),  # file missing
+        (109, *MEOW, "train"),  # event too short
+        (110, *KNOCK, "train"),  # event too long
+        (111, *BARK, "train"),  # digital silence
+        (112, *MEOW, "train"),  # clipped
         (113, "Bark,Dog", "/m/05tny_", "train"),  # 2 labels, 1 mid
-        (115, *BARK, "train"),     # 0-byte file
-        (116, *MEOW, "train"),     # DC offset under the event
+        (115, *BARK, "train"),  # 0-byte file
+        (116, *MEOW, "train"),  # DC offset under the event
     ]
     dev.append(("114",))  # a row with one field
     ev = [(201, *KNOCK)]
@@ -66,7 +66,13 @@ def _rows_and_audio() -> tuple[list, list, dict]:
     return dev, ev, audio
 
 
-EXPECTED_KEPT = {"fsd50k-116": (1.5, 3.0), "fsd50k-101": (1.0, 3.5), "fsd50k-102": (0.7, 2.2), "fsd50k-107": (1.0, 3.0), "fsd50k-201": (0.25, 1.75)}
+EXPECTED_KEPT = {
+    "fsd50k-116": (1.5, 3.0),
+    "fsd50k-101": (1.0, 3.5),
+    "fsd50k-102": (0.7, 2.2),
+    "fsd50k-107": (1.0, 3.0),
+    "fsd50k-201": (0.25, 1.75),
+}
 EXPECTED_SKIPS = {
     "fsd50k-103": "multi-label",
     "fsd50k-104": "unreadable",

@@ -40,13 +40,13 @@ def refusals(tmp_path: Path) -> Path:
     """One kept clip and one clip per refusal reason, under an absolute -40 dBFS threshold."""
     clipped = np.clip(tone_burst(SR, 4.0, 1.0, 3.0, level_dbfs=6.0), -1.0, 1.0 - 2**-15)
     dev = [
-        (1, *BARK, "train"),           # kept, 1.0-3.0 s
-        (2, *MEOW, "train"),           # too-short
-        (3, *KNOCK, "train"),          # too-long
-        (4, *BARK, "train"),           # silent
-        (5, *MEOW, "train"),           # clipped
-        (6, *KNOCK, "train"),          # no-segment: audible, but under the absolute threshold
-        (7, *BARK, "train"),           # missing-file (no audio)
+        (1, *BARK, "train"),  # kept, 1.0-3.0 s
+        (2, *MEOW, "train"),  # too-short
+        (3, *KNOCK, "train"),  # too-long
+        (4, *BARK, "train"),  # silent
+        (5, *MEOW, "train"),  # clipped
+        (6, *KNOCK, "train"),  # no-segment: audible, but under the absolute threshold
+        (7, *BARK, "train"),  # missing-file (no audio)
         (8, *BARK_AND_MEOW, "train"),  # multi-label (not an energy reason)
     ]
     audio = {
@@ -127,11 +127,27 @@ def test_a_clip_run_that_keeps_nothing_fails_and_keeps_the_previous_output(refus
     assert not list(tmp_path.glob(".events*")), "no staging folder is left"
 
 
-def test_the_cli_exits_2_on_an_empty_clip_run_and_a_later_good_run_clears_the_report(refusals: Path, tmp_path: Path, capsys) -> None:
+def test_the_cli_exits_2_on_an_empty_clip_run_and_a_later_good_run_clears_the_report(
+    refusals: Path, tmp_path: Path, capsys
+) -> None:
     out = tmp_path / "events"
-    args = ["clip", "--params", str(ROOT / "params.yaml"), "--set", f"sources.fsd50k_dir={refusals}", "--set", f"clip.out_dir={out}",
-            "--set", "compute.workers=1", "--set", "clip.plot_examples=0",
-            "--set", "clip.segmentation.threshold_reference=dbfs", "--set", "clip.segmentation.threshold_db=-40"]
+    args = [
+        "clip",
+        "--params",
+        str(ROOT / "params.yaml"),
+        "--set",
+        f"sources.fsd50k_dir={refusals}",
+        "--set",
+        f"clip.out_dir={out}",
+        "--set",
+        "compute.workers=1",
+        "--set",
+        "clip.plot_examples=0",
+        "--set",
+        "clip.segmentation.threshold_reference=dbfs",
+        "--set",
+        "clip.segmentation.threshold_db=-40",
+    ]
     good = refusals / "FSD50K.dev_audio" / "1.wav"
     kept = good.read_bytes()
     good.unlink()

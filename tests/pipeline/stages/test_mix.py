@@ -44,8 +44,12 @@ def sources(tmp_path_factory) -> tuple[Path, Path]:
 
 def small(workers: int = 1, **mix) -> Params:
     p = Params()
-    m = replace(p.mix, mixtures=MixtureCounts(train=24, valid=6, test=6), partition_size=8,
-                export=replace(p.mix.export, timelines=2, txt=True))
+    m = replace(
+        p.mix,
+        mixtures=MixtureCounts(train=24, valid=6, test=6),
+        partition_size=8,
+        export=replace(p.mix.export, timelines=2, txt=True),
+    )
     return replace(p, compute=ComputeParams(workers=workers, chunk_size=1), mix=replace(m, **mix))
 
 
@@ -108,7 +112,9 @@ def test_generated_noise_backgrounds_run_through_every_output(sources, tmp_path:
     mixtures, _, _ = tables(out)
     assert mixtures and all(m.background_id.startswith("brownian-") for m in mixtures)
     rows = (out / "attribution.csv").read_text().splitlines()
-    assert [r for r in rows if r.startswith("background,")] == [f"background,brownian-*,generated,Brownian noise,,generated,CC0,,{len(mixtures)}"]
+    assert [r for r in rows if r.startswith("background,")] == [
+        f"background,brownian-*,generated,Brownian noise,,generated,CC0,,{len(mixtures)}"
+    ]
     assert (out / "metadata" / "train" / "events.tsv").exists()
 
 
@@ -152,7 +158,9 @@ def test_rerender_from_recipe_is_bit_identical(sources, tmp_path: Path) -> None:
     mixtures, occurrences, _ = tables(out)
     clips = from_table(pq.read_table(events_dir / "manifest.parquet"), EventClip)
     bgs = from_table(pq.read_table(backgrounds_dir / "manifest.parquet"), BackgroundSegment)
-    files = FileSources(events_dir, backgrounds_dir, 16000, {c.clip_id: c.audio_path for c in clips}, {b.segment_id: b.audio_path for b in bgs})
+    files = FileSources(
+        events_dir, backgrounds_dir, 16000, {c.clip_id: c.audio_path for c in clips}, {b.segment_id: b.audio_path for b in bgs}
+    )
     for m in mixtures[::5]:
         stored, _ = sf.read(out / m.audio_path, dtype="int16")
         again = render(m, [o for o in occurrences if o.mixture_id == m.mixture_id], files)
@@ -166,7 +174,9 @@ def test_same_bytes_for_one_and_two_workers(sources, tmp_path: Path) -> None:
     assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "two")
 
 
-def test_workers_keep_envelopes_as_one_buffer_and_bounded_caches_write_the_same_bytes(sources, tmp_path: Path, monkeypatch) -> None:
+def test_workers_keep_envelopes_as_one_buffer_and_bounded_caches_write_the_same_bytes(
+    sources, tmp_path: Path, monkeypatch
+) -> None:
     """A worker's records carry no envelope tuple; its stored envelopes are the manifest's values;
     caches emptied every 2 entries (instead of 4,096) change no byte of the run."""
     from pipeline.mix import instantiate, partitions
@@ -222,8 +232,12 @@ def test_a_worker_gives_back_the_bank_pages_after_each_partition(sources, tmp_pa
 
     events_dir, backgrounds_dir = sources
     events, backgrounds = read_sources(events_dir, backgrounds_dir, envelopes=False)
-    build_bank(tmp_path / "bank", 16000, [(e.clip_id, events_dir / e.audio_path) for e in events],
-               [(b.segment_id, backgrounds_dir / b.audio_path) for b in backgrounds])
+    build_bank(
+        tmp_path / "bank",
+        16000,
+        [(e.clip_id, events_dir / e.audio_path) for e in events],
+        [(b.segment_id, backgrounds_dir / b.audio_path) for b in backgrounds],
+    )
     bank = SourceBank(tmp_path / "bank")
     pcm = (tmp_path / "bank" / "events.pcm").resolve()
     before = [bank.event(e.clip_id).copy() for e in events]  # touches every page
@@ -267,9 +281,18 @@ def test_the_spec_is_resolved_once_per_run_and_travels_to_workers(sources, tmp_p
 
     monkeypatch.setattr(partitions, "render_partition", as_a_worker)
     events_dir, backgrounds_dir = sources
-    p = load_params(ROOT / "params.yaml", {"compute": {"workers": 1}, "mix": {
-        "spec": {"snr_db": ["uniform", 12.0, 19.25]}, "mixtures": {"train": 4, "valid": 2, "test": 2}, "partition_size": 2,
-        "export": {"timelines": 0}}})
+    p = load_params(
+        ROOT / "params.yaml",
+        {
+            "compute": {"workers": 1},
+            "mix": {
+                "spec": {"snr_db": ["uniform", 12.0, 19.25]},
+                "mixtures": {"train": 4, "valid": 2, "test": 2},
+                "partition_size": 2,
+                "export": {"timelines": 0},
+            },
+        },
+    )
     run(p, events_dir, backgrounds_dir, tmp_path / "mix")
     assert len(builds) == 1, "resolved more than once"
     assert len(seen) == 4
@@ -284,13 +307,25 @@ def test_killed_run_resumes_without_redoing_partitions(sources, tmp_path: Path) 
     params_file = tmp_path / "params.yaml"
     params_file.write_text((ROOT / "params.yaml").read_text())
     sets = [
-        "compute.workers=1", "mix.mixtures.train=80", "mix.mixtures.valid=6", "mix.mixtures.test=6",
-        "mix.partition_size=4", "mix.export.timelines=1", f"clip.out_dir={events_dir}",
+        "compute.workers=1",
+        "mix.mixtures.train=80",
+        "mix.mixtures.valid=6",
+        "mix.mixtures.test=6",
+        "mix.partition_size=4",
+        "mix.export.timelines=1",
+        f"clip.out_dir={events_dir}",
         f"ambience.out_dir={backgrounds_dir}",
     ]
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "sedsynth", "mix", "--params", str(params_file),
-           *[a for s in sets + [f"mix.out_dir={out}"] for a in ("--set", s)]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sedsynth",
+        "mix",
+        "--params",
+        str(params_file),
+        *[a for s in sets + [f"mix.out_dir={out}"] for a in ("--set", s)],
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     parts = tmp_path / ".killed.partial" / "parts"
     deadline = time.time() + 120
@@ -308,8 +343,13 @@ def test_killed_run_resumes_without_redoing_partitions(sources, tmp_path: Path) 
     assert resumed and int(resumed[0].split("resuming: ")[1].split()[0]) >= done_before
 
     reference = tmp_path / "reference"
-    p = load_params(params_file, {"compute": {"workers": 1}, "mix": {"mixtures": {"train": 80, "valid": 6, "test": 6},
-                                                                        "partition_size": 4, "export": {"timelines": 1}}})
+    p = load_params(
+        params_file,
+        {
+            "compute": {"workers": 1},
+            "mix": {"mixtures": {"train": 80, "valid": 6, "test": 6}, "partition_size": 4, "export": {"timelines": 1}},
+        },
+    )
     run(p, events_dir, backgrounds_dir, reference)
     assert tree_digest(out) == tree_digest(reference)
 
@@ -361,8 +401,12 @@ def test_scaper_rerenders_exported_jams(jams_run: Path, tmp_path: Path) -> None:
         "    g = np.dot(x, y) / np.dot(x, x)\n"
         "    print(flac, 20 * np.log10(np.linalg.norm(g * x - y) / np.linalg.norm(y)))\n"
     )
-    done = subprocess.run([str(SCAPER_PYTHON), "-c", script, str(tmp_path), *[str(out / m.audio_path) for m in mixtures]],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(SCAPER_PYTHON), "-c", script, str(tmp_path), *[str(out / m.audio_path) for m in mixtures]],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     residuals = {Path(line.split()[0]).stem: float(line.split()[1]) for line in done.stdout.strip().splitlines()}
     assert len(residuals) == len(mixtures)
@@ -375,8 +419,17 @@ def test_bad_input_fails_clearly(sources, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="sedsynth clip"):
         run(small(), tmp_path / "nothing", backgrounds_dir, tmp_path / "out")
     with pytest.raises(MixError, match="no background"):
-        run(replace(small(), mix=replace(small().mix, allowed_licenses=("CC0",), holdout=replace(small().mix.holdout, train=0.0, valid=0.5, test=0.5))),
-            events_dir, backgrounds_dir, tmp_path / "out")
+        run(
+            replace(
+                small(),
+                mix=replace(
+                    small().mix, allowed_licenses=("CC0",), holdout=replace(small().mix.holdout, train=0.0, valid=0.5, test=0.5)
+                ),
+            ),
+            events_dir,
+            backgrounds_dir,
+            tmp_path / "out",
+        )
     with pytest.raises(MixError, match="distinct clips"):
         run(small(spec={"events_per_mixture": ["const", 400]}), events_dir, backgrounds_dir, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -386,7 +439,9 @@ def test_bad_input_fails_clearly(sources, tmp_path: Path) -> None:
         load_params(ROOT / "params.yaml", {"mix": {"spec": {"max_polyphone": 3}}})
 
 
-def test_partitions_write_their_exports_and_the_joined_metadata_equals_the_whole_runs(sources, tmp_path: Path, monkeypatch) -> None:
+def test_partitions_write_their_exports_and_the_joined_metadata_equals_the_whole_runs(
+    sources, tmp_path: Path, monkeypatch
+) -> None:
     """Each partition leaves its DCASE rows and txt files behind before it is marked done; the
     main process only joins them, into the same bytes as writing the metadata from every record."""
     from pipeline.mix import exports, partitions
@@ -398,8 +453,12 @@ def test_partitions_write_their_exports_and_the_joined_metadata_equals_the_whole
     def and_check(part):
         result = render_partition(part)
         folder = Path(part.run.stage_dir)
-        assert (folder / "parts" / f"{part.key}.events.tsv").exists() and (folder / "parts" / f"{part.key}.durations.tsv").exists()
-        assert all((folder / f"audio/{part.split}/{part.split}_{i:07d}.txt").exists() for i in range(part.start, part.start + part.count))
+        assert (folder / "parts" / f"{part.key}.events.tsv").exists() and (
+            folder / "parts" / f"{part.key}.durations.tsv"
+        ).exists()
+        assert all(
+            (folder / f"audio/{part.split}/{part.split}_{i:07d}.txt").exists() for i in range(part.start, part.start + part.count)
+        )
         checked.append(part.key)
         return result
 
@@ -444,7 +503,9 @@ def test_the_picture_drawn_beside_the_partitions_equals_one_drawn_from_the_store
     run(p, *sources, out)
     tables_ = {name: pq.read_table(out / name) for name in ("mixtures.parquet", "occurrences.parquet", "segments.parquet")}
     picks, occurrences_of, segments_of = exports.timeline_picks(tables_, p.mix.export.timelines)
-    assert [(m.split, m.index) for m in picks] == exports.timeline_mixtures({"train": 24, "valid": 6, "test": 6}, p.mix.export.timelines)
+    assert [(m.split, m.index) for m in picks] == exports.timeline_mixtures(
+        {"train": 24, "valid": 6, "test": 6}, p.mix.export.timelines
+    )
     exports.plot_timelines(out, picks, occurrences_of, segments_of, tmp_path / "again.png")
     assert (tmp_path / "again.png").read_bytes() == (out / "timelines.png").read_bytes()
 

@@ -33,7 +33,9 @@ def write_library(root: Path) -> Path:
     for k, (label, freq) in enumerate(LABELS.items()):
         for i in range(3):
             sr = 16000 if i % 2 == 0 else 44100
-            x = tone_burst(sr, 0.6 + 0.3 * i, 0.05, 0.5 + 0.3 * i, level_dbfs=-14.0, freq_hz=freq * (1 + 0.1 * i), seed=10 * k + i)
+            x = tone_burst(
+                sr, 0.6 + 0.3 * i, 0.05, 0.5 + 0.3 * i, level_dbfs=-14.0, freq_hz=freq * (1 + 0.1 * i), seed=10 * k + i
+            )
             path = root / "foreground" / label / f"{label}{i}.wav"
             path.parent.mkdir(parents=True, exist_ok=True)
             sf.write(path, x if sr == 16000 else np.stack([x, 0.8 * x], axis=1), sr, subtype="PCM_16")
@@ -50,10 +52,17 @@ def write_library(root: Path) -> Path:
 
 def library_params(root: Path, workers: int = 1) -> Params:
     p = Params()
-    mix = replace(p.mix, events=str(root / "foreground"), backgrounds=str(root / "background"),
-                  mixtures=MixtureCounts(train=6, valid=4, test=4), partition_size=4, holdout=HoldoutFractions(0.4, 0.3, 0.3),
-                  spec={"duration_s": ["const", 4.0], "events_per_mixture": ["choose", [1, 2]]},
-                  library=SoundLibraryParams(license="CC-BY"), export=replace(p.mix.export, timelines=1))
+    mix = replace(
+        p.mix,
+        events=str(root / "foreground"),
+        backgrounds=str(root / "background"),
+        mixtures=MixtureCounts(train=6, valid=4, test=4),
+        partition_size=4,
+        holdout=HoldoutFractions(0.4, 0.3, 0.3),
+        spec={"duration_s": ["const", 4.0], "events_per_mixture": ["choose", [1, 2]]},
+        library=SoundLibraryParams(license="CC-BY"),
+        export=replace(p.mix.export, timelines=1),
+    )
     return replace(p, compute=ComputeParams(workers=workers, chunk_size=1), mix=mix)
 
 
@@ -81,9 +90,13 @@ def test_a_library_mixes_directly_with_relabeled_boundaries(library: Path, mixed
     assert all(0.0 <= s["onset_s"] < s["offset_s"] <= 4.0 for s in segments)
     events = from_table(pq.read_table(out / SOURCES / "events" / "manifest.parquet"), EventClip)
     backgrounds = from_table(pq.read_table(out / SOURCES / "backgrounds" / "manifest.parquet"), BackgroundSegment)
-    assert all((library / "foreground" / e.source_path).is_file() and (out / SOURCES / "events" / e.audio_path).is_file() for e in events)
+    assert all(
+        (library / "foreground" / e.source_path).is_file() and (out / SOURCES / "events" / e.audio_path).is_file() for e in events
+    )
     assert {e.label: e.mid != "" for e in events} == {"car_horn": False, "human_voice": True, "siren": True}
-    assert {b.category for b in backgrounds} == {"park", "street"} and min(b.duration_s for b in backgrounds) == 4.0  # the 2.5 s one, looped
+    assert {b.category for b in backgrounds} == {"park", "street"} and min(
+        b.duration_s for b in backgrounds
+    ) == 4.0  # the 2.5 s one, looped
     assert not (out.parent / f".{out.name}.{SOURCES}").exists()
 
 
@@ -109,8 +122,13 @@ def test_library_splits_are_disjoint_by_file_and_recipes_re_render(mixed_library
     assert all(len(s) == 1 for s in bg_splits.values())
     events = from_table(pq.read_table(out / SOURCES / "events" / "manifest.parquet"), EventClip)
     backgrounds = from_table(pq.read_table(out / SOURCES / "backgrounds" / "manifest.parquet"), BackgroundSegment)
-    sources = FileSources(out / SOURCES / "events", out / SOURCES / "backgrounds", 16000,
-                          {e.clip_id: e.audio_path for e in events}, {b.segment_id: b.audio_path for b in backgrounds})
+    sources = FileSources(
+        out / SOURCES / "events",
+        out / SOURCES / "backgrounds",
+        16000,
+        {e.clip_id: e.audio_path for e in events},
+        {b.segment_id: b.audio_path for b in backgrounds},
+    )
     m = mixtures[0]
     stored, _ = sf.read(out / m.audio_path, dtype="int16")
     np.testing.assert_array_equal(render(m, [o for o in occurrences if o.mixture_id == m.mixture_id], sources), stored)
@@ -173,7 +191,9 @@ def test_scaper_accepts_the_same_library_folder(library: Path, tmp_path: Path) -
         "                 ('const', 0.5), ('const', 6), None, None)\n"
         "sc.generate(out + '/s.wav', out + '/s.jams')\n"
     )
-    done = subprocess.run([str(SCAPER_PYTHON), "-c", script, str(library), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(SCAPER_PYTHON), "-c", script, str(library), str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "s.wav").exists()
 
@@ -189,7 +209,12 @@ def test_library_files_below_the_mixing_rate_stop_the_run(tmp_path: Path) -> Non
 def test_jams_exports_point_at_the_sources_kept_in_the_output(library: Path, tmp_path: Path) -> None:
     pytest.importorskip("jams")
     p = library_params(library)
-    p = replace(p, mix=replace(p.mix, mixtures=MixtureCounts(train=2, valid=0, test=0), export=replace(p.mix.export, jams=True, timelines=0)))
+    p = replace(
+        p,
+        mix=replace(
+            p.mix, mixtures=MixtureCounts(train=2, valid=0, test=0), export=replace(p.mix.export, jams=True, timelines=0)
+        ),
+    )
     run(p, out_dir=tmp_path / "out")
     doc = json.loads(next((tmp_path / "out" / "audio" / "train").glob("*.jams")).read_text())["annotations"][0]
     assert doc["sandbox"]["scaper"]["fg_path"] == str((tmp_path / "out" / SOURCES / "events" / "audio").resolve())

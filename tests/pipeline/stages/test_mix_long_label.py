@@ -28,8 +28,12 @@ def write_library(root: Path) -> Path:
         for i in range(3):
             path = root / "foreground" / label / f"e{i}.wav"
             path.parent.mkdir(parents=True, exist_ok=True)
-            sf.write(path, tone_burst(16000, 0.8, 0.05, 0.7, level_dbfs=-14.0, freq_hz=400.0 * (k + 1) + 50 * i, seed=i), 16000,
-                     subtype="PCM_16")
+            sf.write(
+                path,
+                tone_burst(16000, 0.8, 0.05, 0.7, level_dbfs=-14.0, freq_hz=400.0 * (k + 1) + 50 * i, seed=i),
+                16000,
+                subtype="PCM_16",
+            )
     for i in range(3):
         path = root / "background" / "park" / f"b{i}.wav"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,10 +46,18 @@ def test_a_label_folder_with_a_255_byte_name_mixes(tmp_path: Path) -> None:
     assert {len(d.name.encode("utf-8")) for d in (root / "foreground").iterdir()} == {255, 254}
     p = Params()
     out = tmp_path / "mixtures"
-    mix = replace(p.mix, events=str(root / "foreground"), backgrounds=str(root / "background"), out_dir=str(out),
-                  mixtures=MixtureCounts(train=2, valid=1, test=1), partition_size=2, holdout=HoldoutFractions(0.34, 0.33, 0.33),
-                  spec={"duration_s": ["const", 3.0], "events_per_mixture": ["const", 1]},
-                  library=SoundLibraryParams(license="CC0"), export=replace(p.mix.export, timelines=4))
+    mix = replace(
+        p.mix,
+        events=str(root / "foreground"),
+        backgrounds=str(root / "background"),
+        out_dir=str(out),
+        mixtures=MixtureCounts(train=2, valid=1, test=1),
+        partition_size=2,
+        holdout=HoldoutFractions(0.34, 0.33, 0.33),
+        spec={"duration_s": ["const", 3.0], "events_per_mixture": ["const", 1]},
+        library=SoundLibraryParams(license="CC0"),
+        export=replace(p.mix.export, timelines=4),
+    )
     run(replace(p, compute=ComputeParams(workers=1, chunk_size=1), mix=mix))
 
     assert (out / "timelines.png").stat().st_size > 0

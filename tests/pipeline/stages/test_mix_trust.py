@@ -31,8 +31,12 @@ def rejected_report_path(out: Path) -> Path:
 
 
 def small(params: Params, train: int = 8, valid: int = 4, test: int = 4, **mix) -> Params:
-    m = replace(params.mix, mixtures=MixtureCounts(train=train, valid=valid, test=test), partition_size=8,
-                export=replace(params.mix.export, timelines=0))
+    m = replace(
+        params.mix,
+        mixtures=MixtureCounts(train=train, valid=valid, test=test),
+        partition_size=8,
+        export=replace(params.mix.export, timelines=0),
+    )
     return replace(params, mix=replace(m, **mix))
 
 
@@ -63,13 +67,24 @@ def test_mixtures_without_events_are_in_the_dcase_metadata(mixed, tmp_path: Path
     rng = np.random.default_rng(0)
     timestamps = np.arange(0.0, 10.0 + 1e-9, 0.5)
     scores = {i: create_score_dataframe(rng.random((len(timestamps) - 1, len(classes))), timestamps, classes) for i in durations}
-    psds, *_ = intersection_based.psds(scores, str(out / "metadata" / "test" / "events.tsv"), durations,
-                                       dtc_threshold=0.7, gtc_threshold=0.7, alpha_ct=0.0, alpha_st=1.0, max_efpr=100.0)
+    psds, *_ = intersection_based.psds(
+        scores,
+        str(out / "metadata" / "test" / "events.tsv"),
+        durations,
+        dtc_threshold=0.7,
+        gtc_threshold=0.7,
+        alpha_ct=0.0,
+        alpha_st=1.0,
+        max_efpr=100.0,
+    )
     assert 0.0 <= psds <= 1.0
 
     # the project's own DESED-format reader takes the empty rows as "no events"
-    sed = read_desed(audio_dir=out / "audio" / "test", events_tsv=out / "metadata" / "test" / "events.tsv",
-                     durations_tsv=out / "metadata" / "test" / "durations.tsv")
+    sed = read_desed(
+        audio_dir=out / "audio" / "test",
+        events_tsv=out / "metadata" / "test" / "events.tsv",
+        durations_tsv=out / "metadata" / "test" / "durations.tsv",
+    )
     assert set(sed.ground_truth) == set(durations) and any(not events for events in sed.ground_truth.values())
 
 
@@ -111,19 +126,28 @@ def test_every_jams_value_maps_to_the_recipes_sample(mixed, tmp_path: Path) -> N
         data = list(ann.data)
         bg = [x for x in data if x.value["role"] == "background"]
         fg = [x for x in data if x.value["role"] == "foreground"]
-        mine = sorted((o for o in occurrences if o["mixture_id"] == m.mixture_id), key=lambda o: (o["onset_s"], o["occurrence_index"]))
+        mine = sorted(
+            (o for o in occurrences if o["mixture_id"] == m.mixture_id), key=lambda o: (o["onset_s"], o["occurrence_index"])
+        )
         assert len(bg) == 1 and len(fg) == len(mine)
         expected = [(at(m.background_offset_s), 0, m.num_samples)]
         expected += [(at(o["source_in_s"]), at(o["onset_s"]), at(o["offset_s"]) - at(o["onset_s"])) for o in mine]
         for x, (start, onset, length) in zip(bg + fg, expected):
             v = x.value
-            got = (int(v["source_time"] * sr), int(sr * v["event_time"]), int(sr * v["event_duration"]),
-                   int((v["source_time"] + v["event_duration"]) * sr))
+            got = (
+                int(v["source_time"] * sr),
+                int(sr * v["event_time"]),
+                int(sr * v["event_duration"]),
+                int((v["source_time"] + v["event_duration"]) * sr),
+            )
             assert got == (start, onset, length, start + length), (m.mixture_id, v["label"])
             assert (x.time, x.duration) == (v["event_time"], v["event_duration"])
             checked += 1
         if mine:
-            assert int(ann.sandbox.scaper["fade_in_len"] * sr) == at(mine[0]["fade_in_s"]) or ann.sandbox.scaper["fade_in_len"] == 0.0
+            assert (
+                int(ann.sandbox.scaper["fade_in_len"] * sr) == at(mine[0]["fade_in_s"])
+                or ann.sandbox.scaper["fade_in_len"] == 0.0
+            )
     assert checked > len(mixtures) * 2
 
 
@@ -164,12 +188,17 @@ def test_the_top_level_rate_is_the_mix_specs_and_the_spec_has_no_rate_knob() -> 
 
 
 def test_params_reject_a_misspelt_licence() -> None:
-    with pytest.raises(ParamsError, match=r"'mix\.allowed_licenses' holds 'cc-by', not a licence name; did you mean CC-BY\?") as caught:
+    with pytest.raises(
+        ParamsError, match=r"'mix\.allowed_licenses' holds 'cc-by', not a licence name; did you mean CC-BY\?"
+    ) as caught:
         load_params(ROOT / "params.yaml", {"mix": {"allowed_licenses": ["CC0", "cc-by"]}})
     assert "CC0, CC-BY, CC-Sampling+, CC-BY-NC, unknown" in str(caught.value)
     with pytest.raises(ParamsError, match="is empty"):
         load_params(ROOT / "params.yaml", {"mix": {"allowed_licenses": []}})
-    assert load_params(ROOT / "params.yaml", {"mix": {"allowed_licenses": ["CC0", "unknown"]}}).mix.allowed_licenses == ("CC0", "unknown")
+    assert load_params(ROOT / "params.yaml", {"mix": {"allowed_licenses": ["CC0", "unknown"]}}).mix.allowed_licenses == (
+        "CC0",
+        "unknown",
+    )
 
 
 def _without_licences(backgrounds_dir: Path, folder: Path) -> Path:
@@ -191,17 +220,25 @@ def test_backgrounds_without_licence_stop_the_stage_with_counts_and_a_report(mix
         run(small(params), events_dir, unlicensed, out)
     text = str(caught.value)
     assert "no background segments are left" in text
-    assert f"mix.allowed_licenses [CC0, CC-BY, CC-Sampling+, CC-BY-NC] dropped 0 event clips and {n} background segments (unknown {n})" in text
+    assert (
+        f"mix.allowed_licenses [CC0, CC-BY, CC-Sampling+, CC-BY-NC] dropped 0 event clips and {n} background segments (unknown {n})"
+        in text
+    )
     assert "add unknown to mix.allowed_licenses" in text and f"license-not-allowed {n}" in text
     report = rejected_report_path(out)
     assert str(report) in text and not out.exists()
     rows = list(csv.DictReader(report.open(newline="")))
     assert len(rows) == n and list(rows[0]) == ["item_id", "path", "reason", "detail"]
-    assert all(r["reason"] == "license-not-allowed" and r["detail"].startswith("licence unknown (stated: none in the library's metadata)")
-               for r in rows)
+    assert all(
+        r["reason"] == "license-not-allowed"
+        and r["detail"].startswith("licence unknown (stated: none in the library's metadata)")
+        for r in rows
+    )
 
     # allowing unknown makes the mixtures, and the stale report goes
-    summary = run(small(params, allowed_licenses=("CC0", "CC-BY", "CC-Sampling+", "CC-BY-NC", "unknown")), events_dir, unlicensed, out)
+    summary = run(
+        small(params, allowed_licenses=("CC0", "CC-BY", "CC-Sampling+", "CC-BY-NC", "unknown")), events_dir, unlicensed, out
+    )
     assert summary["mixtures"] == 16 and not report.exists()
     assert json.loads((out / "licenses.json").read_text())["dataset_license"] == "unknown"
 
@@ -246,12 +283,26 @@ def test_zero_mixtures_is_refused(mixed, tmp_path: Path) -> None:
 def test_cli_exits_non_zero_with_the_skip_reasons(mixed, tmp_path: Path) -> None:
     _, _, events_dir, backgrounds_dir = mixed
     out = tmp_path / "mix"
-    sets = ["compute.workers=1", f"clip.out_dir={events_dir}", f"ambience.out_dir={backgrounds_dir}", f"mix.out_dir={out}",
-            "mix.allowed_licenses=[CC-Sampling+]", "mix.export.timelines=0"]
-    done = subprocess.run([sys.executable, "-m", "sedsynth", "mix", *[a for s in sets for a in ("--set", s)]],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    sets = [
+        "compute.workers=1",
+        f"clip.out_dir={events_dir}",
+        f"ambience.out_dir={backgrounds_dir}",
+        f"mix.out_dir={out}",
+        "mix.allowed_licenses=[CC-Sampling+]",
+        "mix.export.timelines=0",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "sedsynth", "mix", *[a for s in sets for a in ("--set", s)]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "sources skipped by reason: license-not-allowed" in done.stderr and "mix.allowed_licenses [CC-Sampling+] dropped" in done.stderr
+    assert (
+        "sources skipped by reason: license-not-allowed" in done.stderr
+        and "mix.allowed_licenses [CC-Sampling+] dropped" in done.stderr
+    )
     assert not out.exists() and rejected_report_path(out).exists()
 
 

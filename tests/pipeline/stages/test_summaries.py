@@ -11,8 +11,15 @@ from pipeline.stages import captions, clusters, mix, shards
 
 def test_the_mix_captions_clusters_and_shards_summaries_go_to_stderr(mixed, tmp_path: Path, capsys) -> None:
     params, _, events_dir, backgrounds_dir = mixed
-    p = replace(params, mix=replace(params.mix, mixtures=MixtureCounts(train=4, valid=2, test=2), partition_size=4,
-                                    export=replace(params.mix.export, timelines=0)))
+    p = replace(
+        params,
+        mix=replace(
+            params.mix,
+            mixtures=MixtureCounts(train=4, valid=2, test=2),
+            partition_size=4,
+            export=replace(params.mix.export, timelines=0),
+        ),
+    )
     runs = [
         ("mix", lambda: mix.run(p, events_dir, backgrounds_dir, tmp_path / "mix")),
         ("captions", lambda: captions.run(p, tmp_path / "mix", tmp_path / "captions")),

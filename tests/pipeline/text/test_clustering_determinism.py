@@ -18,14 +18,22 @@ from pipeline.stages import clusters
 from pipeline.text import clustering
 from tests.conftest import tree_digest
 
-PHRASES = ["dog barking", "a dog barks twice", "glass breaking", "door slam", "water running from a tap",
-           "church bells ringing in the distance", "bird", "speech"]
+PHRASES = [
+    "dog barking",
+    "a dog barks twice",
+    "glass breaking",
+    "door slam",
+    "water running from a tap",
+    "church bells ringing in the distance",
+    "bird",
+    "speech",
+]
 
 
 def test_embeddings_are_float64_and_do_not_depend_on_the_batch() -> None:
     model = clusters.OFFLINE_MODEL
     whole = clustering.encode(model, PHRASES, batch_size=256)
-    pieces = np.concatenate([clustering.encode(model, PHRASES[i:i + 3], batch_size=3) for i in range(0, len(PHRASES), 3)])
+    pieces = np.concatenate([clustering.encode(model, PHRASES[i : i + 3], batch_size=3) for i in range(0, len(PHRASES), 3)])
     assert whole.dtype == np.float64 and whole.shape[0] == len(PHRASES)
     np.testing.assert_allclose(np.linalg.norm(whole, axis=1), 1.0, atol=1e-12)
     # float32 kernels differ here by ~2e-7; float64 ones by ~3e-16

@@ -49,7 +49,9 @@ TEMPLATES = [
 ]
 # How a model might answer: fenced, numbered, one line with no slot, one duplicate.
 TEMPLATES_COMPLETION = (
-    "```\n" + "\n".join(f"{i}. {t}" for i, t in enumerate(TEMPLATES, 1)) + "\nA line without any slot.\n- The clip has {} in it.\n```"
+    "```\n"
+    + "\n".join(f"{i}. {t}" for i, t in enumerate(TEMPLATES, 1))
+    + "\nA line without any slot.\n- The clip has {} in it.\n```"
 )
 
 
@@ -154,8 +156,14 @@ def server():
 
 
 def llm_params(server: FakeLLM, tmp_path: Path, **kw) -> LLMParams:
-    base = {"base_url": server.url, "model": "m", "api_key_env": KEY_ENV, "cache": str(tmp_path / "cache.json"),
-            "backoff_s": 0.01, "requests_per_minute": 0}
+    base = {
+        "base_url": server.url,
+        "model": "m",
+        "api_key_env": KEY_ENV,
+        "cache": str(tmp_path / "cache.json"),
+        "backoff_s": 0.01,
+        "requests_per_minute": 0,
+    }
     return LLMParams(**{**base, **kw})
 
 
@@ -311,8 +319,17 @@ def test_backoff_doubles(server, tmp_path, caplog) -> None:
 
 def test_unreachable_endpoint_raises_after_retries(tmp_path) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    completer = Completer(LLMParams(base_url=url, model="m", api_key_env=KEY_ENV, cache=str(tmp_path / "c.json"),
-                                    backoff_s=0.01, max_retries=2, requests_per_minute=0))
+    completer = Completer(
+        LLMParams(
+            base_url=url,
+            model="m",
+            api_key_env=KEY_ENV,
+            cache=str(tmp_path / "c.json"),
+            backoff_s=0.01,
+            max_retries=2,
+            requests_per_minute=0,
+        )
+    )
     with pytest.raises(LLMError) as e:
         completer.complete("p", str.strip)
     assert "after 3 attempts" in str(e.value) and "cannot connect to" in str(e.value) and url in str(e.value)
@@ -437,8 +454,11 @@ def labels_in(prompt: str) -> list[str]:
 
 
 def test_phrase_variants_parse_json_and_fenced_json(server, tmp_path) -> None:
-    answer = {"Bark": ["A dog  barking", "WOOF", "a phrase with far too many words to be a short label phrase", 7],
-              "Meow": ["a cat meowing"], "Knock": []}
+    answer = {
+        "Bark": ["A dog  barking", "WOOF", "a phrase with far too many words to be a short label phrase", 7],
+        "Meow": ["a cat meowing"],
+        "Knock": [],
+    }
     server.script = [ok("```json\n" + json.dumps(answer) + "\n```")]
     completer = Completer(llm_params(server, tmp_path))
     got = llm_phrase_variants(["Bark", "Meow", "Knock"], completer, 3)
@@ -451,7 +471,11 @@ def test_phrase_variants_parse_json_and_fenced_json(server, tmp_path) -> None:
 
 
 def test_phrase_variants_missing_label_is_retried(server, tmp_path, caplog) -> None:
-    server.script = [ok(phrase_answer(["Bark", "Meow"])), ok("Sure! Here you go: Bark -> a dog"), ok(phrase_answer(["Bark", "Meow", "Knock"], wrap=True))]
+    server.script = [
+        ok(phrase_answer(["Bark", "Meow"])),
+        ok("Sure! Here you go: Bark -> a dog"),
+        ok(phrase_answer(["Bark", "Meow", "Knock"], wrap=True)),
+    ]
     completer = Completer(llm_params(server, tmp_path))
     got = llm_phrase_variants(["Bark", "Meow", "Knock"], completer, 2)
     assert set(got) == {"Bark", "Meow", "Knock"} and got["Knock"] == ["the knock sound", "a knock noise"]
@@ -471,12 +495,15 @@ def test_phrase_variants_are_asked_in_batches(server, tmp_path) -> None:
     assert len(server.requests) == 2
 
 
-@pytest.mark.parametrize(("text", "caption"), [
-    ("Caption: A dog barks while rain falls.", "A dog barks while rain falls."),
-    ("caption:   \"Footsteps, then a door slams.\"", "Footsteps, then a door slams."),
-    ("```\nCAPTION: Birds sing.\nsecond line\n```", "Birds sing."),
-    ("A dog barks twice.", "A dog barks twice."),
-])
+@pytest.mark.parametrize(
+    ("text", "caption"),
+    [
+        ("Caption: A dog barks while rain falls.", "A dog barks while rain falls."),
+        ('caption:   "Footsteps, then a door slams."', "Footsteps, then a door slams."),
+        ("```\nCAPTION: Birds sing.\nsecond line\n```", "Birds sing."),
+        ("A dog barks twice.", "A dog barks twice."),
+    ],
+)
 def test_validate_timeline_caption(text, caption) -> None:
     assert validate_timeline_caption(text) == caption
 
@@ -488,16 +515,18 @@ def test_validate_timeline_caption_rejects(text) -> None:
 
 
 def test_timeline_caption_through_endpoint(server, tmp_path) -> None:
-    server.script = [ok("Caption: \"A dog barks as rain falls.\"")]
+    server.script = [ok('Caption: "A dog barks as rain falls."')]
     prompt = TIMELINE_PROMPT.format(duration=10.0, events="a dog barking 0.5-2.1; rain 0.0-10.0")
     completer = Completer(llm_params(server, tmp_path))
     assert completer.complete(prompt, validate_timeline_caption) == "A dog barks as rain falls."
-    assert ResponseCache(tmp_path / "cache.json").get("m", prompt) == "Caption: \"A dog barks as rain falls.\""
+    assert ResponseCache(tmp_path / "cache.json").get("m", prompt) == 'Caption: "A dog barks as rain falls."'
 
 
 def test_validate_templates_and_strip_fences() -> None:
-    assert strip_fences("```json\n{\"a\": 1}\n```") == "{\"a\": 1}"
-    assert validate_templates(["1) \"Hear {} now.\"", "* hear {} now.", "# comment {}", "two {} {}", "odd { brace {}"]) == ["Hear {} now."]
+    assert strip_fences('```json\n{"a": 1}\n```') == '{"a": 1}'
+    assert validate_templates(['1) "Hear {} now."', "* hear {} now.", "# comment {}", "two {} {}", "odd { brace {}"]) == [
+        "Hear {} now."
+    ]
     with pytest.raises(MalformedCompletion):
         validate_templates(["no slot"], 1)
 
@@ -516,8 +545,17 @@ def stage_params(overrides: dict):
 
 
 def llm_overrides(server: FakeLLM, tmp_path: Path, **captions_kw) -> dict:
-    return {**captions_kw, "llm": {"base_url": server.url, "model": "m", "api_key_env": KEY_ENV,
-                                   "cache": str(tmp_path / "cache.json"), "backoff_s": 0.01, "requests_per_minute": 0}}
+    return {
+        **captions_kw,
+        "llm": {
+            "base_url": server.url,
+            "model": "m",
+            "api_key_env": KEY_ENV,
+            "cache": str(tmp_path / "cache.json"),
+            "backoff_s": 0.01,
+            "requests_per_minute": 0,
+        },
+    }
 
 
 def read_outputs(out: Path):

@@ -51,8 +51,10 @@ class Endpoint:
                 endpoint.requests.append(self.path)
                 body = json.dumps(completion_body("fine")).encode()
                 status = 500 if endpoint.mode == "fail" else 200
-                head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                        "Connection: close\r\n\r\n").encode()
+                head = (
+                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n"
+                ).encode()
                 try:
                     if endpoint.mode == "drip-body":
                         self.wfile.write(head)
@@ -94,8 +96,17 @@ def endpoint():
 
 
 def params(tmp_path, base_url: str, **kw) -> LLMParams:
-    return LLMParams(**{"base_url": base_url, "model": "m", "api_key_env": KEY_ENV, "cache": str(tmp_path / "cache.jsonl"),
-                        "backoff_s": 0.01, "requests_per_minute": 0, **kw})
+    return LLMParams(
+        **{
+            "base_url": base_url,
+            "model": "m",
+            "api_key_env": KEY_ENV,
+            "cache": str(tmp_path / "cache.jsonl"),
+            "backoff_s": 0.01,
+            "requests_per_minute": 0,
+            **kw,
+        }
+    )
 
 
 def everything_shown(error: BaseException, caplog) -> str:
@@ -109,15 +120,20 @@ def everything_shown(error: BaseException, caplog) -> str:
 
 def test_redacted_url_hides_every_query_value() -> None:
     assert redacted_url("https://h/v1?api_key=abc") == "https://h/v1?api_key=***"
-    assert redacted_url("https://h/v1?key=a&api-version=2024-06-01&sig=s%2Fx&empty=") == \
-        "https://h/v1?key=***&api-version=***&sig=***&empty="
+    assert (
+        redacted_url("https://h/v1?key=a&api-version=2024-06-01&sig=s%2Fx&empty=")
+        == "https://h/v1?key=***&api-version=***&sig=***&empty="
+    )
     assert redacted_url("https://u:pw@h/v1?token=t#frag") == "https://u:***@h/v1?token=***#***"
     assert redacted_url("https://h/v1?bare-key-value") == "https://h/v1?***"
     assert redacted_url("http://localhost:8000/v1") == "http://localhost:8000/v1"
 
 
 def test_split_query_keeps_the_path_and_decodes_the_parameters() -> None:
-    assert llm.split_query("https://h/v1?api_key=a%2Bb&api-version=1#x") == ("https://h/v1", {"api_key": "a+b", "api-version": "1"})
+    assert llm.split_query("https://h/v1?api_key=a%2Bb&api-version=1#x") == (
+        "https://h/v1",
+        {"api_key": "a+b", "api-version": "1"},
+    )
     assert llm.split_query("https://h/v1") == ("https://h/v1", {})
 
 
@@ -213,19 +229,29 @@ def test_a_fifo_put_at_the_cache_path_after_reading_is_not_written_to(tmp_path) 
         cache.put("m", "p", "r")
 
 
-@pytest.mark.parametrize("setting, role", [
-    (["captions.templates=llm"], "captions.llm.cache"),
-    (["captions.phrases=llm"], "captions.llm.cache"),
-    (["captions.timeline=true"], "captions.llm.cache"),
-    (["captions.templates={fifo}"], "captions.templates"),
-])
+@pytest.mark.parametrize(
+    "setting, role",
+    [
+        (["captions.templates=llm"], "captions.llm.cache"),
+        (["captions.phrases=llm"], "captions.llm.cache"),
+        (["captions.timeline=true"], "captions.llm.cache"),
+        (["captions.templates={fifo}"], "captions.templates"),
+    ],
+)
 def test_the_captions_stage_refuses_a_fifo_in_one_line(tmp_path, capsys, setting, role) -> None:
     path = fifo(tmp_path / "named")
     sets = [s.format(fifo=path) for s in setting]
     if role == "captions.llm.cache":
         sets.append(f"captions.llm.cache={path}")
-    argv = ["captions", "--params", str(ROOT / "params.yaml"), "--set", f"mix.out_dir={tmp_path / 'mix'}",
-            "--set", f"captions.out_dir={tmp_path / 'captions'}"]
+    argv = [
+        "captions",
+        "--params",
+        str(ROOT / "params.yaml"),
+        "--set",
+        f"mix.out_dir={tmp_path / 'mix'}",
+        "--set",
+        f"captions.out_dir={tmp_path / 'captions'}",
+    ]
     for s in sets:
         argv += ["--set", s]
     capsys.readouterr()
@@ -234,5 +260,6 @@ def test_the_captions_stage_refuses_a_fifo_in_one_line(tmp_path, capsys, setting
     err = capsys.readouterr().err
     assert time.monotonic() - start < 0.4
     assert code == 2 and "Traceback" not in err, err
-    assert err.strip().splitlines() == [f"sedsynth captions: error: {role} {path} is not a regular file (a folder, FIFO or device); "
-                                        "point it at a file"]
+    assert err.strip().splitlines() == [
+        f"sedsynth captions: error: {role} {path} is not a regular file (a folder, FIFO or device); point it at a file"
+    ]

@@ -101,16 +101,19 @@ def _retry_once(server: FakeLLM, tmp_path: Path, status: int, headers: dict, **k
     return sleeps, completer
 
 
-@pytest.mark.parametrize(("status", "headers", "wait_s"), [
-    (429, {"Retry-After": "5"}, 5.0),
-    (429, {"retry-after-ms": "1500"}, 1.5),
-    (429, {"Retry-After": "2", "retry-after-ms": "250"}, 0.25),  # the finer one wins
-    (429, {"Retry-After": email.utils.formatdate(NOW + 7, usegmt=True)}, 7.0),
-    (429, {"Retry-After": email.utils.formatdate(NOW - 30, usegmt=True)}, 0.0),  # a date in the past: at once
-    (503, {"Retry-After": "4"}, 4.0),
-    (429, {"Retry-After": "soon"}, 0.01),  # unreadable: the usual backoff
-    (429, {}, 0.01),
-])
+@pytest.mark.parametrize(
+    ("status", "headers", "wait_s"),
+    [
+        (429, {"Retry-After": "5"}, 5.0),
+        (429, {"retry-after-ms": "1500"}, 1.5),
+        (429, {"Retry-After": "2", "retry-after-ms": "250"}, 0.25),  # the finer one wins
+        (429, {"Retry-After": email.utils.formatdate(NOW + 7, usegmt=True)}, 7.0),
+        (429, {"Retry-After": email.utils.formatdate(NOW - 30, usegmt=True)}, 0.0),  # a date in the past: at once
+        (503, {"Retry-After": "4"}, 4.0),
+        (429, {"Retry-After": "soon"}, 0.01),  # unreadable: the usual backoff
+        (429, {}, 0.01),
+    ],
+)
 def test_retry_after_is_honoured(server, tmp_path, caplog, status, headers, wait_s) -> None:
     sleeps, _ = _retry_once(server, tmp_path, status, headers, backoff_s=0.01)
     assert sleeps == [wait_s]
@@ -176,7 +179,11 @@ def test_a_put_writes_one_line_whatever_the_cache_size(tmp_path) -> None:
         cache.put("m", _prompt(i), _response(i))
         written[i] = _written_bytes() - before
     assert written[10] == written[100] == written[399]  # entries of one length cost the same at any size
-    line = len(ResponseCache.line(ResponseCache.key("m", _prompt(399)), {"model": "m", "prompt": _prompt(399), "response": _response(399)}))
+    line = len(
+        ResponseCache.line(
+            ResponseCache.key("m", _prompt(399)), {"model": "m", "prompt": _prompt(399), "response": _response(399)}
+        )
+    )
     assert written[399] == line and written[0] == len(CACHE_HEADER) + line  # the first put also writes the header
     assert len(ResponseCache(tmp_path / "cache.jsonl").entries) == 400
 
@@ -259,11 +266,14 @@ def test_lines_that_are_not_entries_are_skipped_and_named(tmp_path, caplog) -> N
     assert again.skipped_lines == [3, 4] and "line 3, 4" in caplog.text
 
 
-@pytest.mark.parametrize(("content", "says"), [
-    (b"some notes, not a cache\n", "is not an LLM cache"),
-    (b'{"format": "sedsynth-llm-cache", "version": 3}\n', "version 3"),
-    (b'{"version": 7, "entries": {}}', "version 7"),
-])
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"some notes, not a cache\n", "is not an LLM cache"),
+        (b'{"format": "sedsynth-llm-cache", "version": 3}\n', "version 3"),
+        (b'{"version": 7, "entries": {}}', "version 7"),
+    ],
+)
 def test_files_that_cannot_be_read_fail_with_one_line(tmp_path, content, says) -> None:
     path = tmp_path / "cache.jsonl"
     path.write_bytes(content)
@@ -299,7 +309,9 @@ def _killed_entry(i: int) -> tuple[str, str]:
 
 
 # the writer process: appends entries until it is killed; it prints once the first few are in
-WRITER = inspect.getsource(_killed_entry) + """
+WRITER = (
+    inspect.getsource(_killed_entry)
+    + """
 import sys
 from pipeline.text.llm import ResponseCache
 cache = ResponseCache(sys.argv[1])
@@ -309,6 +321,7 @@ for i in range(start, start + 1_000_000):
     if i == start + 5:
         print("writing", flush=True)
 """
+)
 
 
 def test_kill_9_while_appending_leaves_a_readable_cache(tmp_path) -> None:

@@ -43,15 +43,18 @@ def mid(name: str) -> str:
 # --------------------------------------------------------------------------- phrases
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("Chirp, tweet", ["chirp", "tweet"]),
-    ("Dishes, pots, and pans", ["dishes, pots and pans"]),
-    ("Coin (dropping)", ["coin dropping", "coin"]),
-    ("Keyboard (musical)", ["musical keyboard", "keyboard"]),
-    ("Telephone dialing, DTMF", ["telephone dialing", "DTMF"]),
-    ("Bee, wasp, etc.", ["bee", "wasp"]),
-    ("Roaring cats (lions, tigers)", ["roaring cats"]),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Chirp, tweet", ["chirp", "tweet"]),
+        ("Dishes, pots, and pans", ["dishes, pots and pans"]),
+        ("Coin (dropping)", ["coin dropping", "coin"]),
+        ("Keyboard (musical)", ["musical keyboard", "keyboard"]),
+        ("Telephone dialing, DTMF", ["telephone dialing", "DTMF"]),
+        ("Bee, wasp, etc.", ["bee", "wasp"]),
+        ("Roaring cats (lions, tigers)", ["roaring cats"]),
+    ],
+)
 def test_name_phrases(name: str, expected: list[str]) -> None:
     assert name_phrases(name) == expected
 
@@ -88,7 +91,15 @@ def test_join_and_fill() -> None:
 
 
 def test_validate_templates_keeps_one_slot_lines_once() -> None:
-    raw = ["1. This audio has {}.", "- this audio has {}.", '"Hear {} now."', "no slot", "two {} slots {}", "bad {x} {}", "# c {}"]
+    raw = [
+        "1. This audio has {}.",
+        "- this audio has {}.",
+        '"Hear {} now."',
+        "no slot",
+        "two {} slots {}",
+        "bad {x} {}",
+        "# c {}",
+    ]
     assert validate_templates(raw) == ["This audio has {}.", "Hear {} now."]
     with pytest.raises(MalformedCompletion):
         validate_templates(["no slot here"], minimum=1)
@@ -148,7 +159,11 @@ def test_phrases_are_the_relabeled_segments(captioned) -> None:
     got = {(p.mixture_id, p.label): [(t.start_s, t.end_s) for t in p.segments] for p in phrases}
     assert got == {k: sorted(v) for k, v in want.items()}
     for p in phrases:
-        events = {(o["event_index"], o["clip_id"], o["snr_db"]) for o in occurrences if o["mixture_id"] == p.mixture_id and o["label"] == p.label}
+        events = {
+            (o["event_index"], o["clip_id"], o["snr_db"])
+            for o in occurrences
+            if o["mixture_id"] == p.mixture_id and o["label"] == p.label
+        }
         assert sorted(p.source_clip_ids) == sorted(c for _, c, _ in events)
         assert sorted(p.snr_db) == sorted(s for _, _, s in events)
         assert p.phrase in label_phrases(ONTO, p.mid)
@@ -290,7 +305,9 @@ def test_labels_outside_the_inventory_go_to_the_nearest_centroid(clustered, tmp_
 def test_bad_inventory_and_missing_captions(clustered, tmp_path: Path) -> None:
     params, _cap_dir, _, _ = clustered
     bad = tmp_path / "inv.json"
-    bad.write_text(json.dumps({"version": 1, "clusters": [{"id": 3, "mid": "", "name": "x", "alternatives": ["x"], "parent_ids": []}]}))
+    bad.write_text(
+        json.dumps({"version": 1, "clusters": [{"id": 3, "mid": "", "name": "x", "alternatives": ["x"], "parent_ids": []}]})
+    )
     with pytest.raises(clusters.ClusterError, match="malformed"):
         clusters.load_inventory(str(bad))
     with pytest.raises(clusters.ClusterError, match="sedsynth captions"):

@@ -80,8 +80,9 @@ def test_too_many_candidates_keeps_quantiles_and_each_class_best():
 
 def test_collar_statistics_summed_a_clip_at_a_time_equal_the_librarys_to_the_last_bit():
     scores = tables(noisy(1.0, 3))
-    want, _ = collar_based.accumulated_intermediate_statistics(scores, GROUND_TRUTH, onset_collar=0.2, offset_collar=0.2,
-                                                                offset_collar_rate=0.2)
+    want, _ = collar_based.accumulated_intermediate_statistics(
+        scores, GROUND_TRUTH, onset_collar=0.2, offset_collar=0.2, offset_collar_rate=0.2
+    )
     got = M.collar_statistics(scores, GROUND_TRUTH, clips_per_part=1)
     assert got.keys() == want.keys()
     for c, (cps, stats) in want.items():
@@ -107,7 +108,10 @@ def test_threshold_setting_number_checkpoint_and_fallback(tmp_path):
 
     assert C.threshold_setting(0.3, tmp_path / "absent.pt") == (0.3, "evaluate.f1_threshold", None)
     old = tmp_path / "old.pt"  # a checkpoint written before calibration existed
-    torch.save({"model": {}, "step": 7, "epoch": 1, "batches_in_epoch": 0, "torch_rng": torch.get_rng_state(), "config": {"train": {}}}, old)
+    torch.save(
+        {"model": {}, "step": 7, "epoch": 1, "batches_in_epoch": 0, "torch_rng": torch.get_rng_state(), "config": {"train": {}}},
+        old,
+    )
     warned: list[str] = []
     t, source, stored = C.threshold_setting("checkpoint", old, warn=warned.append)
     assert (t, stored) == (0.5, None) and "fallback 0.5" in source and len(warned) == 1 and str(old) in warned[0]

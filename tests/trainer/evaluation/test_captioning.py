@@ -95,9 +95,18 @@ class SumEncoder(torch.nn.Module):
 
 
 def detector(decoder):
-    det = SimpleNamespace(sample_rate_hz=8000, column_samples=400, columns=20, window_samples=8000, column_s=0.05, batch_size=2,
-                          device=torch.device("cpu"), autocast=contextlib.nullcontext, model=SimpleNamespace(encoder=SumEncoder()),
-                          objective=SimpleNamespace(captioner=decoder))
+    det = SimpleNamespace(
+        sample_rate_hz=8000,
+        column_samples=400,
+        columns=20,
+        window_samples=8000,
+        column_s=0.05,
+        batch_size=2,
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        model=SimpleNamespace(encoder=SumEncoder()),
+        objective=SimpleNamespace(captioner=decoder),
+    )
     det.timestamps_s = lambda n: Detector.timestamps_s(det, n)
     return det
 

@@ -82,8 +82,15 @@ def setup(shard_folder, tmp_path_factory) -> Setup:
     (audio / "x.wav").write_bytes(b"this is not audio at all " * 40)
     params_yaml = tmp / "params.yaml"
     params_yaml.write_text("{}\n")
-    return Setup(p, objective, ckpt, ckpt_zero, {k: audio / f"{k}.{e}" for k, e in (("a", "wav"), ("b", "flac"), ("x", "wav"))},
-                 {"a": 3.0, "b": 23.0}, params_yaml)
+    return Setup(
+        p,
+        objective,
+        ckpt,
+        ckpt_zero,
+        {k: audio / f"{k}.{e}" for k, e in (("a", "wav"), ("b", "flac"), ("x", "wav"))},
+        {"a": 3.0, "b": 23.0},
+        params_yaml,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +153,10 @@ def test_a_checkpoint_written_before_a_key_was_renamed_still_loads(setup, tmp_pa
     data["negatives"] = data.pop("negative_sampling")  # as checkpoints stored it before the rename
     old = tmp_path / "old.pt"
     torch.save(state, old)
-    assert Detector.from_checkpoint(old, device="cpu").train_params == Detector.from_checkpoint(setup.ckpt, device="cpu").train_params
+    assert (
+        Detector.from_checkpoint(old, device="cpu").train_params
+        == Detector.from_checkpoint(setup.ckpt, device="cpu").train_params
+    )
 
 
 @pytest.mark.parametrize("seconds", [10.0, 10.05, 12.5, 23.0, 25.0, 61.3])
@@ -166,10 +176,10 @@ def test_windows_cover_every_sample_and_frame(det, seconds):
     covered = np.zeros(n, dtype=bool)
     frames = np.zeros(L, dtype=bool)
     for s in starts:
-        covered[s:s + det.window_samples] = True
+        covered[s : s + det.window_samples] = True
         first = s // det.column_samples
         assert first < L
-        frames[first:first + det.columns] = True
+        frames[first : first + det.columns] = True
     assert covered.all() and frames.all()
     # frame boundaries: every column_s from 0, the last one at the clip's end
     assert edges[0] == 0.0
@@ -212,14 +222,14 @@ def test_long_audio_is_the_mean_of_its_windows_scored_alone(det):
     wave = noise(25.0, 1)
     (whole,) = det.score([wave], [vocab])
     starts = window_starts(det, len(wave))
-    pieces = list(det.score([wave[s:s + det.window_samples] for s in starts], [vocab]))
+    pieces = list(det.score([wave[s : s + det.window_samples] for s in starts], [vocab]))
     L = len(whole.timestamps_s) - 1
     total, count = np.zeros((L, 2)), np.zeros((L, 1))
     for s, piece in zip(starts, pieces):
         first = s // det.column_samples
         take = min(det.columns, L - first)
-        total[first:first + take] += piece.probs[0][:take]
-        count[first:first + take] += 1
+        total[first : first + take] += piece.probs[0][:take]
+        count[first : first + take] += 1
     np.testing.assert_allclose(whole.probs[0], total / count, atol=1e-5)
     # the frames only the first window sees are exactly the first 10 s scored alone
     only_first = starts[1] // det.column_samples
@@ -282,8 +292,13 @@ def test_score_all_gives_the_freed_heap_back_every_so_many_clips(det, monkeypatc
 def test_packed_copies_into_aligned_chunks():
     rng = np.random.default_rng(0)
     store = Packed(chunk_bytes=4096)
-    arrays = [rng.random((7, 3), dtype=np.float32), np.arange(5, dtype=np.float64), np.zeros((0, 4), np.float32),
-              rng.integers(0, 9, (2, 2, 2)), rng.random((40, 40))]  # the last is larger than a chunk: a chunk of its own
+    arrays = [
+        rng.random((7, 3), dtype=np.float32),
+        np.arange(5, dtype=np.float64),
+        np.zeros((0, 4), np.float32),
+        rng.integers(0, 9, (2, 2, 2)),
+        rng.random((40, 40)),
+    ]  # the last is larger than a chunk: a chunk of its own
     views = [store.put(a) for a in arrays]
     for a, v in zip(arrays, views):
         assert v.dtype == a.dtype and v.shape == a.shape and not v.flags.writeable and v.flags.c_contiguous
@@ -307,7 +322,11 @@ def test_events_on_crafted_probabilities():
     t = np.arange(9) * 0.5  # 8 frames of 0.5 s
     p = np.array([0.6, 0.2, 0.5, 0.7, 0.1, 0.0, 0.9, 0.8])
     assert D.events(t, p, 0.5) == [(0.0, 0.5, pytest.approx(0.6)), (1.0, 2.0, pytest.approx(0.7)), (3.0, 4.0, pytest.approx(0.9))]
-    assert D.events(t, p, 0.55) == [(0.0, 0.5, pytest.approx(0.6)), (1.5, 2.0, pytest.approx(0.7)), (3.0, 4.0, pytest.approx(0.9))]
+    assert D.events(t, p, 0.55) == [
+        (0.0, 0.5, pytest.approx(0.6)),
+        (1.5, 2.0, pytest.approx(0.7)),
+        (3.0, 4.0, pytest.approx(0.9)),
+    ]
     assert D.events(t, p, 0.95) == []
     assert D.events(t, p, 0.0) == [(0.0, 4.0, pytest.approx(0.9))]
     t2 = np.array([0.0, 0.08, 0.16, 0.2])  # a clip ending mid-column
@@ -335,10 +354,14 @@ def test_detect_smooths_then_thresholds(tmp_path):
 
     rows, failed = D.detect(Stub(), [str(tmp_path / "c.wav"), str(tmp_path / "x.wav")], ["q0", "q1"], threshold=0.5)
     assert rows == [D.Detection(str(tmp_path / "c.wav"), "q1", pytest.approx(0.2), pytest.approx(0.6), pytest.approx(0.8))]
-    assert list(failed) == [str(tmp_path / "x.wav")] and failed[str(tmp_path / "x.wav")].startswith("cannot read it (unreadable: ")
+    assert list(failed) == [str(tmp_path / "x.wav")] and failed[str(tmp_path / "x.wav")].startswith(
+        "cannot read it (unreadable: "
+    )
     rows, _ = D.detect(Stub(), [str(tmp_path / "c.wav")], ["q0", "q1"], threshold=0.5, median_frames=1)
-    assert [(r.query, r.onset_s, r.offset_s) for r in rows] == [("q0", pytest.approx(0.4), pytest.approx(0.5)),
-                                                               ("q1", pytest.approx(0.2), pytest.approx(0.6))]
+    assert [(r.query, r.onset_s, r.offset_s) for r in rows] == [
+        ("q0", pytest.approx(0.4), pytest.approx(0.5)),
+        ("q1", pytest.approx(0.2), pytest.approx(0.6)),
+    ]
     assert rows[1].score == pytest.approx(0.95)
 
 
@@ -347,8 +370,21 @@ def test_detect_smooths_then_thresholds(tmp_path):
 
 def run_cli(setup, capsys, *extra: str, ckpt: Path | None = None) -> tuple[int, str, str]:
     files = [str(setup.files["a"]), str(setup.files["b"]), str(setup.files["x"]), str(setup.files["a"].with_name("missing.wav"))]
-    argv = ["detect", *files, "--query", QUERIES[0], "--query", QUERIES[1], "--params", str(setup.params_yaml),
-            "--checkpoint", str(ckpt or setup.ckpt), "--device", "cpu", *extra]
+    argv = [
+        "detect",
+        *files,
+        "--query",
+        QUERIES[0],
+        "--query",
+        QUERIES[1],
+        "--params",
+        str(setup.params_yaml),
+        "--checkpoint",
+        str(ckpt or setup.ckpt),
+        "--device",
+        "cpu",
+        *extra,
+    ]
     capsys.readouterr()
     code = main(argv)
     out, err = capsys.readouterr()
@@ -405,10 +441,10 @@ def test_cli_table_scores_match_the_detector(setup, capsys):
     score_end = header.index("score") + len("score")
     for line, (f, q, (on, off, peak)) in zip(lines[1:], expected):
         assert line.startswith(f + " ")
-        assert line[header.index("query"):].startswith(q + " ")
+        assert line[header.index("query") :].startswith(q + " ")
         assert line.endswith(f"{peak:.3f}") and len(line) == score_end
-        assert line[:header.index("onset_s") + len("onset_s")].endswith(f"{on:.3f}")
-        assert line[:header.index("offset_s") + len("offset_s")].endswith(f"{off:.3f}")
+        assert line[: header.index("onset_s") + len("onset_s")].endswith(f"{on:.3f}")
+        assert line[: header.index("offset_s") + len("offset_s")].endswith(f"{off:.3f}")
         assert 0.3 < peak < 1.0  # bias 0: a real probability, not 1e-4
     assert off == pytest.approx(setup.durations["b"])
 
@@ -427,8 +463,22 @@ def test_cli_reports_a_missing_checkpoint(setup, capsys, tmp_path):
 
 
 def test_cli_exit_status_is_zero_when_every_file_reads(setup, capsys):
-    argv = ["detect", str(setup.files["b"]), "--query", QUERIES[0], "--params", str(setup.params_yaml),
-            "--checkpoint", str(setup.ckpt), "--device", "cpu", "--format", "tsv", "--threshold", "0"]
+    argv = [
+        "detect",
+        str(setup.files["b"]),
+        "--query",
+        QUERIES[0],
+        "--params",
+        str(setup.params_yaml),
+        "--checkpoint",
+        str(setup.ckpt),
+        "--device",
+        "cpu",
+        "--format",
+        "tsv",
+        "--threshold",
+        "0",
+    ]
     capsys.readouterr()
     assert main(argv) == 0
     out, err = capsys.readouterr()
@@ -449,15 +499,22 @@ def test_read_audio_downmixes_and_resamples(setup):
         assert e.type.__name__ == "AudioError"
 
 
-
 def detect_main(setup, capsys, ckpt: Path, threshold: float | None) -> tuple[int, list[list[str]], str]:
     """``sedsynth detect b.flac --format tsv`` through :func:`detect.main`, ``threshold`` None as without ``--threshold``."""
     import argparse
 
     from trainer.config import Params
 
-    args = argparse.Namespace(audio=[str(setup.files["b"])], query=[QUERIES[0]], checkpoint=str(ckpt), threshold=threshold,
-                              format="tsv", scores=None, pictures=None, device="cpu")
+    args = argparse.Namespace(
+        audio=[str(setup.files["b"])],
+        query=[QUERIES[0]],
+        checkpoint=str(ckpt),
+        threshold=threshold,
+        format="tsv",
+        scores=None,
+        pictures=None,
+        device="cpu",
+    )
     capsys.readouterr()
     code = D.main(args, Params())
     out, err = capsys.readouterr()

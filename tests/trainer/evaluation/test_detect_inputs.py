@@ -64,8 +64,9 @@ def test_a_folder_without_audio_is_an_error_that_names_it(ckpt, tmp_path, capsys
 
 
 def test_a_quoted_glob_is_expanded_by_detect(ckpt, clips, capsys):
-    code, out, err = cli(capsys, *base_args(ckpt), str(clips / "*.wav"), str(clips / "**" / "*.wav"), "--format", "tsv",
-                         "--threshold", "0")
+    code, out, err = cli(
+        capsys, *base_args(ckpt), str(clips / "*.wav"), str(clips / "**" / "*.wav"), "--format", "tsv", "--threshold", "0"
+    )
     assert code == 0, err
     assert scored_files(out) == ["a.wav", "c.wav"]  # a file two patterns match is scored once
     code, out, err = cli(capsys, *base_args(ckpt), str(clips / "*.mp4"))
@@ -108,8 +109,9 @@ def peak_and_time(det, path: Path, frames: int) -> list[tuple[float, float]]:
 def calibrated(ckpt: Path, tmp_path: Path, threshold: float, frames: int) -> Path:
     path = tmp_path / "calibrated.pt"
     path.write_bytes(ckpt.read_bytes())
-    checkpoint.store_entry(path, "calibration", {"threshold": threshold, "valid_f1": 0.5, "split": "valid",
-                                                 "median_filter_frames": frames})
+    checkpoint.store_entry(
+        path, "calibration", {"threshold": threshold, "valid_f1": 0.5, "split": "valid", "median_filter_frames": frames}
+    )
     return path
 
 

@@ -118,20 +118,25 @@ def test_tsv_and_score_files_are_what_sed_scores_eval_reads(ckpt, audio, tmp_pat
     assert sorted(got) == sorted(expected)
     assert sum(e[2] == QUERIES[0] and e[1] - e[0] < 2.9 for events in got.values() for e in events) >= 2
     for name in got:
-        assert sorted((e[2], round(e[0], 6), round(e[1], 6)) for e in got[name]) == \
-            sorted((e[2], round(float(e[0]), 6), round(float(e[1]), 6)) for e in expected[name])
+        assert sorted((e[2], round(e[0], 6), round(e[1], 6)) for e in got[name]) == sorted(
+            (e[2], round(float(e[0]), 6), round(float(e[1]), 6)) for e in expected[name]
+        )
 
     # PSDS and collar F1 against a user's ground truth
     truth = tmp_path / "truth.tsv"
-    truth.write_text("filename\tonset\toffset\tevent_label\n"
-                     "a.wav\t0.5\t2.0\tdog barking\nb.flac\t4.0\t9.0\tcar horn\nb.flac\t0.2\t1.0\tdog barking\n")
+    truth.write_text(
+        "filename\tonset\toffset\tevent_label\n"
+        "a.wav\t0.5\t2.0\tdog barking\nb.flac\t4.0\t9.0\tcar horn\nb.flac\t0.2\t1.0\tdog barking\n"
+    )
     durations = tmp_path / "durations.tsv"
     durations.write_text("filename\tduration\na.wav\t3.0\nb.flac\t10.5\n")
-    psds, *_ = intersection_based.psds(scores_dir, truth, durations, dtc_threshold=0.7, gtc_threshold=0.7, alpha_ct=0.0,
-                                       alpha_st=1.0, max_efpr=100.0)
+    psds, *_ = intersection_based.psds(
+        scores_dir, truth, durations, dtc_threshold=0.7, gtc_threshold=0.7, alpha_ct=0.0, alpha_st=1.0, max_efpr=100.0
+    )
     assert 0.0 <= psds <= 1.0
-    f1, precision, recall, _ = collar_based.fscore(scores_dir, truth, threshold, onset_collar=0.2, offset_collar=0.2,
-                                                    offset_collar_rate=0.2)
+    f1, precision, recall, _ = collar_based.fscore(
+        scores_dir, truth, threshold, onset_collar=0.2, offset_collar=0.2, offset_collar_rate=0.2
+    )
     assert set(f1) >= set(QUERIES) and all(0.0 <= f1[q] <= 1.0 for q in QUERIES)
 
 
@@ -157,8 +162,16 @@ def test_two_inputs_with_one_name_the_second_fails_alone(ckpt, audio, tmp_path, 
     other.mkdir()
     twin = other / "a.flac"  # same id "a" as a.wav for sed_scores_eval
     sf.write(twin, np.zeros(SR, np.float32), SR)
-    code, out, err = cli(capsys, *base_args(ckpt, audio["a"], twin, audio["b"]), "--format", "tsv", "--threshold", "0",
-                         "--scores", str(tmp_path / "s"))
+    code, out, err = cli(
+        capsys,
+        *base_args(ckpt, audio["a"], twin, audio["b"]),
+        "--format",
+        "tsv",
+        "--threshold",
+        "0",
+        "--scores",
+        str(tmp_path / "s"),
+    )
     assert code == 2
     assert any(str(twin) in line and "rename" in line for line in err.splitlines()), err
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["a.tsv", "b.tsv"]
@@ -171,8 +184,10 @@ def test_a_name_that_would_forge_tsv_rows_fails_alone_on_one_line(ckpt, audio, t
     sf.write(forged, np.zeros(SR, np.float32), SR)
     code, out, err = cli(capsys, *base_args(ckpt, audio["a"], forged), "--format", "tsv", "--threshold", "0")
     assert code == 2
-    assert err.strip().splitlines()[-1] == (f"sedsynth detect: error: {str(forged)!r}: its name {forged.name!r} holds a tab or "
-                                            "line break, which would forge rows of the TSV outputs; rename the file")
+    assert err.strip().splitlines()[-1] == (
+        f"sedsynth detect: error: {str(forged)!r}: its name {forged.name!r} holds a tab or "
+        "line break, which would forge rows of the TSV outputs; rename the file"
+    )
     assert out.splitlines()[0].split("\t") == ["filename", "onset", "offset", "event_label"]
     assert {tuple(line.split("\t")[0::3]) for line in out.splitlines()[1:]} == {("a.wav", q) for q in QUERIES}
 
@@ -181,14 +196,27 @@ def test_a_name_that_would_forge_tsv_rows_fails_alone_on_one_line(ckpt, audio, t
 
 
 def test_tiny_files_get_pictures_and_a_bad_one_fails_alone(ckpt, audio, tmp_path, capsys):
-    files = {"one": (np.array([0.5], np.float32), SR), "hundred": (np.full(100, 0.1, np.float32), SR),
-             "below_one_sample": (np.array([0.5], np.float32), 44100)}  # 1/44100 s: no sample at 16 kHz
+    files = {
+        "one": (np.array([0.5], np.float32), SR),
+        "hundred": (np.full(100, 0.1, np.float32), SR),
+        "below_one_sample": (np.array([0.5], np.float32), 44100),
+    }  # 1/44100 s: no sample at 16 kHz
     for name, (x, rate) in files.items():
         sf.write(tmp_path / f"{name}.wav", x, rate, subtype="FLOAT")
     pictures, scores = tmp_path / "pictures", tmp_path / "scores"
     paths = [tmp_path / "one.wav", tmp_path / "below_one_sample.wav", audio["a"], tmp_path / "hundred.wav"]
-    code, out, err = cli(capsys, *base_args(ckpt, *paths), "--format", "tsv", "--threshold", "0", "--pictures", str(pictures),
-                         "--scores", str(scores))
+    code, out, err = cli(
+        capsys,
+        *base_args(ckpt, *paths),
+        "--format",
+        "tsv",
+        "--threshold",
+        "0",
+        "--pictures",
+        str(pictures),
+        "--scores",
+        str(scores),
+    )
     assert code == 2
     bad = [line for line in err.splitlines() if "error" in line]
     assert len(bad) == 1 and str(tmp_path / "below_one_sample.wav") in bad[0] and "empty" in bad[0], err
@@ -232,7 +260,7 @@ def test_spectrogram_covers_the_clip_for_any_length_and_block_size(samples):
             continue
         streamed = Spectrogram(SR)
         for i in range(0, samples, block):
-            streamed.push(x[i:i + block])
+            streamed.push(x[i : i + block])
         e, _, p = streamed.columns()
         np.testing.assert_array_equal(e, edges)
         np.testing.assert_allclose(p, power, rtol=1e-5, atol=1e-12)
@@ -244,7 +272,7 @@ def test_spectrogram_columns_stay_bounded_and_keep_the_signal():
     t = np.arange(SR * 30) / SR
     tone = (0.5 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32)
     for i in range(0, len(tone), 12345):
-        sketch.push(tone[i:i + 12345])
+        sketch.push(tone[i : i + 12345])
     edges, bins, power = sketch.columns()
     assert 32 <= power.shape[1] <= 64 and edges[-1] == pytest.approx(30.0)
     peak_hz = (bins[:-1] + bins[1:])[power.mean(axis=1).argmax()] / 2
@@ -289,13 +317,13 @@ def test_window_cutter_cuts_the_detector_windows_whatever_the_blocks(det, second
     for sizes in ([n or 1], [1000], list(rng.integers(1, 200000, 40))):
         cutter, windows, i, k, held = _WindowCutter(det), [], 0, 0, 0
         while i < n:
-            windows += cutter.push(wave[i:i + sizes[k % len(sizes)]])
+            windows += cutter.push(wave[i : i + sizes[k % len(sizes)]])
             i, k = i + sizes[k % len(sizes)], k + 1
             held = max(held, len(cutter.buffer) + sum(map(len, cutter.arrived)))
         windows += cutter.close()
         assert [w.start for w in windows] == window_starts(det, n)
         for w in windows:
-            want = wave[w.start:w.start + det.window_samples]
+            want = wave[w.start : w.start + det.window_samples]
             np.testing.assert_array_equal(w.samples, np.pad(want, (0, det.window_samples - len(want))))
             assert w.columns == min(det.columns, L - w.start // det.column_samples)
         # samples held at once: about a window, a hop and a block, however long the clip
@@ -311,7 +339,7 @@ def test_streamed_scores_equal_whole_wave_scores(det, seconds):
     for sizes in ([1000], [160001], list(rng.integers(1, 40000, 50))):  # small, over a window, ragged
         blocks, i, k = [], 0, 0
         while i < len(wave):
-            blocks.append(wave[i:i + sizes[k % len(sizes)]])
+            blocks.append(wave[i : i + sizes[k % len(sizes)]])
             i += sizes[k % len(sizes)]
             k += 1
         streamed = det.score_stream(iter(blocks), [vocab])

@@ -37,12 +37,24 @@ def test_a_huge_caption_and_phrase_are_drawn_cut_on_one_line(tmp_path, figures):
     caption = TEX + "a dog barks\n" * 1_000_000  # 12 MB
     phrase = "a dog\tbarking " * 10_000
     start = time.perf_counter()
-    plots.detection_figure(tmp_path / "clip.png", np.zeros(SR, np.float32), SR, np.arange(11) * 0.1, np.full((10, 2), 0.5),
-                           [phrase, "rain"], title=f"clip_1: {caption}", absent=1)
+    plots.detection_figure(
+        tmp_path / "clip.png",
+        np.zeros(SR, np.float32),
+        SR,
+        np.arange(11) * 0.1,
+        np.full((10, 2), 0.5),
+        [phrase, "rain"],
+        title=f"clip_1: {caption}",
+        absent=1,
+    )
     assert time.perf_counter() - start < 10
     [fig] = figures
     title = fig.axes[0].get_title(loc="left")
-    assert len(title.replace(r"\$", "$")) == plots.TEXT_MAX_CHARS and title.startswith(r"clip_1: costs \$\frac{1}\$ and a dog barks a dog") and title.endswith("\u2026")
+    assert (
+        len(title.replace(r"\$", "$")) == plots.TEXT_MAX_CHARS
+        and title.startswith(r"clip_1: costs \$\frac{1}\$ and a dog barks a dog")
+        and title.endswith("\u2026")
+    )
     labels = [ax.texts[0].get_text() for ax in fig.axes[1:]]
     assert labels[0].startswith("a dog barking") and len(labels[0]) == plots.TEXT_MAX_CHARS and "\t" not in labels[0]
     assert labels[1] == "rain (absent)"
@@ -54,8 +66,10 @@ def test_confusion_and_curve_labels_are_cut_too(tmp_path, figures):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Tight layout not applied")  # 120 characters do not fit beside the axes: drawn anyway
         plots.confusion_figure(tmp_path / "c.png", np.full((2, 2), 0.5), classes)
-        plots.curves_figure(tmp_path / "k.png", {"m" * 500: {"roc": ([0, 1], [0, 1]), "psd_1_roc": ([0, 1], [0, 1]),
-                                                              "psd_2_roc": ([0, 1], [0, 1])}})
+        plots.curves_figure(
+            tmp_path / "k.png",
+            {"m" * 500: {"roc": ([0, 1], [0, 1]), "psd_1_roc": ([0, 1], [0, 1]), "psd_2_roc": ([0, 1], [0, 1])}},
+        )
     confusion, curves = figures
     ticks = [t.get_text() for t in confusion.axes[0].get_xticklabels()]
     assert ticks[0] == "Dog" and ticks[1].startswith(r"costs \$") and len(ticks[1]) == plots.TEXT_MAX_CHARS + 2  # two $ escaped

@@ -49,10 +49,18 @@ class ToneEncoder(nn.Module):
 
 def stub_detector(noise: bool = False, batch_size: int = 3):
     """What the probes read of a :class:`Detector`: its grid, encoder, device and label overlap."""
-    det = SimpleNamespace(sample_rate_hz=RATE, column_samples=COLUMN, columns=COLUMNS, window_samples=COLUMNS * COLUMN,
-                          column_s=COLUMN / RATE, batch_size=batch_size, device=torch.device("cpu"),
-                          autocast=contextlib.nullcontext, model=SimpleNamespace(encoder=ToneEncoder(noise)),
-                          train_params=SimpleNamespace(data=SimpleNamespace(min_label_overlap=0.5)))
+    det = SimpleNamespace(
+        sample_rate_hz=RATE,
+        column_samples=COLUMN,
+        columns=COLUMNS,
+        window_samples=COLUMNS * COLUMN,
+        column_s=COLUMN / RATE,
+        batch_size=batch_size,
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext,
+        model=SimpleNamespace(encoder=ToneEncoder(noise)),
+        train_params=SimpleNamespace(data=SimpleNamespace(min_label_overlap=0.5)),
+    )
     det.timestamps_s = lambda n: Detector.timestamps_s(det, n)
     return det
 
@@ -140,9 +148,15 @@ def test_frame_probe_scores_events_the_features_encode_and_not_noise():
 
 def test_frame_targets_mark_the_frames_an_event_covers():
     det = stub_detector()
-    split = SimpleNamespace(durations_s={"x": 1.0}, phrases={"x": [
-        {"label": "Bark", "segments": [{"start_s": 0.1, "end_s": 0.33}]},  # frames 2..6 (0.30-0.35 half covered: in)
-        {"label": "Other", "segments": [{"start_s": 0.0, "end_s": 1.0}]}]})  # not a probed class
+    split = SimpleNamespace(
+        durations_s={"x": 1.0},
+        phrases={
+            "x": [
+                {"label": "Bark", "segments": [{"start_s": 0.1, "end_s": 0.33}]},  # frames 2..6 (0.30-0.35 half covered: in)
+                {"label": "Other", "segments": [{"start_s": 0.0, "end_s": 1.0}]},
+            ]
+        },
+    )  # not a probed class
     targets = frame_targets(det, split, ["x"], [np.zeros((20, 4))], ("Bark", "Meow"), 0.5)
     assert targets.shape == (1, 20, 2)
     assert np.flatnonzero(targets[0, :, 0]).tolist() == [2, 3, 4, 5, 6] and not targets[0, :, 1].any()
@@ -267,11 +281,17 @@ def test_heads_fitted_side_by_side_match_one_after_another(monkeypatch):
     def fits() -> dict:
         def counted(fit):
             return lambda: (threads.append(torch.get_num_threads()), fit())[1]
-        jobs = {(seed, "clip"): counted(lambda seed=seed: clip_probe(x, y, x_test, y_test,
-                                                                     ClipProbeSettings(pooling="attention", steps=40, seed=seed)))
-                for seed in range(3)}
-        jobs |= {(seed, "frame"): counted(lambda seed=seed: frame_probe(x, frames_y, x_test, frames_y_test, steps=40, seed=seed))
-                 for seed in range(3)}
+
+        jobs = {
+            (seed, "clip"): counted(
+                lambda seed=seed: clip_probe(x, y, x_test, y_test, ClipProbeSettings(pooling="attention", steps=40, seed=seed))
+            )
+            for seed in range(3)
+        }
+        jobs |= {
+            (seed, "frame"): counted(lambda seed=seed: frame_probe(x, frames_y, x_test, frames_y_test, steps=40, seed=seed))
+            for seed in range(3)
+        }
         return jobs
 
     torch.set_num_threads(2)

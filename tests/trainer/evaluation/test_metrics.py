@@ -133,8 +133,17 @@ def test_psds1_astat0_equals_a_second_psds_call_with_alpha_st_0():
     tables = M.score_dataframes(IDS, [GRID] * len(IDS), probs, CLASSES)
     ours = M.sed_metrics(tables, GROUND_TRUTH, DURATIONS, CLASSES, M.Timer())
     s = M.PSDS1_ASTAT0
-    theirs, *_ = intersection_based.psds(tables, GROUND_TRUTH, DURATIONS, dtc_threshold=s.dtc, gtc_threshold=s.gtc,
-                                         cttc_threshold=s.cttc, alpha_ct=s.alpha_ct, alpha_st=0.0, max_efpr=s.max_efpr)
+    theirs, *_ = intersection_based.psds(
+        tables,
+        GROUND_TRUTH,
+        DURATIONS,
+        dtc_threshold=s.dtc,
+        gtc_threshold=s.gtc,
+        cttc_threshold=s.cttc,
+        alpha_ct=s.alpha_ct,
+        alpha_st=0.0,
+        max_efpr=s.max_efpr,
+    )
     assert 0.05 < ours["psds1_astat0"] < 0.95 and ours["psds1"] < ours["psds1_astat0"]
     assert ours["psds1_astat0"] == pytest.approx(float(theirs), abs=1e-12)
 
@@ -142,17 +151,41 @@ def test_psds1_astat0_equals_a_second_psds_call_with_alpha_st_0():
 def test_protocol_states_every_setting():
     from importlib.metadata import version
 
-    p = M.protocol(CLASSES, 6, 8, frame_hop_s=0.1, median_filter_frames=3, segment_s=1.0, max_fpr=0.1, threshold=0.25,
-                   threshold_source="evaluate.f1_threshold")
+    p = M.protocol(
+        CLASSES,
+        6,
+        8,
+        frame_hop_s=0.1,
+        median_filter_frames=3,
+        segment_s=1.0,
+        max_fpr=0.1,
+        threshold=0.25,
+        threshold_source="evaluate.f1_threshold",
+    )
     assert p["sed_scores_eval"] == version("sed_scores_eval")
-    assert p["psds1"] == {"dtc": 0.7, "gtc": 0.7, "cttc": None, "alpha_ct": 0.0, "alpha_st": 1.0, "max_efpr": 100.0, "efpr_unit": "per hour"}
+    assert p["psds1"] == {
+        "dtc": 0.7,
+        "gtc": 0.7,
+        "cttc": None,
+        "alpha_ct": 0.0,
+        "alpha_st": 1.0,
+        "max_efpr": 100.0,
+        "efpr_unit": "per hour",
+    }
     assert p["psds1_astat0"]["alpha_st"] == 0.0 and p["psds1_astat0"]["dtc"] == 0.7
     assert (p["psds2"]["dtc"], p["psds2"]["gtc"], p["psds2"]["cttc"], p["psds2"]["alpha_ct"]) == (0.1, 0.1, 0.3, 0.5)
     f1 = p["collar_f1"]
     assert (f1["onset_collar_s"], f1["offset_collar_s"], f1["offset_collar_rate"], f1["threshold"]) == (0.2, 0.2, 0.2, 0.25)
     assert f1["threshold_source"] == "evaluate.f1_threshold"
     assert p["segment_auroc"]["segment_s"] == 1.0 and p["segment_auroc"]["pauroc_max_fpr"] == 0.1
-    assert (p["classes"], p["num_classes"], p["clips"], p["events"], p["frame_hop_s"], p["median_filter_frames"]) == (CLASSES, 3, 6, 8, 0.1, 3)
+    assert (p["classes"], p["num_classes"], p["clips"], p["events"], p["frame_hop_s"], p["median_filter_frames"]) == (
+        CLASSES,
+        3,
+        6,
+        8,
+        0.1,
+        3,
+    )
 
 
 def test_an_event_detected_10_percent_late_still_passes_both_psds():
@@ -202,8 +235,15 @@ def round_trip(folder, ids: list[str]) -> tuple[float, float]:
     write_truth(folder, truth, durations)
     assert sorted(p.name for p in scores_dir.iterdir()) == [f"{i}.tsv" for i in ids]
     value, *_ = intersection_based.psds(
-        str(scores_dir), str(folder / "ground_truth.tsv"), sio.read_audio_durations(folder / "durations.tsv"),
-        dtc_threshold=0.7, gtc_threshold=0.7, alpha_ct=0, alpha_st=1, max_efpr=100)
+        str(scores_dir),
+        str(folder / "ground_truth.tsv"),
+        sio.read_audio_durations(folder / "durations.tsv"),
+        dtc_threshold=0.7,
+        gtc_threshold=0.7,
+        alpha_ct=0,
+        alpha_st=1,
+        max_efpr=100,
+    )
     return ours, float(value)
 
 
@@ -242,13 +282,19 @@ def test_smooth_removes_single_frame_spikes_and_keeps_longer_runs():
 
 def test_confusion_by_hand_counts_partly_covered_frames():
     grids = [np.array([0.0, 0.5, 1.0, 1.5, 2.0]), np.array([0.0, 1.0, 2.0])]
-    probs = [np.array([[0.9, 0.2], [0.8, 0.3], [0.1, 0.6], [0.0, 0.4]]),  # clip a: columns dog, car
-             np.array([[0.5, 0.1], [0.2, 0.7]])]  # clip b
+    probs = [
+        np.array([[0.9, 0.2], [0.8, 0.3], [0.1, 0.6], [0.0, 0.4]]),  # clip a: columns dog, car
+        np.array([[0.5, 0.1], [0.2, 0.7]]),
+    ]  # clip b
     truth = {
-        "a": [(0.0, 0.7, "dog"),  # frames 0 and 1 (0.2 s of frame 1's 0.5 s): dog 0.9, car 0.3 (from the partial frame)
-              (1.2, 2.0, "car")],  # frames 2 (partly) and 3: dog 0.1, car 0.6
-        "b": [(1.0, 1.5, "dog"),  # frame 1 only (frame 0 ends where it starts): dog 0.2, car 0.7
-              (0.2, 0.4, "bell")],  # not a class of the matrix: left out
+        "a": [
+            (0.0, 0.7, "dog"),  # frames 0 and 1 (0.2 s of frame 1's 0.5 s): dog 0.9, car 0.3 (from the partial frame)
+            (1.2, 2.0, "car"),
+        ],  # frames 2 (partly) and 3: dog 0.1, car 0.6
+        "b": [
+            (1.0, 1.5, "dog"),  # frame 1 only (frame 0 ends where it starts): dog 0.2, car 0.7
+            (0.2, 0.4, "bell"),
+        ],  # not a class of the matrix: left out
         "c": [(0.0, 1.0, "car")],  # a clip that was not scored
     }
     matrix, events = M.confusion(["a", "b"], grids, (p for p in probs), truth, ["dog", "car"])
@@ -269,13 +315,15 @@ def test_confusion_by_hand_counts_partly_covered_frames():
 
 def test_zero_shot_accuracy_by_hand():
     class_text = np.eye(3)
-    audio = np.array([
-        [0.9, 0.1, 0.0],  # -> 0
-        [0.2, 0.7, 0.1],  # -> 1
-        [0.1, 0.3, 0.6],  # -> 2
-        [0.5, 0.4, 0.1],  # -> 0
-        [0.0, 0.2, 0.8],  # -> 2
-    ])
+    audio = np.array(
+        [
+            [0.9, 0.1, 0.0],  # -> 0
+            [0.2, 0.7, 0.1],  # -> 1
+            [0.1, 0.3, 0.6],  # -> 2
+            [0.5, 0.4, 0.1],  # -> 0
+            [0.0, 0.2, 0.8],  # -> 2
+        ]
+    )
     assert M.classification(audio, class_text, np.array([0, 1, 2, 1, 2])) == {"accuracy": pytest.approx(4 / 5)}
     assert M.classification(audio, class_text, np.array([1, 0, 0, 2, 1])) == {"accuracy": 0.0}
     assert math.isnan(M.classification(audio[:0], class_text, np.array([], dtype=int))["accuracy"])
@@ -346,7 +394,12 @@ def test_timer_splits_library_time_from_the_rest(monkeypatch):
     assert s["metrics_s"] == 7.5
     assert s["sed_scores_eval_s"] == 6.5
     assert s["outside_sed_scores_eval_share"] == round(1.0 / 7.5, 4)
-    assert M.Timer().summary() == {"total_s": 0.0, "metrics_s": 0.0, "sed_scores_eval_s": 0.0, "outside_sed_scores_eval_share": 0.0}
+    assert M.Timer().summary() == {
+        "total_s": 0.0,
+        "metrics_s": 0.0,
+        "sed_scores_eval_s": 0.0,
+        "outside_sed_scores_eval_share": 0.0,
+    }
 
 
 # --------------------------------------------------------------------------- statistics in parts
@@ -376,9 +429,18 @@ def test_psds_in_parts_is_sed_scores_eval_s_to_the_last_bit(settings, part):
 
     tables, truth, durations = noisy_split()
     s = settings
-    theirs = intersection_based.psds(tables, truth, durations, dtc_threshold=s.dtc, gtc_threshold=s.gtc,
-                                     cttc_threshold=s.cttc, alpha_ct=s.alpha_ct, alpha_st=s.alpha_st,
-                                     unit_of_time="hour", max_efpr=s.max_efpr)
+    theirs = intersection_based.psds(
+        tables,
+        truth,
+        durations,
+        dtc_threshold=s.dtc,
+        gtc_threshold=s.gtc,
+        cttc_threshold=s.cttc,
+        alpha_ct=s.alpha_ct,
+        alpha_st=s.alpha_st,
+        unit_of_time="hour",
+        max_efpr=s.max_efpr,
+    )
     ours = M.psds(tables, truth, durations, s, clips_per_part=part)
     assert 0.05 < theirs[0] < 0.99  # neither nothing nor everything detected
     assert ours[0] == theirs[0] and ours[1] == theirs[1]
@@ -404,8 +466,15 @@ def test_running_sums_merge_parts_exactly_in_the_narrowest_integer_type():
         assert np.all(np.diff(summed[0]) > 0)
     cps = np.concatenate([c for p in parts for c, _ in p])
     points = np.unique(cps)
-    expected = np.stack([np.bincount(np.searchsorted(points, cps), np.concatenate([d[k] for p in parts for _, d in p]),
-                                     minlength=len(points)).astype(np.int64) for k in keys], axis=1)
+    expected = np.stack(
+        [
+            np.bincount(
+                np.searchsorted(points, cps), np.concatenate([d[k] for p in parts for _, d in p]), minlength=len(points)
+            ).astype(np.int64)
+            for k in keys
+        ],
+        axis=1,
+    )
     assert np.array_equal(summed[0], points) and np.array_equal(summed[1], expected)
     assert summed[1].dtype == np.int16 and summed[1][points == 0.5, 0] > 127
     assert M._add_deltas(None, parts[0], None)[1].dtype == np.int8
@@ -447,18 +516,29 @@ def test_collar_and_segment_f1_and_segment_auroc_in_parts_are_sed_scores_eval_s(
 
     tables, truth, durations = noisy_split()
     c = M.COLLAR
-    theirs = collar_based.fscore(tables, truth, threshold, onset_collar=c.onset_collar_s, offset_collar=c.offset_collar_s,
-                                 offset_collar_rate=c.offset_collar_rate)
+    theirs = collar_based.fscore(
+        tables,
+        truth,
+        threshold,
+        onset_collar=c.onset_collar_s,
+        offset_collar=c.offset_collar_s,
+        offset_collar_rate=c.offset_collar_rate,
+    )
     ours = M.collar_fscore(tables, truth, threshold, clips_per_part=7)
     assert ours[:3] == theirs[:3] and ours[3] == theirs[3]
     assert (0.05 < theirs[0]["macro_average"] < 0.95) if threshold < 1 else theirs[0]["macro_average"] == 0.0
     segments = M.segment_statistics(tables, truth, durations, 1.0, clips_per_part=7)
-    assert segment_based.fscore(None, truth, durations, threshold, deltas=segments, segment_length=1.0)[:3] == \
-        segment_based.fscore(tables, truth, durations, threshold, segment_length=1.0)[:3]
+    assert (
+        segment_based.fscore(None, truth, durations, threshold, deltas=segments, segment_length=1.0)[:3]
+        == segment_based.fscore(tables, truth, durations, threshold, segment_length=1.0)[:3]
+    )
     mine, _ = accumulated_intermediate_statistics(None, truth, durations, deltas=segments)
     library, _ = accumulated_intermediate_statistics(tables, truth, durations, segment_length=1.0)
     for max_fpr in (None, 0.1):
-        assert auroc_from_intermediate_statistics(mine, max_fpr=max_fpr)[0] == auroc_from_intermediate_statistics(library, max_fpr=max_fpr)[0]
+        assert (
+            auroc_from_intermediate_statistics(mine, max_fpr=max_fpr)[0]
+            == auroc_from_intermediate_statistics(library, max_fpr=max_fpr)[0]
+        )
 
 
 def test_collected_frees_the_reference_cycles_a_call_leaves_and_unfreezes():

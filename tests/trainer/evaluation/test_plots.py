@@ -46,14 +46,22 @@ def picture(tmp_path, **kwargs):
 
 def rows_drawn(fig) -> list[dict]:
     """Each query row of a detection figure: its label, shaded spans, event bars and background."""
-    return [{"label": ax.texts[0].get_text(), "spans": sum(isinstance(p, Rectangle) for p in ax.patches),
-             "lines": len(ax.lines), "background": to_rgb(ax.get_facecolor())} for ax in fig.axes[1:]]
+    return [
+        {
+            "label": ax.texts[0].get_text(),
+            "spans": sum(isinstance(p, Rectangle) for p in ax.patches),
+            "lines": len(ax.lines),
+            "background": to_rgb(ax.get_facecolor()),
+        }
+        for ax in fig.axes[1:]
+    ]
 
 
 def test_top_absent_skips_present_classes_and_orders_by_peak():
     classes = ("dog", "car", "bell", "rain", "wind")
-    probs = np.array([[0.9, 0.1, 0.3, 0.0, 0.5],
-                      [0.2, 0.8, 0.4, 0.6, 0.1]])  # peaks: dog 0.9, car 0.8, bell 0.4, rain 0.6, wind 0.5
+    probs = np.array(
+        [[0.9, 0.1, 0.3, 0.0, 0.5], [0.2, 0.8, 0.4, 0.6, 0.1]]
+    )  # peaks: dog 0.9, car 0.8, bell 0.4, rain 0.6, wind 0.5
     assert plots.top_absent(probs, classes, {"dog"}) == [1, 3, 4]
     assert plots.top_absent(probs, classes, {"car", "rain"}, n=2) == [0, 4]
     assert plots.top_absent(probs, classes, set(classes)) == []

@@ -32,8 +32,10 @@ def clips(rng, directions, n: int, frames: int, signal_frames: int, strength: fl
 
 
 def split(rng, directions, frames=8, signal_frames=8, strength=1.5, n_train=240, n_test=160):
-    return (*clips(rng, directions, n_train, frames, signal_frames, strength),
-            *clips(rng, directions, n_test, frames, signal_frames, strength))
+    return (
+        *clips(rng, directions, n_train, frames, signal_frames, strength),
+        *clips(rng, directions, n_test, frames, signal_frames, strength),
+    )
 
 
 @pytest.mark.parametrize("pooling", ["mean", "attention"])
@@ -47,8 +49,13 @@ def test_separable_classes_are_found(pooling):
 def test_random_labels_stay_at_chance():
     rng = np.random.default_rng(1)
     x_train, _, x_test, _ = split(rng, class_directions(rng))
-    out = clip_probe(x_train, rng.integers(0, CLASSES, len(x_train)), x_test, rng.integers(0, CLASSES, len(x_test)),
-                     ClipProbeSettings(steps=200))
+    out = clip_probe(
+        x_train,
+        rng.integers(0, CLASSES, len(x_train)),
+        x_test,
+        rng.integers(0, CLASSES, len(x_test)),
+        ClipProbeSettings(steps=200),
+    )
     assert 0.1 <= out["top1_accuracy"] <= 0.4  # chance: 1 / 4
     assert out["mean_average_precision"] <= 0.4
 
@@ -78,8 +85,15 @@ def test_padded_frames_are_ignored():
     garbage = lambda x, v: np.where(v[..., None], x, 1e3).astype(np.float32)  # noqa: E731
     for pooling in ("mean", "attention"):
         trimmed = clip_probe(x_train[:, :5], y_train, x_test[:, :6], y_test, ClipProbeSettings(pooling=pooling, steps=50))
-        padded = clip_probe(garbage(x_train, valid_train), y_train, garbage(x_test, valid_test), y_test,
-                            ClipProbeSettings(pooling=pooling, steps=50), train_valid=valid_train, test_valid=valid_test)
+        padded = clip_probe(
+            garbage(x_train, valid_train),
+            y_train,
+            garbage(x_test, valid_test),
+            y_test,
+            ClipProbeSettings(pooling=pooling, steps=50),
+            train_valid=valid_train,
+            test_valid=valid_test,
+        )
         assert padded["top1_accuracy"] == trimmed["top1_accuracy"]
         assert padded["mean_average_precision"] == pytest.approx(trimmed["mean_average_precision"], abs=1e-6)
 
@@ -117,7 +131,7 @@ def frame_data(rng, directions, n, frames=20, random_targets=False):
         for c in range(CLASSES):
             if rng.random() < 0.5:
                 start = rng.integers(0, frames - 3)
-                targets[i, start:start + rng.integers(2, 8), c] = True
+                targets[i, start : start + rng.integers(2, 8), c] = True
     x = rng.normal(size=(n, frames, DIM)).astype(np.float32) + 2.0 * targets.astype(np.float32) @ directions
     if random_targets:
         targets = rng.random(targets.shape) < targets.mean()
@@ -130,13 +144,16 @@ def test_frame_probe_detects_linear_events_and_not_random_ones():
     out = frame_probe(*frame_data(rng, directions, 150), *frame_data(rng, directions, 100), steps=200)
     assert out["frame_auroc_macro"] >= 0.98 and out["segment_f1"] >= 0.9 and out["segment_f1_macro"] >= 0.9
     assert out["classes_scored"] == CLASSES and out["test_frames"] == 100 * 20
-    chance = frame_probe(*frame_data(rng, directions, 150, random_targets=True),
-                         *frame_data(rng, directions, 100, random_targets=True), steps=200)
+    chance = frame_probe(
+        *frame_data(rng, directions, 150, random_targets=True), *frame_data(rng, directions, 100, random_targets=True), steps=200
+    )
     assert abs(chance["frame_auroc_macro"] - 0.5) <= 0.06
-    again = frame_probe(*frame_data(np.random.default_rng(6), directions, 150),
-                        *frame_data(np.random.default_rng(6), directions, 100), steps=200)
-    first = frame_probe(*frame_data(np.random.default_rng(6), directions, 150),
-                        *frame_data(np.random.default_rng(6), directions, 100), steps=200)
+    again = frame_probe(
+        *frame_data(np.random.default_rng(6), directions, 150), *frame_data(np.random.default_rng(6), directions, 100), steps=200
+    )
+    first = frame_probe(
+        *frame_data(np.random.default_rng(6), directions, 150), *frame_data(np.random.default_rng(6), directions, 100), steps=200
+    )
     assert again == first
 
 

@@ -12,12 +12,14 @@ from trainer.evaluation import ranking as R
 
 def test_recall_at_by_hand_with_two_captions_and_ties():
     # 4 clips x 5 captions; clip 0 has captions 0 and 1, clips 1-3 captions 2-4
-    sim = np.array([
-        [0.2, 0.9, 0.9, 0.1, 0.0],  # best relevant (0.9) tied with irrelevant col 2 -> rank 2
-        [0.1, 0.3, 0.8, 0.5, 0.2],  # rank 1
-        [0.7, 0.6, 0.1, 0.5, 0.9],  # 3 irrelevant columns above 0.5 -> rank 4
-        [0.0, 0.2, 0.3, 0.4, 0.6],  # rank 1
-    ])
+    sim = np.array(
+        [
+            [0.2, 0.9, 0.9, 0.1, 0.0],  # best relevant (0.9) tied with irrelevant col 2 -> rank 2
+            [0.1, 0.3, 0.8, 0.5, 0.2],  # rank 1
+            [0.7, 0.6, 0.1, 0.5, 0.9],  # 3 irrelevant columns above 0.5 -> rank 4
+            [0.0, 0.2, 0.3, 0.4, 0.6],  # rank 1
+        ]
+    )
     pairs = [(0, 0), (0, 1), (1, 2), (2, 3), (3, 4)]
     r = R.retrieval(sim, np.eye(5), pairs, ks=(1, 2, 4))
     assert r["a2t_r1"] == pytest.approx(2 / 4)
@@ -87,12 +89,14 @@ def test_recall_at_1_on_crafted_matrix():
     def recall_at_1(similarity):  # each row's match is its own column, as the held-out scores count
         return R.recall_at(similarity, [{i} for i in range(len(similarity))], ks=(1,))[1]
 
-    sim = np.array([
-        [0.9, 0.1, 0.2, 0.0],  # own column best: hit
-        [0.8, 0.5, 0.1, 0.0],  # another column best: miss
-        [0.3, 0.7, 0.7, 0.1],  # tie with another column: miss
-        [0.0, 0.2, 0.1, 0.4],  # hit
-    ])
+    sim = np.array(
+        [
+            [0.9, 0.1, 0.2, 0.0],  # own column best: hit
+            [0.8, 0.5, 0.1, 0.0],  # another column best: miss
+            [0.3, 0.7, 0.7, 0.1],  # tie with another column: miss
+            [0.0, 0.2, 0.1, 0.4],  # hit
+        ]
+    )
     assert recall_at_1(sim) == 0.5
     assert recall_at_1(np.eye(5)) == 1.0
     assert recall_at_1(np.ones((3, 3))) == 0.0

@@ -77,14 +77,19 @@ def desed_fixture(tmp_path: Path) -> tuple[Path, Path, Path]:
     wav(audio / "b.wav", 0.5, sr=44100)
     wav(audio / "c.wav", 2.0)
     events = write_text(tmp_path / "public.tsv", DESED_EVENTS)
-    durations = write_text(tmp_path / "public_durations.tsv", "filename\tduration\na.wav\t10.0\nb.wav\t9.5\nc.wav\t8.0\nd.wav\t10.0\n")
+    durations = write_text(
+        tmp_path / "public_durations.tsv", "filename\tduration\na.wav\t10.0\nb.wav\t9.5\nc.wav\t8.0\nd.wav\t10.0\n"
+    )
     return audio, events, durations
 
 
 def test_desed_reads_events_merges_and_reports_the_rows_it_leaves_out(tmp_path):
     audio, events, durations = desed_fixture(tmp_path)
-    with pytest.warns(UserWarning, match=r"benchmark desed: 3 clips read; 3 ground-truth rows or clips left out "
-                                         r"\(bad-region 1, malformed-row 1, missing-file 1\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"benchmark desed: 3 clips read; 3 ground-truth rows or clips left out "
+        r"\(bad-region 1, malformed-row 1, missing-file 1\)",
+    ):
         s = read_desed(audio_dir=audio, events_tsv=events, durations_tsv=durations)
     assert isinstance(s, SedSet) and s.name == "desed" and s.alpha_st == 1.0
     assert list(s.audio) == ["a", "b", "c"]
@@ -98,8 +103,11 @@ def test_desed_reads_events_merges_and_reports_the_rows_it_leaves_out(tmp_path):
     assert s.classes == ("Alarm_bell_ringing", "Dog", "Speech")
     assert s.queries == {"Alarm_bell_ringing": "alarm bell ringing", "Dog": "dog", "Speech": "speech"}
     # the zero-length event, the weak label (a label without times) and the clip without audio
-    assert sorted((x.item_id, x.reason) for x in s.skips) == [("a#line6", "bad-region"), ("b#line7", "malformed-row"),
-                                                              ("d", "missing-file")]
+    assert sorted((x.item_id, x.reason) for x in s.skips) == [
+        ("a#line6", "bad-region"),
+        ("b#line7", "malformed-row"),
+        ("d", "missing-file"),
+    ]
     assert "weak label" in next(x.detail for x in s.skips if x.item_id == "b#line7")
 
 
@@ -113,16 +121,22 @@ def test_desed_durations_from_audio_headers(tmp_path):
 
 def test_desed_a_bad_row_is_left_out_and_reported_not_raised(tmp_path):
     audio, _, _ = desed_fixture(tmp_path)
-    events = write_text(tmp_path / "bad.tsv", "filename\tonset\toffset\tevent_label\n"
-                                              "a.wav\t0.1\t0.4\tDog\na.wav\t0.5\t0.2\tDog\n"  # inverted
-                                              "b.wav\tzero\t0.4\tDog\nb.wav\t0.1\t0.2\tDog\n"  # not a number
-                                              "c.wav\t0.1\n")  # a field short: c is not scored as a clip without events
+    events = write_text(
+        tmp_path / "bad.tsv",
+        "filename\tonset\toffset\tevent_label\n"
+        "a.wav\t0.1\t0.4\tDog\na.wav\t0.5\t0.2\tDog\n"  # inverted
+        "b.wav\tzero\t0.4\tDog\nb.wav\t0.1\t0.2\tDog\n"  # not a number
+        "c.wav\t0.1\n",
+    )  # a field short: c is not scored as a clip without events
     with pytest.warns(UserWarning, match=r"2 clips read; 4 ground-truth rows or clips left out"):
         s = read_desed(audio_dir=audio, events_tsv=events)
     assert s.ground_truth == {"a": [(0.1, 0.4, "Dog")], "b": [(0.1, 0.2, "Dog")]}
     assert sorted((x.item_id, x.reason, x.path) for x in s.skips) == [
-        ("a#line3", "bad-region", str(events)), ("b#line4", "malformed-row", str(events)),
-        ("c", "no-label", str(events)), ("c#line6", "malformed-row", str(events))]
+        ("a#line3", "bad-region", str(events)),
+        ("b#line4", "malformed-row", str(events)),
+        ("c", "no-label", str(events)),
+        ("c#line6", "malformed-row", str(events)),
+    ]
     assert "onset 0.5 s is not before offset 0.2 s" in s.skips[0].detail
 
 
@@ -132,13 +146,18 @@ def test_desed_a_durations_row_left_out_falls_back_to_the_audio_header(tmp_path)
     with pytest.warns(UserWarning):
         s = read_desed(audio_dir=audio, events_tsv=events, durations_tsv=durations)
     assert s.durations_s == pytest.approx({"a": 1.0, "b": 9.5, "c": 8.0})
-    assert {(x.item_id, x.reason) for x in s.skips} >= {(f"{durations}#line2", "malformed-row"), (f"{durations}#line5", "malformed-row")}
+    assert {(x.item_id, x.reason) for x in s.skips} >= {
+        (f"{durations}#line2", "malformed-row"),
+        (f"{durations}#line5", "malformed-row"),
+    }
 
 
 def test_desed_without_a_usable_row_names_the_file(tmp_path):
     audio, _, _ = desed_fixture(tmp_path)
     no_label = write_text(tmp_path / "nolabel.tsv", "filename\tonset\toffset\na.wav\t0.1\t0.4\n")
-    with pytest.raises(BenchmarkError, match=r"no usable clip; 1 rows or clips left out: .*nolabel\.tsv: header .* lacks event_label"):
+    with pytest.raises(
+        BenchmarkError, match=r"no usable clip; 1 rows or clips left out: .*nolabel\.tsv: header .* lacks event_label"
+    ):
         read_desed(audio_dir=audio, events_tsv=no_label)
 
 
@@ -152,7 +171,10 @@ def test_desed_without_any_audio_is_missing(tmp_path):
 
 def test_desed_missing_path_names_the_param(tmp_path):
     audio, _, _ = desed_fixture(tmp_path)
-    with pytest.raises(BenchmarkMissing, match=r"nope\.tsv does not exist; set evaluate\.benchmarks\.desed\.events_tsv to the DESED eval events TSV"):
+    with pytest.raises(
+        BenchmarkMissing,
+        match=r"nope\.tsv does not exist; set evaluate\.benchmarks\.desed\.events_tsv to the DESED eval events TSV",
+    ):
         read_desed(audio_dir=audio, events_tsv=tmp_path / "nope.tsv")
 
 
@@ -162,7 +184,9 @@ def test_desed_evaluation_and_import_read_the_same_events(tmp_path):
     audio, _, _ = desed_fixture(tmp_path)
     wav(audio / "e.wav", 1.0)
     events = write_text(tmp_path / "public.tsv", DESED_EVENTS + "e.wav\t0.2\t0.1\tDog\nc.wav\n")
-    clips, import_skips = import_dcase_tsv(tmp_path, {"tsv": str(events), "audio_dir": str(audio), "split": "test", "id_prefix": "x"})
+    clips, import_skips = import_dcase_tsv(
+        tmp_path, {"tsv": str(events), "audio_dir": str(audio), "split": "test", "id_prefix": "x"}
+    )
     with pytest.warns(UserWarning):
         s = read_desed(audio_dir=audio, events_tsv=events)
     imported = {c.clip_id.removeprefix("x-"): c.regions for c in clips}
@@ -214,11 +238,16 @@ def test_urbansed_txt_and_jams_fallback(tmp_path):
     ann = root / "annotations" / "test"
     write_text(ann / "soundscape_test_1.txt", "0.000\t0.800\tdog_bark\n0.500\t1.200\tdog_bark\n1.000\t1.900\tsiren\n")
     write_text(ann / "soundscape_test_1.jams", jams_doc([obs(0.0, 2.0, "jackhammer", "foreground")]))
-    write_text(ann / "soundscape_test_2.jams", jams_doc([
-        obs(0.0, 1.5, "brown_noise", "background"),
-        obs(0.5, 1.0, "dog_bark", "foreground"),
-        obs(0.25, 0.5, "car_horn", "foreground"),
-    ]))
+    write_text(
+        ann / "soundscape_test_2.jams",
+        jams_doc(
+            [
+                obs(0.0, 1.5, "brown_noise", "background"),
+                obs(0.5, 1.0, "dog_bark", "foreground"),
+                obs(0.25, 0.5, "car_horn", "foreground"),
+            ]
+        ),
+    )
     s = read_urbansed(root=root)
     assert list(s.audio) == ["soundscape_test_1", "soundscape_test_2"]
     assert s.ground_truth == {
@@ -243,21 +272,33 @@ def test_urbansed_a_bad_line_is_left_out_and_reported_not_raised(tmp_path):
         read_urbansed(root=root)
     write_text(root / "annotations" / "test" / "s1.txt", "0.0\t0.3\tsiren\n0.1 dog_bark\n0.2\t0.4\tcow\n")
     wav(root / "audio" / "test" / "s2.wav", 0.5)  # no annotation: reported, not scored as a clip without events
-    with pytest.warns(UserWarning, match=r"benchmark urbansed: 1 clips read; 3 ground-truth rows or clips left out "
-                                         r"\(malformed-row 1, not-in-metadata 1, unknown-label 1\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"benchmark urbansed: 1 clips read; 3 ground-truth rows or clips left out "
+        r"\(malformed-row 1, not-in-metadata 1, unknown-label 1\)",
+    ):
         s = read_urbansed(root=root)
     assert s.ground_truth == {"s1": [(0.0, 0.3, "siren")]}
-    assert sorted((x.item_id, x.reason) for x in s.skips) == [("s1#line2", "malformed-row"), ("s1#line3", "unknown-label"),
-                                                              ("s2", "not-in-metadata")]
+    assert sorted((x.item_id, x.reason) for x in s.skips) == [
+        ("s1#line2", "malformed-row"),
+        ("s1#line3", "unknown-label"),
+        ("s2", "not-in-metadata"),
+    ]
 
 
 def test_urbansed_jams_stored_as_columns(tmp_path):
     """JAMS 0.2 stores an annotation's data as columns; the observations are the same."""
     root = tmp_path / "urbansed"
     wav(root / "audio" / "test" / "s1.wav", 2.0)
-    rows = [obs(0.0, 2.0, "brown_noise", "background"), obs(0.5, 1.0, "dog_bark", "foreground"), obs(0.25, 0.5, "car_horn", "foreground")]
+    rows = [
+        obs(0.0, 2.0, "brown_noise", "background"),
+        obs(0.5, 1.0, "dog_bark", "foreground"),
+        obs(0.25, 0.5, "car_horn", "foreground"),
+    ]
     doc = json.loads(jams_doc(rows))
-    doc["annotations"][1]["data"] = {column: [row[column] for row in rows] for column in ("time", "duration", "value", "confidence")}
+    doc["annotations"][1]["data"] = {
+        column: [row[column] for row in rows] for column in ("time", "duration", "value", "confidence")
+    }
     write_text(root / "annotations" / "test" / "s1.jams", json.dumps(doc))
     s = read_urbansed(root=root, format="jams")
     assert s.ground_truth == {"s1": [(0.25, 0.75, "car_horn"), (0.5, 1.5, "dog_bark")]} and s.skips == ()
@@ -271,8 +312,18 @@ def test_urbansed_evaluation_and_import_read_the_same_events(tmp_path):
     for n in range(1, 6):
         wav(root / "audio" / "test" / f"s{n}.wav", 2.0)
     write_text(ann / "s1.txt", "0.0\t0.8\tdog_bark\n0.5\t1.2\tdog_bark\n1.0\t1.9\tsiren\nbad line\n1.5\t1.5\tsiren\n")
-    write_text(ann / "s1.jams", jams_doc([obs(0.0, 0.8, "dog_bark", "foreground"), obs(0.5, 0.7, "dog_bark", "foreground"),
-                                          obs(1.0, 0.9, "siren", "foreground"), {"time": 1.0}, obs(0.0, 2.0, "x", "background")]))
+    write_text(
+        ann / "s1.jams",
+        jams_doc(
+            [
+                obs(0.0, 0.8, "dog_bark", "foreground"),
+                obs(0.5, 0.7, "dog_bark", "foreground"),
+                obs(1.0, 0.9, "siren", "foreground"),
+                {"time": 1.0},
+                obs(0.0, 2.0, "x", "background"),
+            ]
+        ),
+    )
     write_text(ann / "s2.jams", jams_doc([obs(0.25, 0.5, "car_horn", "foreground"), obs(0.5, 1.0, "cow", "foreground")]))
     write_text(ann / "s3.txt", "1\t0.5\tsiren\n")  # its only event is backwards
     write_text(ann / "s4.txt", "")  # a soundscape without foreground events
@@ -299,14 +350,17 @@ def test_audioset_strong_maps_mids_and_sets_alpha_st_zero(tmp_path):
     wav(audio / "abc_30000.wav", 1.0)
     flac = audio / "xyz_0.flac"
     sf.write(flac, np.zeros(8000, dtype=np.float32), 16000)
-    tsv = write_text(tmp_path / "audioset_eval_strong.tsv", (
-        "segment_id\tstart_time_seconds\tend_time_seconds\tlabel\n"
-        "abc_30000\t0.000\t0.400\t/m/09x0r\n"
-        "abc_30000\t0.300\t0.700\t/m/09x0r\n"
-        "abc_30000\t0.100\t0.200\t/m/0174k2\n"
-        "xyz_0\t0.000\t0.500\t/m/05tny_\n"
-        "gone_10000\t0.000\t1.000\t/m/09x0r\n"
-    ))
+    tsv = write_text(
+        tmp_path / "audioset_eval_strong.tsv",
+        (
+            "segment_id\tstart_time_seconds\tend_time_seconds\tlabel\n"
+            "abc_30000\t0.000\t0.400\t/m/09x0r\n"
+            "abc_30000\t0.300\t0.700\t/m/09x0r\n"
+            "abc_30000\t0.100\t0.200\t/m/0174k2\n"
+            "xyz_0\t0.000\t0.500\t/m/05tny_\n"
+            "gone_10000\t0.000\t1.000\t/m/09x0r\n"
+        ),
+    )
     with pytest.warns(UserWarning, match=r"2 clips read; 1 ground-truth rows or clips left out \(missing-file 1\)"):
         s = read_audioset_strong(audio_dir=audio, segments_tsv=tsv, class_names={"/m/05tny_": "Dog bark"})
     assert s.name == "audioset_strong" and s.alpha_st == 0.0
@@ -322,14 +376,24 @@ def test_audioset_strong_maps_mids_and_sets_alpha_st_zero(tmp_path):
 
 def test_audioset_strong_a_bad_row_is_left_out_and_reported_not_raised(tmp_path):
     wav(tmp_path / "audio" / "abc_0.wav", 0.5)
-    tsv = write_text(tmp_path / "s.tsv", "segment_id\tstart_time_seconds\tend_time_seconds\tlabel\n"
-                                         "abc_0\t0\t1\t/m/nope\nabc_0\t0.5\t0.2\t/m/09x0r\n"
-                                         "abc_0\t0\t0.4\t/m/09x0r\nabc_0\tsoon\t1\t/m/09x0r\n")
-    with pytest.warns(UserWarning, match=r"1 clips read; 3 ground-truth rows or clips left out "
-                                         r"\(bad-region 1, malformed-row 1, unknown-label 1\)"):
+    tsv = write_text(
+        tmp_path / "s.tsv",
+        "segment_id\tstart_time_seconds\tend_time_seconds\tlabel\n"
+        "abc_0\t0\t1\t/m/nope\nabc_0\t0.5\t0.2\t/m/09x0r\n"
+        "abc_0\t0\t0.4\t/m/09x0r\nabc_0\tsoon\t1\t/m/09x0r\n",
+    )
+    with pytest.warns(
+        UserWarning,
+        match=r"1 clips read; 3 ground-truth rows or clips left out "
+        r"\(bad-region 1, malformed-row 1, unknown-label 1\)",
+    ):
         s = read_audioset_strong(audio_dir=tmp_path / "audio", segments_tsv=tsv)
     assert s.ground_truth == {"abc_0": [(0.0, 0.4, "Speech")]}
-    assert [(x.path, x.reason) for x in s.skips] == [("s.tsv:2", "unknown-label"), ("s.tsv:3", "bad-region"), ("s.tsv:5", "malformed-row")]
+    assert [(x.path, x.reason) for x in s.skips] == [
+        ("s.tsv:2", "unknown-label"),
+        ("s.tsv:3", "bad-region"),
+        ("s.tsv:5", "malformed-row"),
+    ]
     assert "'/m/nope'" in s.skips[0].detail
     header = write_text(tmp_path / "h.tsv", "segment_id\tstart\tend\tlabel\nabc_0\t0\t1\t/m/09x0r\n")
     with pytest.raises(BenchmarkError, match=r"h\.tsv lacks the column\(s\) start_time_seconds, end_time_seconds"):
@@ -353,8 +417,9 @@ def test_audioset_strong_evaluation_and_import_read_the_same_events(tmp_path, ts
     # read later, by the import's writer and by the benchmark reader (for its duration)
     undecodable = {(x.item_id, x.reason) for x in s.skips if x.reason == "unreadable"}
     assert undecodable == ({("corrupt_0", "unreadable")} if tsv == "audioset_train_strong.tsv" else set())
-    assert ({(x.item_id, x.path.removeprefix("audio/"), x.reason) for x in import_skips}
-            == {(x.item_id, x.path, x.reason) for x in s.skips if x.reason != "unreadable"})
+    assert {(x.item_id, x.path.removeprefix("audio/"), x.reason) for x in import_skips} == {
+        (x.item_id, x.path, x.reason) for x in s.skips if x.reason != "unreadable"
+    }
     assert set(imported) == set(s.ground_truth) | {i for i, _ in undecodable}
 
 
@@ -371,16 +436,31 @@ def grounding_audio(tmp_path: Path) -> Path:
 def test_audiogrounding_v2_layout(tmp_path):
     audio = grounding_audio(tmp_path)
     label = [
-        {"audiocap_id": 1, "audio_id": "Yxyz.wav", "tokens": ["a", "dog", "barks", "and", "a", "man", "speaks"], "phrases": [
-            {"phrase": "a dog barks", "start_index": 0, "end_index": 2, "segments": [[1.0, 1.5], [0.2, 0.6], [0.5, 0.8]]},
-            {"phrase": "a man speaks", "start_index": 4, "end_index": 6, "segments": [[0, 0]]},
-        ]},
-        {"audiocap_id": 2, "audio_id": "Yabc.wav", "tokens": ["birds", "chirp"], "phrases": [
-            {"phrase": "birds chirp", "start_index": 0, "end_index": 1, "segments": [[0.0, 1.0]]},
-        ]},
-        {"audiocap_id": 3, "audio_id": "Ygone.wav", "tokens": ["rain"], "phrases": [
-            {"phrase": "rain", "start_index": 0, "end_index": 0, "segments": [[0.0, 1.0]]},
-        ]},
+        {
+            "audiocap_id": 1,
+            "audio_id": "Yxyz.wav",
+            "tokens": ["a", "dog", "barks", "and", "a", "man", "speaks"],
+            "phrases": [
+                {"phrase": "a dog barks", "start_index": 0, "end_index": 2, "segments": [[1.0, 1.5], [0.2, 0.6], [0.5, 0.8]]},
+                {"phrase": "a man speaks", "start_index": 4, "end_index": 6, "segments": [[0, 0]]},
+            ],
+        },
+        {
+            "audiocap_id": 2,
+            "audio_id": "Yabc.wav",
+            "tokens": ["birds", "chirp"],
+            "phrases": [
+                {"phrase": "birds chirp", "start_index": 0, "end_index": 1, "segments": [[0.0, 1.0]]},
+            ],
+        },
+        {
+            "audiocap_id": 3,
+            "audio_id": "Ygone.wav",
+            "tokens": ["rain"],
+            "phrases": [
+                {"phrase": "rain", "start_index": 0, "end_index": 0, "segments": [[0.0, 1.0]]},
+            ],
+        },
     ]
     path = write_text(tmp_path / "test.json", json.dumps(label))
     with pytest.warns(UserWarning, match="1 of 3"):
@@ -422,7 +502,9 @@ def test_audiogrounding_v1_records_columns_and_json_lines(tmp_path):
 
 def test_audiogrounding_bad_segment_and_bad_line(tmp_path):
     audio = grounding_audio(tmp_path)
-    inverted = write_text(tmp_path / "inv.json", json.dumps([{"audio_id": "Yabc.wav", "phrase": "x", "timestamps": [[0.1, 0.2], [0.9, 0.3]]}]))
+    inverted = write_text(
+        tmp_path / "inv.json", json.dumps([{"audio_id": "Yabc.wav", "phrase": "x", "timestamps": [[0.1, 0.2], [0.9, 0.3]]}])
+    )
     with pytest.raises(BenchmarkError, match=r"inv\.json: item 1, segment 2: offset 0\.3 is before onset 0\.9"):
         read_audiogrounding(audio_dir=audio, json_path=inverted)
     broken = write_text(tmp_path / "broken.jsonl", '{"audio_id": "Yabc", "phrase": "x", "timestamps": []}\n{"audio_id": \n')
@@ -438,19 +520,26 @@ def test_audiocaps_groups_captions_per_clip_and_finds_audio(tmp_path):
     wav(audio / "YaaaBBBccc1.wav", 1.0)
     sf.write(audio / "104.flac", np.zeros(1600, dtype=np.float32), 16000)
     wav(audio / "zzz.wav", 0.5)
-    path = write_csv(tmp_path / "test.csv", [
-        ["audiocap_id", "youtube_id", "start_time", "caption"],
-        ["101", "aaaBBBccc1", "30", "A dog barks, then a man speaks"],
-        ["102", "dddEEEfff2", "0", "Birds chirp"],
-        ["103", "aaaBBBccc1", "30", "A man talks while a dog barks"],
-        ["104", "dddEEEfff2", "0", "Chirping birds outdoors"],
-        ["105", "zzz", "10", "Rain falls"],
-        ["106", "gone", "10", "Nothing here"],
-    ])
+    path = write_csv(
+        tmp_path / "test.csv",
+        [
+            ["audiocap_id", "youtube_id", "start_time", "caption"],
+            ["101", "aaaBBBccc1", "30", "A dog barks, then a man speaks"],
+            ["102", "dddEEEfff2", "0", "Birds chirp"],
+            ["103", "aaaBBBccc1", "30", "A man talks while a dog barks"],
+            ["104", "dddEEEfff2", "0", "Chirping birds outdoors"],
+            ["105", "zzz", "10", "Rain falls"],
+            ["106", "gone", "10", "Nothing here"],
+        ],
+    )
     with pytest.warns(UserWarning, match="1 of 4"):
         r = read_audiocaps(audio_dir=audio, captions_csv=path)
     assert isinstance(r, RetrievalSet) and r.name == "audiocaps"
-    assert r.audio == {"aaaBBBccc1": str(audio / "YaaaBBBccc1.wav"), "dddEEEfff2": str(audio / "104.flac"), "zzz": str(audio / "zzz.wav")}
+    assert r.audio == {
+        "aaaBBBccc1": str(audio / "YaaaBBBccc1.wav"),
+        "dddEEEfff2": str(audio / "104.flac"),
+        "zzz": str(audio / "zzz.wav"),
+    }
     assert r.captions == {
         "aaaBBBccc1": ("A dog barks, then a man speaks", "A man talks while a dog barks"),
         "dddEEEfff2": ("Birds chirp", "Chirping birds outdoors"),
@@ -470,11 +559,14 @@ def test_clotho_five_captions_per_clip(tmp_path):
     wav(audio / "Forest, birds at dawn.wav", 1.0, sr=44100)
     wav(audio / "city_traffic 02.wav", 0.5, sr=44100)
     captions = [f"forest caption {i}" for i in range(1, 6)]
-    path = write_csv(tmp_path / "clotho_captions_evaluation.csv", [
-        ["file_name"] + [f"caption_{i}" for i in range(1, 6)],
-        ["city_traffic 02.wav", "cars pass by", "a car honks", "traffic hums", "engines idle", 'a "loud" bus'],
-        ["Forest, birds at dawn.wav"] + captions,
-    ])
+    path = write_csv(
+        tmp_path / "clotho_captions_evaluation.csv",
+        [
+            ["file_name"] + [f"caption_{i}" for i in range(1, 6)],
+            ["city_traffic 02.wav", "cars pass by", "a car honks", "traffic hums", "engines idle", 'a "loud" bus'],
+            ["Forest, birds at dawn.wav"] + captions,
+        ],
+    )
     r = read_clotho(audio_dir=audio, captions_csv=path)
     assert r.name == "clotho"
     assert list(r.audio) == ["Forest, birds at dawn", "city_traffic 02"]
@@ -493,12 +585,15 @@ def test_esc50(tmp_path):
     wav(root / "audio" / "1-100032-A-0.wav", 0.5, sr=44100)
     wav(root / "audio" / "1-115545-C-20.wav", 0.5, sr=44100)
     wav(root / "audio" / "2-102414-A-17.wav", 0.5, sr=44100)
-    write_csv(root / "meta" / "esc50.csv", [
-        ["filename", "fold", "target", "category", "esc10", "src_file", "take"],
-        ["1-100032-A-0.wav", "1", "0", "dog", "True", "100032", "A"],
-        ["1-115545-C-20.wav", "1", "20", "crying_baby", "True", "115545", "C"],
-        ["2-102414-A-17.wav", "2", "17", "pouring_water", "False", "102414", "A"],
-    ])
+    write_csv(
+        root / "meta" / "esc50.csv",
+        [
+            ["filename", "fold", "target", "category", "esc10", "src_file", "take"],
+            ["1-100032-A-0.wav", "1", "0", "dog", "True", "100032", "A"],
+            ["1-115545-C-20.wav", "1", "20", "crying_baby", "True", "115545", "C"],
+            ["2-102414-A-17.wav", "2", "17", "pouring_water", "False", "102414", "A"],
+        ],
+    )
     c = read_esc50(root=root)
     assert isinstance(c, ClassificationSet) and c.name == "esc50"
     assert c.audio == {k: str(root / "audio" / f"{k}.wav") for k in ("1-100032-A-0", "1-115545-C-20", "2-102414-A-17")}
@@ -511,12 +606,15 @@ def test_us8k(tmp_path):
     root = tmp_path / "UrbanSound8K"
     wav(root / "audio" / "fold1" / "100032-3-0-0.wav", 0.5)
     wav(root / "audio" / "fold5" / "100263-2-0-117.wav", 0.5)
-    write_csv(root / "metadata" / "UrbanSound8K.csv", [
-        ["slice_file_name", "fsID", "start", "end", "salience", "fold", "classID", "class"],
-        ["100032-3-0-0.wav", "100032", "0.0", "0.317551", "1", "1", "3", "dog_bark"],
-        ["100263-2-0-117.wav", "100263", "58.5", "62.5", "1", "5", "2", "children_playing"],
-        ["100648-1-0-0.wav", "100648", "4.82", "5.47", "2", "10", "1", "car_horn"],
-    ])
+    write_csv(
+        root / "metadata" / "UrbanSound8K.csv",
+        [
+            ["slice_file_name", "fsID", "start", "end", "salience", "fold", "classID", "class"],
+            ["100032-3-0-0.wav", "100032", "0.0", "0.317551", "1", "1", "3", "dog_bark"],
+            ["100263-2-0-117.wav", "100263", "58.5", "62.5", "1", "5", "2", "children_playing"],
+            ["100648-1-0-0.wav", "100648", "4.82", "5.47", "2", "10", "1", "car_horn"],
+        ],
+    )
     with pytest.warns(UserWarning, match="1 of 3"):
         c = read_us8k(root=root)
     assert c.audio == {
@@ -530,10 +628,13 @@ def test_us8k(tmp_path):
 
 def test_us8k_bad_fold(tmp_path):
     root = tmp_path / "UrbanSound8K"
-    write_csv(root / "metadata" / "UrbanSound8K.csv", [
-        ["slice_file_name", "fsID", "start", "end", "salience", "fold", "classID", "class"],
-        ["1-1-0-0.wav", "1", "0", "1", "1", "x", "3", "dog_bark"],
-    ])
+    write_csv(
+        root / "metadata" / "UrbanSound8K.csv",
+        [
+            ["slice_file_name", "fsID", "start", "end", "salience", "fold", "classID", "class"],
+            ["1-1-0-0.wav", "1", "0", "1", "1", "x", "3", "dog_bark"],
+        ],
+    )
     with pytest.raises(BenchmarkError, match=r"UrbanSound8K\.csv: line 2: fold 'x'"):
         read_us8k(root=root)
 
@@ -562,7 +663,10 @@ def test_read_benchmark_checks_every_path_first(tmp_path):
 
 
 def test_read_benchmark_rejects_unknown_kind_and_keys(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown benchmark 'desedd'; known benchmarks: audiocaps, audiogrounding, audioset_strong, clotho, desed, esc50, urbansed, us8k"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown benchmark 'desedd'; known benchmarks: audiocaps, audiogrounding, audioset_strong, clotho, desed, esc50, urbansed, us8k",
+    ):
         read_benchmark("desedd", root=tmp_path)
     with pytest.raises(ValueError, match=r"benchmark clotho: unexpected key\(s\) root .*accepted keys: audio_dir, captions_csv"):
         read_benchmark("clotho", root=tmp_path, audio_dir=tmp_path, captions_csv=tmp_path)

@@ -86,7 +86,9 @@ def test_no_class_is_scored_without_ground_truth(copy, tmp_path):
     skips = []
     scored = score_all(StubDetector(len(split.classes)), split.audio(), lambda i: [None], skips)
     e = SimpleNamespace(median_filter_frames=1, f1_median_filter_frames=1, segment_s=1.0, max_fpr=0.1, f1_threshold=0.5)
-    result = detection(scored, 0, split.ground_truth(), split.durations_s, split.classes, e, M.Timer(), folder=tmp_path, model="trained")
+    result = detection(
+        scored, 0, split.ground_truth(), split.durations_s, split.classes, e, M.Timer(), folder=tmp_path, model="trained"
+    )
     assert 0 <= result["auroc"] <= 1
     assert scored.ids == list(split.ids) and not skips  # nothing left to fail at scoring
     header = (tmp_path / "scores" / "trained" / f"{split.ids[0]}.tsv").read_text().splitlines()[0].split("\t")
@@ -105,7 +107,9 @@ def test_a_cluster_id_the_inventory_lacks_is_left_out(copy, capsys):
     assert "cluster id 999999" in line
 
 
-@pytest.mark.parametrize("label", ["Dog\tbark\n x.wav\t0\t9\tGun", "Dog\rbark", "Dog\u2028bark", "Dog\u2029bark", "Dog\x85bark", "Dog\x1fbark"])
+@pytest.mark.parametrize(
+    "label", ["Dog\tbark\n x.wav\t0\t9\tGun", "Dog\rbark", "Dog\u2028bark", "Dog\u2029bark", "Dog\x85bark", "Dog\x1fbark"]
+)
 def test_a_label_that_would_forge_tsv_rows_is_a_bad_label(copy, capsys, label):
     path = split_file(copy)
     rows = rewrite(path, lambda rows: rows[3]["phrases"][0].update(label=label))
@@ -199,8 +203,10 @@ def test_a_benchmark_drops_bad_labels_and_undecodable_clips_before_its_classes(t
     sf.write(audio / "a.wav", noise, 16000)
     sf.write(audio / "b.flac", noise, 16000)
     (audio / "b.flac").write_bytes((audio / "b.flac").read_bytes()[:3000])  # cut short: the header reads, the frames do not
-    (tmp_path / "events.tsv").write_text("filename\tonset\toffset\tevent_label\n"
-                                         "a.wav\t0.5\t2.0\tDog\na.wav\t1.0\t3.0\tCat\x07Meow\nb.flac\t0.2\t0.9\tBird\n", encoding="utf-8")
+    (tmp_path / "events.tsv").write_text(
+        "filename\tonset\toffset\tevent_label\na.wav\t0.5\t2.0\tDog\na.wav\t1.0\t3.0\tCat\x07Meow\nb.flac\t0.2\t0.9\tBird\n",
+        encoding="utf-8",
+    )
     with pytest.warns(UserWarning, match="left out"):
         data = read_desed(audio, tmp_path / "events.tsv")
     assert data.classes == ("Dog",) and list(data.audio) == ["a"]

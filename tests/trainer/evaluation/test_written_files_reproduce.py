@@ -50,7 +50,13 @@ def tied_segments(seed: int = 0, clips: int = 40, seconds: int = 10):
             labels[c].append(y[:, n])
             scores[c].append(p[:, n])
     durations = {i: float(seconds) for i in tables}
-    return tables, truth, durations, {c: np.concatenate(v) for c, v in labels.items()}, {c: np.concatenate(v) for c, v in scores.items()}
+    return (
+        tables,
+        truth,
+        durations,
+        {c: np.concatenate(v) for c, v in labels.items()},
+        {c: np.concatenate(v) for c, v in scores.items()},
+    )
 
 
 def runs(active: np.ndarray) -> list[tuple[int, int]]:
@@ -126,8 +132,14 @@ def test_the_roc_area_is_the_same_under_either_numpy_sort_kernel():
         if features:
             env["NPY_ENABLE_CPU_FEATURES"] = features
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-        done = subprocess.run([sys.executable, "-W", "ignore", "-c", AREAS_IN_A_FRESH_NUMPY], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", AREAS_IN_A_FRESH_NUMPY],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         runs[name] = json.loads(done.stdout)
     assert runs["x86_v2"]["ours"] == runs["default"]["ours"]  # to the last bit
@@ -146,9 +158,20 @@ def evaluated_from_files(smoke_run, tmp_path_factory):
 
     p, out, _ = smoke_run
     tmp = tmp_path_factory.mktemp("evaluate-files")
-    e = replace(p.evaluate, checkpoint=str(Path(out) / "checkpoints" / "latest.pt"), shards=p.train.data.valid.path, event_clips=None,
-                pictures=0, device="cpu", out_dir=str(tmp / "eval"), benchmarks={}, probes=False, caption_metrics=False,
-                median_filter_frames=3, f1_median_filter_frames=9)
+    e = replace(
+        p.evaluate,
+        checkpoint=str(Path(out) / "checkpoints" / "latest.pt"),
+        shards=p.train.data.valid.path,
+        event_clips=None,
+        pictures=0,
+        device="cpu",
+        out_dir=str(tmp / "eval"),
+        benchmarks={},
+        probes=False,
+        caption_metrics=False,
+        median_filter_frames=3,
+        f1_median_filter_frames=9,
+    )
     summary = evaluate(replace(p, evaluate=e))
     return tmp / "eval", summary
 
@@ -161,7 +184,7 @@ def trapezoid_area(class_stats, max_fpr=None) -> float:
     if max_fpr is not None:
         k = np.searchsorted(fpr, max_fpr, side="right")
         if k < len(fpr):
-            tpr = np.append(tpr[:k], np.interp(max_fpr, fpr[k - 1:k + 1], tpr[k - 1:k + 1]))
+            tpr = np.append(tpr[:k], np.interp(max_fpr, fpr[k - 1 : k + 1], tpr[k - 1 : k + 1]))
             fpr = np.append(fpr[:k], max_fpr)
     return float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2)) / (max_fpr or 1.0)
 
@@ -188,12 +211,31 @@ def test_every_printed_detection_number_recomputes_from_the_written_files(evalua
     for key in ("psds1", "psds1_astat0", "psds2"):
         s = protocol[key]
         recomputed[key], *_ = intersection_based.psds(
-            scores[key], truth, durations, dtc_threshold=s["dtc"], gtc_threshold=s["gtc"], cttc_threshold=s["cttc"],
-            alpha_ct=s["alpha_ct"], alpha_st=s["alpha_st"], max_efpr=s["max_efpr"])
+            scores[key],
+            truth,
+            durations,
+            dtc_threshold=s["dtc"],
+            gtc_threshold=s["gtc"],
+            cttc_threshold=s["cttc"],
+            alpha_ct=s["alpha_ct"],
+            alpha_st=s["alpha_st"],
+            max_efpr=s["max_efpr"],
+        )
     c = protocol["collar_f1"]
-    f, p, r, _ = collar_based.fscore(scores["f1"], truth, c["threshold"], onset_collar=c["onset_collar_s"],
-                                     offset_collar=c["offset_collar_s"], offset_collar_rate=c["offset_collar_rate"])
-    recomputed |= {"f1": f["macro_average"], "precision": p["macro_average"], "recall": r["macro_average"], "f1_micro": f["micro_average"]}
+    f, p, r, _ = collar_based.fscore(
+        scores["f1"],
+        truth,
+        c["threshold"],
+        onset_collar=c["onset_collar_s"],
+        offset_collar=c["offset_collar_s"],
+        offset_collar_rate=c["offset_collar_rate"],
+    )
+    recomputed |= {
+        "f1": f["macro_average"],
+        "precision": p["macro_average"],
+        "recall": r["macro_average"],
+        "f1_micro": f["micro_average"],
+    }
     g = protocol["segment_f1"]
     sf, *_ = segment_based.fscore(scores["segment_f1"], truth, durations, g["threshold"], segment_length=g["segment_s"])
     recomputed |= {"segment_f1": sf["micro_average"], "segment_f1_macro": sf["macro_average"]}
@@ -205,4 +247,7 @@ def test_every_printed_detection_number_recomputes_from_the_written_files(evalua
     for key, value in recomputed.items():
         assert got[key] == pytest.approx(float(value), abs=1e-12), key
     assert protocol["median_filter_frames"] == 3 and c["median_filter_frames"] == g["median_filter_frames"] == 9
-    assert (folder / "ground_truth.tsv").exists() and sorted(p.name for p in (folder / "scores").iterdir()) == ["trained", "untrained"]
+    assert (folder / "ground_truth.tsv").exists() and sorted(p.name for p in (folder / "scores").iterdir()) == [
+        "trained",
+        "untrained",
+    ]

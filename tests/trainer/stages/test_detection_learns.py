@@ -85,10 +85,21 @@ def build_dataset(tmp: Path, seed: int, classes: tuple[str, ...] = CLASSES) -> t
     """
     tmp.mkdir(parents=True, exist_ok=True)
     p = replace(Params(seed=seed), compute=ComputeParams(workers=1, chunk_size=4))
-    p = replace(p, clip=replace(p.clip, plot_examples=0),
-                mix=replace(p.mix, mixtures=MIXTURES, partition_size=100, event_split="fsd50k",
-                            export=replace(p.mix.export, timelines=0), out_dir=str(tmp / "mix")),
-                clusters=replace(p.clusters, inventory=str(write_inventory(tmp / "inventory.json", classes)), include_inventory_phrases=False))
+    p = replace(
+        p,
+        clip=replace(p.clip, plot_examples=0),
+        mix=replace(
+            p.mix,
+            mixtures=MIXTURES,
+            partition_size=100,
+            event_split="fsd50k",
+            export=replace(p.mix.export, timelines=0),
+            out_dir=str(tmp / "mix"),
+        ),
+        clusters=replace(
+            p.clusters, inventory=str(write_inventory(tmp / "inventory.json", classes)), include_inventory_phrases=False
+        ),
+    )
     write_corpus(tmp / "fsd50k", seed, classes)
     write_ambience_library(tmp / "ambience", n_recordings=8, seed=seed)
     clip.run(p, tmp / "fsd50k", tmp / "events")
@@ -100,17 +111,33 @@ def build_dataset(tmp: Path, seed: int, classes: tuple[str, ...] = CLASSES) -> t
     return p, tmp / "dataset"
 
 
-def train_and_evaluate(params: Params, folder: Path, out: Path, lr: float = LR, steps: int = STEPS, event_clips: Path | None = None) -> dict:
+def train_and_evaluate(
+    params: Params, folder: Path, out: Path, lr: float = LR, steps: int = STEPS, event_clips: Path | None = None
+) -> dict:
     """Train the tiny model ``steps`` steps at ``lr`` on ``folder``, then evaluate it and its
     untrained twin on the test split (and zero-shot on ``event_clips``, a clip stage's folder);
     returns ``metrics.json``'s ``test`` block."""
     p = tiny_train_params(params, folder, out / "model")
     t = p.train
-    p = replace(p, train=replace(t, data=replace(t.data, batch_size=BATCH), optim=replace(t.optim, lr=lr, max_steps=steps, epochs=100)))
+    p = replace(
+        p, train=replace(t, data=replace(t.data, batch_size=BATCH), optim=replace(t.optim, lr=lr, max_steps=steps, epochs=100))
+    )
     train.run(p)
-    p = replace(p, evaluate=replace(p.evaluate, checkpoint=str(out / "model" / "checkpoints" / "latest.pt"), shards=str(folder),
-                                    event_clips=str(event_clips) if event_clips else None, untrained=True, pictures=0, device="cpu", benchmarks={}, out_dir=str(out / "eval"),
-                                    probe_steps=100))
+    p = replace(
+        p,
+        evaluate=replace(
+            p.evaluate,
+            checkpoint=str(out / "model" / "checkpoints" / "latest.pt"),
+            shards=str(folder),
+            event_clips=str(event_clips) if event_clips else None,
+            untrained=True,
+            pictures=0,
+            device="cpu",
+            benchmarks={},
+            out_dir=str(out / "eval"),
+            probe_steps=100,
+        ),
+    )
     evaluate.run(p)
     return json.loads((out / "eval" / "metrics.json").read_text())["test"]
 
@@ -129,8 +156,9 @@ def test_trained_head_tells_two_confusable_classes_apart(tmp_path):
     goes to its own class (measured on seeds 0-3: 1.0 each; untrained 0.5, chance); and in the
     test mixtures each class's query fires higher on its own events than the other's does."""
     params, folder = build_dataset(tmp_path / "data", seed=0, classes=CONFUSABLE)
-    test = train_and_evaluate(params, folder, tmp_path / "run", lr=CONFUSABLE_LR, steps=CONFUSABLE_STEPS,
-                              event_clips=tmp_path / "data" / "events")
+    test = train_and_evaluate(
+        params, folder, tmp_path / "run", lr=CONFUSABLE_LR, steps=CONFUSABLE_STEPS, event_clips=tmp_path / "data" / "events"
+    )
     assert test["trained"]["zero_shot_clips"] == 10
     assert test["trained"]["zero_shot_frame_accuracy"] == 1.0 and test["untrained"]["zero_shot_frame_accuracy"] <= 0.6, test
     rows = list(csv.DictReader(open(tmp_path / "run" / "eval" / "details" / "test" / "confusion_trained.csv", encoding="utf-8")))

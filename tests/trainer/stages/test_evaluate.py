@@ -37,10 +37,17 @@ def write_desed(root: Path, corrupt: bool = False) -> dict:
         sf.write(audio / f"{name}.wav", (rng.standard_normal(44100 * 4) * 0.05).astype(np.float32), 44100)
     if corrupt:
         (audio / "c.wav").write_bytes(b"not audio at all")
-    (root / "events.tsv").write_text("filename\tonset\toffset\tevent_label\n"
-                                     "a.wav\t0.5\t2.0\tDog\nb.wav\t1.0\t3.5\tSpeech\nb.wav\t0.2\t0.9\tDog\na.wav\tsoon\t3.0\tDog\n")
+    (root / "events.tsv").write_text(
+        "filename\tonset\toffset\tevent_label\n"
+        "a.wav\t0.5\t2.0\tDog\nb.wav\t1.0\t3.5\tSpeech\nb.wav\t0.2\t0.9\tDog\na.wav\tsoon\t3.0\tDog\n"
+    )
     (root / "durations.tsv").write_text("filename\tduration\na.wav\t4.0\nb.wav\t4.0\nc.wav\t4.0\n")
-    return {"kind": "desed", "audio_dir": str(audio), "events_tsv": str(root / "events.tsv"), "durations_tsv": str(root / "durations.tsv")}
+    return {
+        "kind": "desed",
+        "audio_dir": str(audio),
+        "events_tsv": str(root / "events.tsv"),
+        "durations_tsv": str(root / "durations.tsv"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +60,26 @@ def evaluated(shard_folder, mixed, tmp_path_factory):
     train(p)
     desed = write_desed(tmp / "desed", corrupt=True)
     (tmp / "unusable.tsv").write_text("filename\tonset\toffset\tevent_label\na.wav\tsoon\t2.0\tDog\n")  # its one clip's only row
-    benchmarks = {"desed": desed,
-                  "desed_unusable": {"kind": "desed", "audio_dir": desed["audio_dir"], "events_tsv": str(tmp / "unusable.tsv")},
-                  "urbansed_absent": {"kind": "urbansed", "root": str(tmp / "no-such-folder")}}
-    p = replace(p, evaluate=replace(p.evaluate, checkpoint=str(tmp / "model" / "checkpoints" / "latest.pt"), shards=str(folder),
-                                    event_clips=str(events_dir), pictures=2, device="cpu", out_dir=str(tmp / "eval"), benchmarks=benchmarks,
-                                    probe_steps=20, probe_clips=8))
+    benchmarks = {
+        "desed": desed,
+        "desed_unusable": {"kind": "desed", "audio_dir": desed["audio_dir"], "events_tsv": str(tmp / "unusable.tsv")},
+        "urbansed_absent": {"kind": "urbansed", "root": str(tmp / "no-such-folder")},
+    }
+    p = replace(
+        p,
+        evaluate=replace(
+            p.evaluate,
+            checkpoint=str(tmp / "model" / "checkpoints" / "latest.pt"),
+            shards=str(folder),
+            event_clips=str(events_dir),
+            pictures=2,
+            device="cpu",
+            out_dir=str(tmp / "eval"),
+            benchmarks=benchmarks,
+            probe_steps=20,
+            probe_clips=8,
+        ),
+    )
     summary = evaluate(p)
     return p, tmp / "eval", summary
 
@@ -90,11 +111,14 @@ def test_psds_recomputed_from_the_written_files_matches(evaluated, model):
     _, out, summary = evaluated
     folder = out / "details" / "test"
     durations = read_audio_durations(folder / "durations.tsv")
-    for key, kwargs in (("psds1", {"dtc_threshold": 0.7, "gtc_threshold": 0.7, "alpha_ct": 0.0, "alpha_st": 1.0}),
-                        ("psds1_astat0", {"dtc_threshold": 0.7, "gtc_threshold": 0.7, "alpha_ct": 0.0, "alpha_st": 0.0}),
-                        ("psds2", {"dtc_threshold": 0.1, "gtc_threshold": 0.1, "cttc_threshold": 0.3, "alpha_ct": 0.5, "alpha_st": 1.0})):
-        value, *_ = intersection_based.psds(str(folder / "scores" / model), str(folder / "ground_truth.tsv"), durations,
-                                            max_efpr=100.0, **kwargs)
+    for key, kwargs in (
+        ("psds1", {"dtc_threshold": 0.7, "gtc_threshold": 0.7, "alpha_ct": 0.0, "alpha_st": 1.0}),
+        ("psds1_astat0", {"dtc_threshold": 0.7, "gtc_threshold": 0.7, "alpha_ct": 0.0, "alpha_st": 0.0}),
+        ("psds2", {"dtc_threshold": 0.1, "gtc_threshold": 0.1, "cttc_threshold": 0.3, "alpha_ct": 0.5, "alpha_st": 1.0}),
+    ):
+        value, *_ = intersection_based.psds(
+            str(folder / "scores" / model), str(folder / "ground_truth.tsv"), durations, max_efpr=100.0, **kwargs
+        )
         assert value == pytest.approx(summary["test"][model][key], abs=1e-12), key
 
 
@@ -108,8 +132,14 @@ def test_collar_f1_is_at_the_threshold_stored_in_the_trained_checkpoint(evaluate
     assert f1["threshold"] == stored["threshold"] and f1["calibration"] == stored
     assert f1["threshold_source"].startswith("stored in the checkpoint: chosen on the valid split")
     folder = out / "details" / "test"
-    value, *_ = collar_based.fscore(str(folder / "scores" / model), str(folder / "ground_truth.tsv"), stored["threshold"],
-                                    onset_collar=0.2, offset_collar=0.2, offset_collar_rate=0.2)
+    value, *_ = collar_based.fscore(
+        str(folder / "scores" / model),
+        str(folder / "ground_truth.tsv"),
+        stored["threshold"],
+        onset_collar=0.2,
+        offset_collar=0.2,
+        offset_collar_rate=0.2,
+    )
     assert value["macro_average"] == pytest.approx(summary["test"][model]["f1"], abs=1e-12)
     assert summary["benchmarks"]["desed"]["protocol"]["collar_f1"]["threshold"] == stored["threshold"]
 
@@ -145,11 +175,20 @@ def test_protocol_states_how_the_numbers_were_computed(evaluated, shard_folder):
     assert proto["clips"] == 5 and proto["events"] == sum(len(v) for v in split.ground_truth().values())
     assert proto["median_filter_frames"] == p.evaluate.median_filter_frames == 3
     assert (proto["psds1"]["alpha_st"], proto["psds1_astat0"]["alpha_st"], proto["psds2"]["cttc"]) == (1.0, 0.0, 0.3)
-    assert proto["segment_auroc"]["segment_s"] == p.evaluate.segment_s and proto["segment_auroc"]["pauroc_max_fpr"] == p.evaluate.max_fpr
+    assert (
+        proto["segment_auroc"]["segment_s"] == p.evaluate.segment_s
+        and proto["segment_auroc"]["pauroc_max_fpr"] == p.evaluate.max_fpr
+    )
     onsets = read_rows(sorted((out / "details" / "test" / "scores" / "trained").glob("*.tsv"))[0], delimiter="\t")
     assert proto["frame_hop_s"] == pytest.approx(float(onsets[1]["onset"]) - float(onsets[0]["onset"]), abs=1e-6)
     desed = written["benchmarks"]["desed"]["protocol"]
-    assert (desed["kind"], desed["classes"], desed["clips"], desed["events"], desed["published_psds1"]) == ("SedSet", ["Dog", "Speech"], 2, 3, "psds1")
+    assert (desed["kind"], desed["classes"], desed["clips"], desed["events"], desed["published_psds1"]) == (
+        "SedSet",
+        ["Dog", "Speech"],
+        2,
+        3,
+        "psds1",
+    )
     assert "protocol" not in written["benchmarks"]["urbansed_absent"]
 
 
@@ -193,7 +232,10 @@ def test_benchmarks_present_absent_unusable_and_bad_audio(evaluated):
     desed = summary["benchmarks"]["desed"]
     assert set(desed) == {"trained", "untrained", "protocol"}
     assert desed["trained"]["clips"] == 2 and 0 <= desed["trained"]["auroc"] <= 1
-    assert sorted(p.name for p in (out / "details" / "benchmarks" / "desed" / "scores" / "trained").glob("*.tsv")) == ["a.tsv", "b.tsv"]
+    assert sorted(p.name for p in (out / "details" / "benchmarks" / "desed" / "scores" / "trained").glob("*.tsv")) == [
+        "a.tsv",
+        "b.tsv",
+    ]
     skipped = read_rows(out / "details" / "skipped.csv")
     # the reader's skipped row and the clip no model could decode, each once, under the benchmark's name
     assert sorted((r["item_id"], r["reason"]) for r in skipped) == [("desed/a#line5", "malformed-row"), ("desed/c", "unreadable")]
@@ -214,7 +256,9 @@ def test_same_params_same_metrics_file(evaluated, tmp_path):
 def test_a_failed_run_leaves_the_previous_outputs(evaluated, tmp_path):
     p, out, _ = evaluated
     before = {f: f.read_bytes() for f in (out / "details" / "test").rglob("*.tsv")}
-    broken = {"desed": {"kind": "desed", "audio_dir": str(tmp_path), "events_tsv": str(tmp_path), "nope": 1}}  # a params mistake stops the run
+    broken = {
+        "desed": {"kind": "desed", "audio_dir": str(tmp_path), "events_tsv": str(tmp_path), "nope": 1}
+    }  # a params mistake stops the run
     with pytest.raises(ValueError, match="unexpected key\\(s\\) nope"):
         evaluate(replace(p, evaluate=replace(p.evaluate, benchmarks=broken, pictures=0)))
     assert {f: f.read_bytes() for f in (out / "details" / "test").rglob("*.tsv")} == before
@@ -234,7 +278,10 @@ def test_variant_params_change_only_what_the_variant_names(params):
     base = replace(params, ablations=replace(params.ablations, out_dir="models/abl"))
     p = ablations.variant_params(base, "no_frame_loss", 7)
     assert p.train.loss.frame_weight == 0.0 and p.train.loss.clip_weight == base.train.loss.clip_weight and p.seed == 7
-    assert p.train.out_dir == "models/abl/no_frame_loss/seed7" and p.evaluate.checkpoint == "models/abl/no_frame_loss/seed7/checkpoints/latest.pt"
+    assert (
+        p.train.out_dir == "models/abl/no_frame_loss/seed7"
+        and p.evaluate.checkpoint == "models/abl/no_frame_loss/seed7/checkpoints/latest.pt"
+    )
     assert p.evaluate.out_dir == "models/abl/no_frame_loss/seed7/evaluation" and p.evaluate.untrained is False
     assert ablations.variant_params(base, "shared_projector", 7).train.model.adapter == "shared"
     assert ablations.variant_params(base, "infonce", 7).train.loss.clip == "infonce"
@@ -248,16 +295,22 @@ def test_ablation_table_layout_and_directions(tmp_path):
         m = {"psds1": 0.2, "psds2": 0.4, "auroc": 0.9, "alignment": 0.5, "t2a_r1": 0.3, "a2t_r1": 0.35, "zero_shot_accuracy": 0.5}
         return {"test": {"trained": m | changes}}
 
-    made = {"full": metrics(), "no_frame_loss": metrics(psds1=0.0, psds2=0.05, auroc=0.6, alignment=0.1),
-            "no_clip_loss": metrics(t2a_r1=0.02, a2t_r1=0.02, zero_shot_accuracy=0.1),
-            "shared_projector": metrics(), "infonce": metrics()}
+    made = {
+        "full": metrics(),
+        "no_frame_loss": metrics(psds1=0.0, psds2=0.05, auroc=0.6, alignment=0.1),
+        "no_clip_loss": metrics(t2a_r1=0.02, a2t_r1=0.02, zero_shot_accuracy=0.1),
+        "shared_projector": metrics(),
+        "infonce": metrics(),
+    }
     for v, m in made.items():  # one seed each, in the folders of before seeds
         (tmp_path / v / "evaluation").mkdir(parents=True)
         (tmp_path / v / "evaluation" / "metrics.json").write_text(json.dumps(m))
     text = ablations.write_table(tmp_path)
     lines = text.splitlines()
     assert lines[0].startswith("| Methods | T2A R@1 | A2T R@1 | PSDS1 | PSDS2 |") and "paper DESED" in lines[0]
-    assert lines[2].startswith("| FineLAP (Ours) (n=1/3) | 30.0 | 35.0 | 0.200 | 0.400 |") and "| 45.7 | 62.5 | 0.344 |" in lines[2]
+    assert (
+        lines[2].startswith("| FineLAP (Ours) (n=1/3) | 30.0 | 35.0 | 0.200 | 0.400 |") and "| 45.7 | 62.5 | 0.344 |" in lines[2]
+    )
     frame = next(line for line in lines if line.startswith("- w/o Frame-level Loss"))
     assert "PSDS1 down;" in frame and "AUROC down;" in frame
     clip = next(line for line in lines if line.startswith("- w/o Clip-level Loss"))
@@ -285,20 +338,31 @@ def test_grounding_retrieval_and_classification_benchmarks(shard_folder, tmp_pat
         sf.write(path, (rng.standard_normal((int(seconds * sr), channels)) * 0.05).astype(np.float32), sr)
         audio[name] = str(path)
     skips = []
-    grounding = GroundingSet("g", audio, {"a": [("a dog barks", ((0.5, 1.5),))], "b": [("rain", ((0.0, 4.0), (8.0, 12.0))), ("a bell", ())],
-                                          "c": [("a click", ((0.2, 0.3),))]}, {"a": 3.0, "b": 12.5, "c": 1.0})
-    g, protocol = evaluate_benchmark(det, "g", grounding, p.evaluate, details=tmp_path, model="untrained", timer=Timer(),
-                                     skips=skips)
+    grounding = GroundingSet(
+        "g",
+        audio,
+        {
+            "a": [("a dog barks", ((0.5, 1.5),))],
+            "b": [("rain", ((0.0, 4.0), (8.0, 12.0))), ("a bell", ())],
+            "c": [("a click", ((0.2, 0.3),))],
+        },
+        {"a": 3.0, "b": 12.5, "c": 1.0},
+    )
+    g, protocol = evaluate_benchmark(
+        det, "g", grounding, p.evaluate, details=tmp_path, model="untrained", timer=Timer(), skips=skips
+    )
     assert g["clips"] == 3 and 0 <= g["frame_auroc"] <= 1 and -1 <= g["alignment"] <= 1
     assert protocol == {"kind": "GroundingSet", "clips": 3, "phrases": 4, "frame_hop_s": pytest.approx(det.column_s)}
     retrieval = RetrievalSet("r", audio, {"a": ("dogs bark", "a dog"), "b": ("rain falls",), "c": ("a click",)})
-    r, protocol = evaluate_benchmark(det, "r", retrieval, p.evaluate, details=tmp_path, model="untrained", timer=Timer(),
-                                     skips=skips)
+    r, protocol = evaluate_benchmark(
+        det, "r", retrieval, p.evaluate, details=tmp_path, model="untrained", timer=Timer(), skips=skips
+    )
     assert protocol == {"kind": "RetrievalSet", "clips": 3, "captions": 4}
     assert r["a2t_r5"] == 1.0 and r["t2a_r5"] == 1.0 and r["a2t_r1"] <= 1.0  # 4 texts, 3 clips: all within 5
     labels = {"a": "dog", "b": "rain", "c": "dog"}
     classes = ClassificationSet("z", audio, labels, ("dog", "rain"), {"dog": "dog", "rain": "rain"})
-    z, protocol = evaluate_benchmark(det, "z", classes, p.evaluate, details=tmp_path, model="untrained", timer=Timer(),
-                                     skips=skips)
+    z, protocol = evaluate_benchmark(
+        det, "z", classes, p.evaluate, details=tmp_path, model="untrained", timer=Timer(), skips=skips
+    )
     assert protocol == {"kind": "ClassificationSet", "clips": 3, "template": "The sound of {}", "num_classes": 2}
     assert z["accuracy"] in (0.0, 1 / 3, 2 / 3, 1.0) and z["clips"] == 3 and not skips

@@ -18,8 +18,18 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def evaluate_params(smoke_run, mixed, out: Path, **changes):
     p, model_dir, _ = smoke_run
-    e = replace(p.evaluate, checkpoint=str(model_dir / "checkpoints" / "latest.pt"), shards=p.train.data.sources[0].path,
-                event_clips=str(mixed[2]), pictures=0, device="cpu", out_dir=str(out), probe_steps=20, probe_clips=8, **changes)
+    e = replace(
+        p.evaluate,
+        checkpoint=str(model_dir / "checkpoints" / "latest.pt"),
+        shards=p.train.data.sources[0].path,
+        event_clips=str(mixed[2]),
+        pictures=0,
+        device="cpu",
+        out_dir=str(out),
+        probe_steps=20,
+        probe_clips=8,
+        **changes,
+    )
     return replace(p, evaluate=e)
 
 
@@ -40,7 +50,9 @@ def test_probes_of_both_models_and_no_caption_decoder(smoke_run, mixed, tmp_path
         assert 0 <= p["frame"]["frame_auroc_macro"] <= 1 and p["frame"]["test_clips"] == 5 and p["frame"]["train_clips"] == 8
         assert p["frame"]["test_frames"] == 5 * 125 and p["unreadable"] == 0  # 10 s mixtures, 80 ms frames
     for probe, k in PROBE_HEADLINE:
-        assert probes["gain"][f"{probe}_{k}"] == pytest.approx(probes["trained"][probe][k] - probes["untrained"][probe][k], nan_ok=True)
+        assert probes["gain"][f"{probe}_{k}"] == pytest.approx(
+            probes["trained"][probe][k] - probes["untrained"][probe][k], nan_ok=True
+        )
     assert written["captions"] == {"skipped": NO_DECODER} and summary["captions"] == written["captions"]
     report = capsys.readouterr().out
     assert "probes on the frozen encoder (train -> test)" in report and "captions: skipped" in report
@@ -79,8 +91,15 @@ def test_caption_scores_of_a_checkpoint_with_a_decoder(shard_folder, mixed, tmp_
     base = tiny_train_params(params, folder, tmp_path / "model")
     t = base.train
     decoder = replace(t.model.caption_decoder, dim=16, depth=1, heads=2, ffn=32, vocabulary_words=300)
-    p = replace(base, train=replace(t, model=replace(t.model, caption_decoder=decoder), loss=replace(t.loss, caption_weight=1.0),
-                                    optim=replace(t.optim, max_steps=2)))
+    p = replace(
+        base,
+        train=replace(
+            t,
+            model=replace(t.model, caption_decoder=decoder),
+            loss=replace(t.loss, caption_weight=1.0),
+            optim=replace(t.optim, max_steps=2),
+        ),
+    )
     train(p)
     p = evaluate_params((p, tmp_path / "model", None), mixed, tmp_path / "eval", probes=False, untrained=False)
     summary = evaluate(p)
@@ -105,7 +124,10 @@ def test_models_probed_together_get_the_frames_each_gives_alone(smoke_run):
     trained = Detector.from_checkpoint(model_dir / "checkpoints" / "latest.pt", device="cpu", batch_size=3)
     untrained = Detector.untrained(trained.train_params, 0, device="cpu", batch_size=3)
     rng = np.random.default_rng(0)
-    waves = [rng.normal(scale=0.1, size=n).astype(np.float32) for n in (trained.window_samples + 5000, 16000, 3 * trained.window_samples // 2)]
+    waves = [
+        rng.normal(scale=0.1, size=n).astype(np.float32)
+        for n in (trained.window_samples + 5000, 16000, 3 * trained.window_samples // 2)
+    ]
     together = encoder_frames([trained, untrained], waves)
     alone = [encoder_frames([det], waves)[0] for det in (trained, untrained)]
     for a, b in zip(together, alone):

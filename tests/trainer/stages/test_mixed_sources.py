@@ -41,21 +41,37 @@ def sources(shard_folder, tmp_path_factory):
     captions = tmp / "captions"
     for i in range(5):
         write_tone(captions / "audio" / f"c{i}.wav", 3.0, 16000, 200.0 + 100 * i)
-    (captions / "captions.csv").write_text("file_name,caption\n" + "".join(f"c{i}.wav,a steady tone number {i}\n" for i in range(5)))
-    return params, [
-        SourceParams(path=str(synthetic), weight=WEIGHTS[0]),
-        SourceParams(path=str(audioset), weight=WEIGHTS[1]),
-        SourceParams(path=str(tacos), weight=WEIGHTS[2]),
-        SourceParams(kind="captions", path=str(captions / "captions.csv"), audio_dir=str(captions / "audio"), level="clip", weight=WEIGHTS[3]),
-    ], synthetic
+    (captions / "captions.csv").write_text(
+        "file_name,caption\n" + "".join(f"c{i}.wav,a steady tone number {i}\n" for i in range(5))
+    )
+    return (
+        params,
+        [
+            SourceParams(path=str(synthetic), weight=WEIGHTS[0]),
+            SourceParams(path=str(audioset), weight=WEIGHTS[1]),
+            SourceParams(path=str(tacos), weight=WEIGHTS[2]),
+            SourceParams(
+                kind="captions",
+                path=str(captions / "captions.csv"),
+                audio_dir=str(captions / "audio"),
+                level="clip",
+                weight=WEIGHTS[3],
+            ),
+        ],
+        synthetic,
+    )
 
 
 def test_each_source_takes_its_weight_of_the_batches(sources, tmp_path):
     params, listed, synthetic = sources
     base = tiny_train_params(params, synthetic, tmp_path / "run")
     t = base.train
-    p = replace(base, train=replace(t, data=replace(t.data, sources=tuple(listed), valid=None, batch_size=8),
-                                    loss=replace(t.loss, region_weight=1.0)))
+    p = replace(
+        base,
+        train=replace(
+            t, data=replace(t.data, sources=tuple(listed), valid=None, batch_size=8), loss=replace(t.loss, region_weight=1.0)
+        ),
+    )
     summary = train(p)
     shares = json.loads((tmp_path / "run" / "metrics.json").read_text())["source_shares"]
     assert summary["steps"] >= 5, summary

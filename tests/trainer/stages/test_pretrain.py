@@ -51,8 +51,17 @@ def audio_folder(tmp_path_factory) -> Path:
 
 
 def tiny_params(audio: Path, out: Path, seed: int = 7, **changes) -> Params:
-    m = PretrainParams(audio=(str(audio),), heldout_mix=None, crop_s=1.0, batch_size=3, steps=3, warmup_steps=1,
-                       log_every_steps=1, device="cpu", out_dir=str(out))
+    m = PretrainParams(
+        audio=(str(audio),),
+        heldout_mix=None,
+        crop_s=1.0,
+        batch_size=3,
+        steps=3,
+        warmup_steps=1,
+        log_every_steps=1,
+        device="cpu",
+        out_dir=str(out),
+    )
     return replace(Params(), seed=seed, pretrain=replace(m, **changes))
 
 
@@ -63,9 +72,24 @@ def pretrained(audio_folder, tmp_path_factory) -> tuple[Path, dict]:
     another number of threads, and the byte comparisons are about the loader's workers."""
     out = tmp_path_factory.mktemp("pretrain")
     params_yaml = out.parent / f"{out.name}-params.yaml"
-    params_yaml.write_text(json.dumps({"seed": 7, "pretrain": {
-        "audio": [str(audio_folder)], "heldout_mix": None, "crop_s": 1.0, "batch_size": 3, "steps": 3, "warmup_steps": 1,
-        "log_every_steps": 1, "device": "cpu", "out_dir": str(out)}}))
+    params_yaml.write_text(
+        json.dumps(
+            {
+                "seed": 7,
+                "pretrain": {
+                    "audio": [str(audio_folder)],
+                    "heldout_mix": None,
+                    "crop_s": 1.0,
+                    "batch_size": 3,
+                    "steps": 3,
+                    "warmup_steps": 1,
+                    "log_every_steps": 1,
+                    "device": "cpu",
+                    "out_dir": str(out),
+                },
+            }
+        )
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -131,7 +155,11 @@ def test_the_file_loads_strictly_into_its_encoder_only(pretrained, tmp_path):
 
 
 def test_a_vit_pretrains_and_loads(audio_folder, tmp_path):
-    run(tiny_params(audio_folder, tmp_path, encoder="tiny-vit", decoder_dim=32, decoder_depth=1, decoder_heads=2, steps=2, batch_size=2))
+    run(
+        tiny_params(
+            audio_folder, tmp_path, encoder="tiny-vit", decoder_dim=32, decoder_depth=1, decoder_heads=2, steps=2, batch_size=2
+        )
+    )
     path = str(tmp_path / "checkpoints" / "encoder.pt")
     state = torch.load(path, weights_only=True)["state"]
     loaded = build_encoder("tiny-vit", path).state_dict()
@@ -147,9 +175,13 @@ def test_training_starts_from_the_pretrained_encoder(pretrained, shard_folder, t
     params, folder = shard_folder
     p = tiny_train_params(params, folder, tmp_path / "train")
     p = replace(p, train=replace(p.train, model=replace(p.train.model, encoder_checkpoint=path)))
-    start = set_up(p, distributed.setup("cpu"), tmp_path / "train").objective.model.encoder.state_dict()  # what the training loop starts from
+    start = set_up(
+        p, distributed.setup("cpu"), tmp_path / "train"
+    ).objective.model.encoder.state_dict()  # what the training loop starts from
     assert all(torch.equal(start[k], state[k]) for k in state)
-    scratch = set_up(tiny_train_params(params, folder, tmp_path / "scratch"), distributed.setup("cpu"), tmp_path / "scratch").objective.model.encoder.state_dict()
+    scratch = set_up(
+        tiny_train_params(params, folder, tmp_path / "scratch"), distributed.setup("cpu"), tmp_path / "scratch"
+    ).objective.model.encoder.state_dict()
     assert not all(torch.equal(scratch[k], state[k]) for k in state)
     assert build_model(p.train.model).encoder.state_dict().keys() == state.keys()
 
@@ -164,11 +196,21 @@ def test_the_held_out_audio_of_a_mix_folder_is_left_out(tmp_path):
         folder.mkdir()
     write_parquet(events / "manifest.parquet", [{"clip_id": c, "audio_path": f"audio/{c}.flac"} for c in ("e1", "e2", "e3")])
     write_parquet(backgrounds / "manifest.parquet", [{"segment_id": b, "audio_path": f"audio/{b}.flac"} for b in ("b1", "b2")])
-    write_parquet(mix / "mixtures.parquet", [
-        {"mixture_id": "train_0", "split": "train", "background_id": "b1", "audio_path": "audio/train/train_0.flac"},
-        {"mixture_id": "test_0", "split": "test", "background_id": "b2", "audio_path": "audio/test/test_0.flac"}])
-    write_parquet(mix / "occurrences.parquet", [{"mixture_id": "train_0", "clip_id": "e1"}, {"mixture_id": "test_0", "clip_id": "e2"},
-                                                 {"mixture_id": "test_0", "clip_id": "e3"}])
+    write_parquet(
+        mix / "mixtures.parquet",
+        [
+            {"mixture_id": "train_0", "split": "train", "background_id": "b1", "audio_path": "audio/train/train_0.flac"},
+            {"mixture_id": "test_0", "split": "test", "background_id": "b2", "audio_path": "audio/test/test_0.flac"},
+        ],
+    )
+    write_parquet(
+        mix / "occurrences.parquet",
+        [
+            {"mixture_id": "train_0", "clip_id": "e1"},
+            {"mixture_id": "test_0", "clip_id": "e2"},
+            {"mixture_id": "test_0", "clip_id": "e3"},
+        ],
+    )
     folders = (str(events), str(backgrounds), str(mix))
     clips, left_out = list_clips(folders, str(mix))
     assert sorted(c.id for c in clips) == ["b1", "e1", "train_0"] and left_out == 4
@@ -201,9 +243,17 @@ def test_a_folder_that_never_decodes_is_refused(tmp_path):
         run(tiny_params(tmp_path / "audio", tmp_path / "out"))
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("mask_ratio", 1.0, "pretrain.mask_ratio"), ("decoder_dim", 130, "pretrain.decoder_dim"), ("audio", [], "pretrain.audio"),
-    ("final_lr", 1.0, "pretrain.lr"), ("betas", [0.9], "pretrain.betas"), ("steps", 0, "pretrain.steps")])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("mask_ratio", 1.0, "pretrain.mask_ratio"),
+        ("decoder_dim", 130, "pretrain.decoder_dim"),
+        ("audio", [], "pretrain.audio"),
+        ("final_lr", 1.0, "pretrain.lr"),
+        ("betas", [0.9], "pretrain.betas"),
+        ("steps", 0, "pretrain.steps"),
+    ],
+)
 def test_params_are_checked(key, value, message):
     with pytest.raises(ParamsError, match=message):
         load_params(ROOT / "params.yaml", {"pretrain": {key: value}})
@@ -214,5 +264,7 @@ def test_the_cacophony_overrides_pretrain_eat_base_and_train_from_it():
 
     p = load_params(ROOT / "params.yaml", read_yaml_mapping(ROOT / "configs" / "train" / "cacophony.yaml", "overrides file"))
     assert (p.pretrain.encoder, p.pretrain.batch_size, p.pretrain.steps, p.pretrain.lr) == ("eat-base", 512, 200_000, 2e-4)
-    assert p.train.model.encoder == "eat-base" and p.train.model.encoder_checkpoint == f"{p.pretrain.out_dir}/checkpoints/encoder.pt"
+    assert (
+        p.train.model.encoder == "eat-base" and p.train.model.encoder_checkpoint == f"{p.pretrain.out_dir}/checkpoints/encoder.pt"
+    )
     assert Params().train.model.encoder_checkpoint is None  # the default training does not read it

@@ -53,8 +53,18 @@ def params_file(path: Path, sections: dict) -> str:
 
 
 def pretrain_section(audio: Path, out: Path | str) -> dict:
-    return {"audio": [str(audio)], "heldout_mix": None, "crop_s": 1.0, "batch_size": 2, "steps": 2, "warmup_steps": 1,
-            "log_every_steps": 1, "device": "cpu", "threads": 1, "out_dir": str(out)}
+    return {
+        "audio": [str(audio)],
+        "heldout_mix": None,
+        "crop_s": 1.0,
+        "batch_size": 2,
+        "steps": 2,
+        "warmup_steps": 1,
+        "log_every_steps": 1,
+        "device": "cpu",
+        "threads": 1,
+        "out_dir": str(out),
+    }
 
 
 def write_audio(folder: Path) -> Path:
@@ -72,39 +82,82 @@ def refusal_cases(tmp: Path) -> list[tuple[str, dict, str, str]]:
     events, shards, run = tmp / "events", tmp / "dataset", tmp / "run"
     return [
         # the clip stage's folder, read as audio (`--set pretrain.out_dir=debug/events` with configs/debug.yaml)
-        ("pretrain", {"clip": {"out_dir": str(events)}, "pretrain": pretrain_section(events, events)}, "pretrain.out_dir",
-         f"is also clip.out_dir ({events})"),
+        (
+            "pretrain",
+            {"clip": {"out_dir": str(events)}, "pretrain": pretrain_section(events, events)},
+            "pretrain.out_dir",
+            f"is also clip.out_dir ({events})",
+        ),
         ("pretrain", {"pretrain": pretrain_section(events, "/")}, "pretrain.out_dir", "is the filesystem root"),
         ("pretrain", {"pretrain": pretrain_section(events, tmp / "home")}, "pretrain.out_dir", "is your home folder"),
         ("pretrain", {"pretrain": pretrain_section(events, tmp)}, "pretrain.out_dir", "holds the current folder"),
-        ("pretrain", {"pretrain": pretrain_section(events, events / "pretrain")}, "pretrain.out_dir",
-         f"lies inside pretrain.audio[0] ({events})"),
-        ("pretrain", {"train": {"out_dir": str(run)}, "pretrain": pretrain_section(events, run)}, "pretrain.out_dir",
-         f"is also train.out_dir ({run})"),
+        (
+            "pretrain",
+            {"pretrain": pretrain_section(events, events / "pretrain")},
+            "pretrain.out_dir",
+            f"lies inside pretrain.audio[0] ({events})",
+        ),
+        (
+            "pretrain",
+            {"train": {"out_dir": str(run)}, "pretrain": pretrain_section(events, run)},
+            "pretrain.out_dir",
+            f"is also train.out_dir ({run})",
+        ),
         # a shard folder, which `validate` and `publish` would then take with the checkpoints in it
-        ("train", {"shards": {"out_dir": str(shards)}, "train": {"out_dir": str(shards)}}, "train.out_dir",
-         f"is also shards.out_dir ({shards})"),
+        (
+            "train",
+            {"shards": {"out_dir": str(shards)}, "train": {"out_dir": str(shards)}},
+            "train.out_dir",
+            f"is also shards.out_dir ({shards})",
+        ),
         ("train", {"train": {"out_dir": "/"}}, "train.out_dir", "is the filesystem root"),
         ("train", {"train": {"out_dir": str(tmp / "home")}}, "train.out_dir", "is your home folder"),
         ("train", {"train": {"out_dir": str(tmp / "project")}}, "train.out_dir", "is the current folder"),
-        ("train", {"train": {"data": {"sources": [{"path": str(shards / "mine")}], "valid": None}, "out_dir": str(shards)}},
-         "train.out_dir", f"holds train.data.sources[0].path ({shards / 'mine'})"),
-        ("train", {"train": {"model": {"encoder_checkpoint": str(tmp / "pretrain" / "checkpoints" / "encoder.pt")},
-                             "out_dir": str(tmp / "pretrain")}}, "train.out_dir", "holds train.model.encoder_checkpoint"),
+        (
+            "train",
+            {"train": {"data": {"sources": [{"path": str(shards / "mine")}], "valid": None}, "out_dir": str(shards)}},
+            "train.out_dir",
+            f"holds train.data.sources[0].path ({shards / 'mine'})",
+        ),
+        (
+            "train",
+            {
+                "train": {
+                    "model": {"encoder_checkpoint": str(tmp / "pretrain" / "checkpoints" / "encoder.pt")},
+                    "out_dir": str(tmp / "pretrain"),
+                }
+            },
+            "train.out_dir",
+            "holds train.model.encoder_checkpoint",
+        ),
         ("evaluate", {"evaluate": {"out_dir": "/"}}, "evaluate.out_dir", "is the filesystem root"),
         ("evaluate", {"evaluate": {"out_dir": str(tmp / "home")}}, "evaluate.out_dir", "is your home folder"),
-        ("evaluate", {"evaluate": {"shards": str(shards), "out_dir": str(shards / "evaluation")}}, "evaluate.out_dir",
-         f"lies inside evaluate.shards ({shards})"),
+        (
+            "evaluate",
+            {"evaluate": {"shards": str(shards), "out_dir": str(shards / "evaluation")}},
+            "evaluate.out_dir",
+            f"lies inside evaluate.shards ({shards})",
+        ),
         # the train stage's own folder: its metrics.json would be overwritten
-        ("evaluate", {"train": {"out_dir": str(run)}, "evaluate": {"checkpoint": str(tmp / "elsewhere.pt"), "out_dir": str(run)}},
-         "evaluate.out_dir", f"holds train.out_dir's checkpoints ({run / 'checkpoints'})"),
-        ("evaluate", {"evaluate": {"checkpoint": str(run / "checkpoints" / "best.pt"), "out_dir": str(run / "checkpoints")}},
-         "evaluate.out_dir", "holds evaluate.checkpoint"),
+        (
+            "evaluate",
+            {"train": {"out_dir": str(run)}, "evaluate": {"checkpoint": str(tmp / "elsewhere.pt"), "out_dir": str(run)}},
+            "evaluate.out_dir",
+            f"holds train.out_dir's checkpoints ({run / 'checkpoints'})",
+        ),
+        (
+            "evaluate",
+            {"evaluate": {"checkpoint": str(run / "checkpoints" / "best.pt"), "out_dir": str(run / "checkpoints")}},
+            "evaluate.out_dir",
+            "holds evaluate.checkpoint",
+        ),
     ]
 
 
 @pytest.mark.parametrize("case", range(17))
-def test_an_out_dir_the_data_stages_would_refuse_is_refused_in_one_line_before_anything_is_written(case, tmp_path, capsys, monkeypatch):
+def test_an_out_dir_the_data_stages_would_refuse_is_refused_in_one_line_before_anything_is_written(
+    case, tmp_path, capsys, monkeypatch
+):
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
     project.mkdir()
@@ -146,15 +199,20 @@ def test_a_second_run_into_a_folder_in_use_is_refused_in_one_line(command, tmp_p
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdout=subprocess.PIPE)
     try:
         assert holder.stdout.readline().strip() == b"held"
-        sections = ({"pretrain": pretrain_section(write_audio(tmp_path / "audio"), out)} if command == "pretrain"
-                    else {"train": {"out_dir": str(out)}})
+        sections = (
+            {"pretrain": pretrain_section(write_audio(tmp_path / "audio"), out)}
+            if command == "pretrain"
+            else {"train": {"out_dir": str(out)}}
+        )
         code, err = run_command(capsys, command, "--params", params_file(tmp_path / "params.json", sections))
     finally:
         holder.kill()
         holder.wait()
     assert code == 2, err
-    assert err == f"sedsynth {command}: error: {out} is being written by another run (pid {holder.pid}); wait for it to finish, " \
-                  "or stop it, then run this again\n"
+    assert (
+        err == f"sedsynth {command}: error: {out} is being written by another run (pid {holder.pid}); wait for it to finish, "
+        "or stop it, then run this again\n"
+    )
     assert not out.exists()
 
 
@@ -243,7 +301,9 @@ def test_a_full_disk_while_pretrain_writes_the_encoder_is_one_line(audio, tmp_pa
     code, err = run_command(capsys, "pretrain", "--params", params)
     assert disk.refused == 1
     assert code == 2 and "Traceback" not in err, err
-    assert last_line(err) == f"sedsynth pretrain: error: no space left on device writing {out}: free space or set pretrain.out_dir"
+    assert (
+        last_line(err) == f"sedsynth pretrain: error: no space left on device writing {out}: free space or set pretrain.out_dir"
+    )
     assert list((out / "checkpoints").iterdir()) == []
 
 
@@ -293,4 +353,6 @@ def test_ablate_under_torchrun_is_refused_in_one_line(argv, capsys, monkeypatch)
     monkeypatch.setenv("RANK", "1")
     code, err = run_command(capsys, "ablate", *argv, "--params", str(ROOT / "params.yaml"))
     assert (code, done) == (2, [])
-    assert err.count("\n") == 1 and err.startswith("sedsynth ablate: error: ablate trains and evaluates") and "WORLD_SIZE=2" in err
+    assert (
+        err.count("\n") == 1 and err.startswith("sedsynth ablate: error: ablate trains and evaluates") and "WORLD_SIZE=2" in err
+    )

@@ -28,8 +28,16 @@ def read_csv(path) -> list[dict]:
 
 def test_train_smoke_run_writes_outputs(smoke_run):
     p, out, summary = smoke_run
-    for name in ("checkpoints/latest.pt", "checkpoints/best.pt", "train_log.csv", "valid_log.csv", "metrics.json", "curves.png",
-                 "config.json", "skipped.csv"):
+    for name in (
+        "checkpoints/latest.pt",
+        "checkpoints/best.pt",
+        "train_log.csv",
+        "valid_log.csv",
+        "metrics.json",
+        "curves.png",
+        "config.json",
+        "skipped.csv",
+    ):
         assert (out / name).is_file(), name
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     train_rows = read_csv(out / "train_log.csv")
@@ -78,11 +86,15 @@ def test_the_end_of_a_run_stores_the_threshold_chosen_on_the_valid_split(smoke_r
     best = max(tried, key=lambda t: t["valid_f1"])
     assert {k: entry[k] for k in best} == best
     # chosen with best.pt: scoring it again gives the same entry
-    again = calibrate_checkpoint(out / "checkpoints" / "best.pt", p.train.data.valid.path, "valid", p.evaluate.f1_median_filters, device="cpu")
+    again = calibrate_checkpoint(
+        out / "checkpoints" / "best.pt", p.train.data.valid.path, "valid", p.evaluate.f1_median_filters, device="cpu"
+    )
     assert again == entry
     # one filter: that filter's own best threshold
     alone = calibrate_checkpoint(out / "checkpoints" / "best.pt", p.train.data.valid.path, "valid", [5], device="cpu")
-    assert {k: alone[k] for k in ("median_filter_frames", "threshold", "valid_f1")} == next(t for t in tried if t["median_filter_frames"] == 5)
+    assert {k: alone[k] for k in ("median_filter_frames", "threshold", "valid_f1")} == next(
+        t for t in tried if t["median_filter_frames"] == 5
+    )
 
 
 def test_no_calibration_without_a_valid_split_of_shards(smoke_run):
@@ -93,7 +105,9 @@ def test_no_calibration_without_a_valid_split_of_shards(smoke_run):
 
     p, out, _ = smoke_run
     for valid in (None, SourceParams(kind="captions", path="x.csv", split="valid")):
-        setup = SimpleNamespace(train=replace(p.train, data=replace(p.train.data, valid=valid)), best_path=out / "checkpoints" / "best.pt")
+        setup = SimpleNamespace(
+            train=replace(p.train, data=replace(p.train.data, valid=valid)), best_path=out / "checkpoints" / "best.pt"
+        )
         assert calibrate(p, setup) == {}
 
 
@@ -140,8 +154,13 @@ def test_resume_continues_exactly(shard_folder, tmp_path, capsys):
 
     # another setting: no resume, a fresh start (and a fresh log)
     capsys.readouterr()
-    summary = run(config(b_out, 1, model=replace(params.train.model, encoder="small", embed_dim=16, adapter_heads=4,
-                                                         adapter_ffn=64, freeze_text=True)))
+    summary = run(
+        config(
+            b_out,
+            1,
+            model=replace(params.train.model, encoder="small", embed_dim=16, adapter_heads=4, adapter_ffn=64, freeze_text=True),
+        )
+    )
     assert "not resuming" in capsys.readouterr().out
     assert summary["steps"] == 1
     assert sorted(_train_rows(b_out)) == [1]
@@ -153,17 +172,38 @@ def test_compatible_ignores_resumable_keys_only():
 
     base = Params()
     t = base.train
-    same = replace(base, train=replace(t, out_dir="elsewhere", resume=False, log_every_steps=3, checkpoint_every_steps=7, threads=2,
-                                       device="cpu", compile=True, data=replace(t.data, num_workers=9),
-                                       optim=replace(t.optim, epochs=99, max_steps=5)))
+    same = replace(
+        base,
+        train=replace(
+            t,
+            out_dir="elsewhere",
+            resume=False,
+            log_every_steps=3,
+            checkpoint_every_steps=7,
+            threads=2,
+            device="cpu",
+            compile=True,
+            data=replace(t.data, num_workers=9),
+            optim=replace(t.optim, epochs=99, max_steps=5),
+        ),
+    )
     assert compatible(config_of(base), config_of(same)) == []
-    changed = replace(base, seed=base.seed + 1,
-                      train=replace(t, model=replace(t.model, embed_dim=16), optim=replace(t.optim, lr=1.0),
-                                    data=replace(t.data, batch_size=3)))
-    assert compatible(config_of(base), config_of(changed)) == ["seed", "train.data.batch_size", "train.model.embed_dim", "train.optim.lr"]
+    changed = replace(
+        base,
+        seed=base.seed + 1,
+        train=replace(
+            t, model=replace(t.model, embed_dim=16), optim=replace(t.optim, lr=1.0), data=replace(t.data, batch_size=3)
+        ),
+    )
+    assert compatible(config_of(base), config_of(changed)) == [
+        "seed",
+        "train.data.batch_size",
+        "train.model.embed_dim",
+        "train.optim.lr",
+    ]
     assert compatible(config_of(base), config_of(replace(base, train=replace(t, loss=replace(t.loss, frame_chunk_clips=2))))) == [
-        "train.loss.frame_chunk_clips"]
-
+        "train.loss.frame_chunk_clips"
+    ]
 
 
 def test_a_checkpoint_older_than_a_setting_resumes_at_its_default():
@@ -223,9 +263,16 @@ def test_the_region_loss_trains_alone_or_beside_the_frame_loss(shard_folder, tmp
     base = tiny_train_params(params, folder, tmp_path / "region")
     t = base.train
     for frame_weight in (0.0, 1.0):
-        p = replace(base, train=replace(t, data=replace(t.data, valid=None), optim=replace(t.optim, max_steps=2),
-                                        loss=replace(t.loss, region_weight=1.0, frame_weight=frame_weight),
-                                        out_dir=str(tmp_path / f"region{frame_weight}")))
+        p = replace(
+            base,
+            train=replace(
+                t,
+                data=replace(t.data, valid=None),
+                optim=replace(t.optim, max_steps=2),
+                loss=replace(t.loss, region_weight=1.0, frame_weight=frame_weight),
+                out_dir=str(tmp_path / f"region{frame_weight}"),
+            ),
+        )
         run(p)
         rows = list(csv.DictReader(open(tmp_path / f"region{frame_weight}" / "train_log.csv")))
         assert rows and all(float(r["region"]) > 0 and math.isfinite(float(r["region"])) for r in rows)
@@ -250,8 +297,13 @@ def test_between_logs_a_step_reads_no_tensor():
             self.shown.append(values)
 
     rows = []
-    setup = SimpleNamespace(train=SimpleNamespace(log_every_steps=5), total_steps=12, world=SimpleNamespace(main=True, size=1),
-                            scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3]), passes=1)
+    setup = SimpleNamespace(
+        train=SimpleNamespace(log_every_steps=5),
+        total_steps=12,
+        world=SimpleNamespace(main=True, size=1),
+        scheduler=SimpleNamespace(get_last_lr=lambda: [1e-3]),
+        passes=1,
+    )
     logs = SimpleNamespace(progress=Bar(), train=SimpleNamespace(add=rows.append), throughput=lambda size, passes: {})
     unreadable = {"loss": torch.zeros((), device="meta"), "frame": torch.zeros((), device="meta")}
     for step in (1, 2, 3, 4, 6, 11):

@@ -63,9 +63,17 @@ def assert_same(got, expected, what: str) -> None:
 def with_changes(params, out: Path, batch_size: int = 4, num_workers: int = 0, epochs: int = 2, **train_changes):
     """``params`` training into ``out`` on one torch thread, with these data and epochs settings."""
     t = params.train
-    return replace(params, train=replace(t, out_dir=str(out), threads=1, **train_changes,
-                                         data=replace(t.data, batch_size=batch_size, num_workers=num_workers),
-                                         optim=replace(t.optim, epochs=epochs)))
+    return replace(
+        params,
+        train=replace(
+            t,
+            out_dir=str(out),
+            threads=1,
+            **train_changes,
+            data=replace(t.data, batch_size=batch_size, num_workers=num_workers),
+            optim=replace(t.optim, epochs=epochs),
+        ),
+    )
 
 
 def test_a_run_logs_exactly_its_epochs_whatever_the_loader_workers(shard_folder, tmp_path):
@@ -77,7 +85,13 @@ def test_a_run_logs_exactly_its_epochs_whatever_the_loader_workers(shard_folder,
     assert summary["epochs"] == 2 and summary["steps"] == 6
     assert [int(r["epoch"]) for r in read_csv(tmp_path / "run" / "valid_log.csv")] == [0, 1, 2]
     assert [(int(r["step"]), int(r["epoch"])) for r in read_csv(tmp_path / "run" / "train_log.csv")] == [
-        (1, 0), (2, 0), (3, 0), (4, 0), (5, 1), (6, 1)]
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (4, 0),
+        (5, 1),
+        (6, 1),
+    ]
 
 
 class Killed(Exception):
@@ -106,8 +120,10 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_logs_of_a_straight_run(s
         run(config(stopped))
     monkeypatch.setattr(checkpoint, "save", save)
     # a killed writer's temporaries (earlier and present names; as large as the checkpoint) go at the rerun
-    left = [stopped / "checkpoints" / ".latest.pt.tmp-999999999",  # no such process
-            stopped / "checkpoints" / f".latest.pt.{os.getpid()}.0123456789abcdef.tmp"]  # this id, given again to a restarted job
+    left = [
+        stopped / "checkpoints" / ".latest.pt.tmp-999999999",  # no such process
+        stopped / "checkpoints" / f".latest.pt.{os.getpid()}.0123456789abcdef.tmp",
+    ]  # this id, given again to a restarted job
     for path in left:
         path.write_bytes(b"partial")
     resumed = run(config(stopped))
@@ -121,15 +137,18 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_logs_of_a_straight_run(s
     assert resumed["untrained"]["epoch"] == 0
 
 
-@pytest.mark.parametrize("loss, model", [
-    ({}, {}),
-    ({"clip_weight": 0.0}, {}),  # FineLAP w/o clip-level loss: the clip projector is idle
-    ({"frame_weight": 0.0}, {}),  # w/o frame-level loss: the frame adapter is idle
-    ({"clip_weight": 0.0}, {"adapter": "shared"}),  # one projector for both: nothing idle
-    ({"frame_weight": 0.0, "region_weight": 1.0}, {}),  # the region loss trains the adapter
-    ({}, {"per_text_logits": True}),  # FLAM: per-text scale and bias replace the frame loss's own
-    ({"frame_weight": 0.0}, {"per_text_logits": True}),  # ... and without the frame loss, the per-text MLPs idle
-])
+@pytest.mark.parametrize(
+    "loss, model",
+    [
+        ({}, {}),
+        ({"clip_weight": 0.0}, {}),  # FineLAP w/o clip-level loss: the clip projector is idle
+        ({"frame_weight": 0.0}, {}),  # w/o frame-level loss: the frame adapter is idle
+        ({"clip_weight": 0.0}, {"adapter": "shared"}),  # one projector for both: nothing idle
+        ({"frame_weight": 0.0, "region_weight": 1.0}, {}),  # the region loss trains the adapter
+        ({}, {"per_text_logits": True}),  # FLAM: per-text scale and bias replace the frame loss's own
+        ({"frame_weight": 0.0}, {"per_text_logits": True}),  # ... and without the frame loss, the per-text MLPs idle
+    ],
+)
 def test_the_parameters_ddp_is_told_are_unused_are_those_without_gradient(shard_folder, loss, model):
     params, folder = shard_folder
     p = tiny_train_params(params, folder, Path("unused"))
@@ -220,7 +239,9 @@ def test_two_ranks_train_each_ablation(shard_folder, tmp_path):
     script = tmp_path / "ablations.py"
     script.write_text(ABLATIONS)
     log = tmp_path / "torchrun.log"
-    code, output = finish(start([str(script), str(write_params(p, tmp_path / "params.yaml")), str(tmp_path / "out")], log), log, 90)
+    code, output = finish(
+        start([str(script), str(write_params(p, tmp_path / "params.yaml")), str(tmp_path / "out")], log), log, 90
+    )
     assert code == 0, output[-3000:]
     for name, term in (("no_clip_loss", "frame"), ("no_frame_loss", "clip")):
         rows = read_csv(tmp_path / "out" / name / "train_log.csv")
@@ -262,8 +283,9 @@ def test_two_ranks_score_the_held_out_split_stop_on_sigterm_and_resume(shard_fol
     t = p.train
     torch.manual_seed(p.seed)
     objective = Objective(build_model(t.model), t.loss)
-    loader = torch.utils.data.DataLoader(make_stream(p, objective.model.encoder, [t.data.valid], shuffle=False), batch_size=5,
-                                         collate_fn=collate)
+    loader = torch.utils.data.DataLoader(
+        make_stream(p, objective.model.encoder, [t.data.valid], shuffle=False), batch_size=5, collate_fn=collate
+    )
     for row, weights in ((valid[0], None), (valid[-1], latest)):
         if weights is not None:
             checkpoint.restore(checkpoint.read(weights), objective, restore_rng=False)
