@@ -36,7 +36,9 @@ from pipeline.shards.layout import entry_problem
 SHARD_COLUMNS = ("id", "split", "duration_s", "sample_rate_hz", "caption", "phrases", "background_id", "license")
 REQUIRED_SHARD_COLUMNS = ("id", "split", "duration_s", "phrases")
 MIXTURE_COLUMNS = ("mixture_id", "split", "duration_s", "sample_rate_hz", "audio_path", "background_id", "license")
-READ_BUFFER_BYTES = 1 << 20  # Parquet pages are read through a buffer of this size, so a row's audio is found without reading its whole row group
+READ_BUFFER_BYTES = (
+    1 << 20
+)  # Parquet pages are read through a buffer of this size, so a row's audio is found without reading its whole row group
 
 
 class OutsideError(PermissionError):
@@ -51,16 +53,20 @@ def folder_kind(path: str | Path) -> str:
     """``"shards"``, ``"mixtures"`` or ``"evaluation"``: what the folder ``path`` holds; raises :class:`FolderError` otherwise."""
     p = Path(path)
     if not p.is_dir():
-        raise FolderError(f"{path} is not a folder; expected a shard folder (index.json, data/*.parquet), a mixtures folder "
-                          "(mixtures.parquet, the mix stage's output) or an evaluation folder (metrics.json, details/)")
+        raise FolderError(
+            f"{path} is not a folder; expected a shard folder (index.json, data/*.parquet), a mixtures folder "
+            "(mixtures.parquet, the mix stage's output) or an evaluation folder (metrics.json, details/)"
+        )
     if (p / "metrics.json").is_file() and (p / "details").is_dir():
         return "evaluation"
     if (p / "mixtures.parquet").is_file() and (p / "segments.parquet").is_file():
         return "mixtures"
     if (p / "index.json").is_file() or any((p / "data").glob("*.parquet")):
         return "shards"
-    raise FolderError(f"{path} holds none of what sedsynth view reads: expected a shard folder (index.json, data/*.parquet), "
-                      "a mixtures folder (mixtures.parquet, the mix stage's output) or an evaluation folder (metrics.json, details/)")
+    raise FolderError(
+        f"{path} holds none of what sedsynth view reads: expected a shard folder (index.json, data/*.parquet), "
+        "a mixtures folder (mixtures.parquet, the mix stage's output) or an evaluation folder (metrics.json, details/)"
+    )
 
 
 def inside(folder: Path, relative: str) -> Path:
@@ -81,7 +87,9 @@ def shard_files(folder: Path) -> list[Path]:
         try:
             entries = [e["path"] for e in json.loads(read_regular(index, "index.json")).get("files", [])]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise FolderError(f"{index} is malformed ({type(e).__name__}: {e}); re-create the folder with `sedsynth shards`") from None
+            raise FolderError(
+                f"{index} is malformed ({type(e).__name__}: {e}); re-create the folder with `sedsynth shards`"
+            ) from None
         files = []
         for entry in entries:
             problem = entry_problem(entry)
@@ -90,7 +98,9 @@ def shard_files(folder: Path) -> list[Path]:
             try:
                 files.append(inside(folder, entry))
             except OutsideError:  # a link inside the folder that points out of it
-                raise FolderError(f"{index} entry {entry!r} leads outside {folder}; re-create the folder with `sedsynth shards`") from None
+                raise FolderError(
+                    f"{index} entry {entry!r} leads outside {folder}; re-create the folder with `sedsynth shards`"
+                ) from None
         if files:
             return files
     return sorted((folder / "data").glob("*.parquet"))
@@ -138,18 +148,31 @@ class Catalog:
         splits, counts = np.unique(self.splits.astype(str), return_counts=True) if len(self) else ([], [])
         finite = self.snr_min[np.isfinite(self.snr_min)]
         return {
-            "kind": self.kind, "folder": str(self.folder), "mixtures": len(self),
+            "kind": self.kind,
+            "folder": str(self.folder),
+            "mixtures": len(self),
             "splits": {str(s): int(n) for s, n in zip(splits, counts)},
             "labels": sorted(self.by_label),
-            "clusters": [{"id": int(c), "name": self.cluster_names.get(int(c), str(c)), "mixtures": int(len(rows))}
-                         for c, rows in sorted(self.by_cluster.items())],
+            "clusters": [
+                {"id": int(c), "name": self.cluster_names.get(int(c), str(c)), "mixtures": int(len(rows))}
+                for c, rows in sorted(self.by_cluster.items())
+            ],
             "events": [int(self.events.min()), int(self.events.max())] if len(self) else [0, 0],
             "snr_db": [float(finite.min()), float(np.nanmax(self.snr_max))] if len(finite) else None,
         }
 
-    def select(self, *, split: str = "", label: str = "", cluster: int | None = None, min_events: int | None = None,
-               max_events: int | None = None, min_snr_db: float | None = None, max_snr_db: float | None = None,
-               text: str = "") -> np.ndarray:
+    def select(
+        self,
+        *,
+        split: str = "",
+        label: str = "",
+        cluster: int | None = None,
+        min_events: int | None = None,
+        max_events: int | None = None,
+        min_snr_db: float | None = None,
+        max_snr_db: float | None = None,
+        text: str = "",
+    ) -> np.ndarray:
         """Row positions matching every filter given, in the folder's order.
 
         ``label``/``cluster``: the mixture has an event of it; ``min_events``/``max_events``: its
@@ -185,10 +208,18 @@ class Catalog:
         if not positions:
             return []
         part = self.table.take(pa.array(positions, pa.int64())).select(["duration_s", "caption"]).to_pylist()
-        return [{"id": self.ids[k], "split": str(self.splits[k]), "duration_s": r["duration_s"], "caption": r["caption"] or "",
-                 "labels": list(self.labels[k]), "events": int(self.events[k]),
-                 "snr_db": None if not np.isfinite(self.snr_min[k]) else [float(self.snr_min[k]), float(self.snr_max[k])]}
-                for k, r in zip(positions, part)]
+        return [
+            {
+                "id": self.ids[k],
+                "split": str(self.splits[k]),
+                "duration_s": r["duration_s"],
+                "caption": r["caption"] or "",
+                "labels": list(self.labels[k]),
+                "events": int(self.events[k]),
+                "snr_db": None if not np.isfinite(self.snr_min[k]) else [float(self.snr_min[k]), float(self.snr_max[k])],
+            }
+            for k, r in zip(positions, part)
+        ]
 
     def mixture(self, mixture_id: str) -> dict | None:
         """One mixture: id, split, duration, rate, caption, background, licence and its phrases, each with its
@@ -200,15 +231,28 @@ class Catalog:
         phrases = []
         for p in row.get("phrases") or []:
             cluster = p.get("cluster_id")
-            phrases.append({
-                "phrase": p.get("phrase") or p.get("label") or "", "label": p.get("label") or "", "mid": p.get("mid") or "",
-                "cluster_id": cluster, "cluster": self.cluster_names.get(cluster) if cluster is not None else None,
-                "segments": [[s["start_s"], s["end_s"]] for s in p.get("segments") or []],
-                "snr_db": list(p.get("snr_db") or []), "source_clip_ids": list(p.get("source_clip_ids") or []),
-            })
-        return {"id": mixture_id, "split": row.get("split"), "duration_s": row.get("duration_s"),
-                "sample_rate_hz": row.get("sample_rate_hz"), "caption": row.get("caption") or "",
-                "background_id": row.get("background_id"), "license": row.get("license"), "phrases": phrases}
+            phrases.append(
+                {
+                    "phrase": p.get("phrase") or p.get("label") or "",
+                    "label": p.get("label") or "",
+                    "mid": p.get("mid") or "",
+                    "cluster_id": cluster,
+                    "cluster": self.cluster_names.get(cluster) if cluster is not None else None,
+                    "segments": [[s["start_s"], s["end_s"]] for s in p.get("segments") or []],
+                    "snr_db": list(p.get("snr_db") or []),
+                    "source_clip_ids": list(p.get("source_clip_ids") or []),
+                }
+            )
+        return {
+            "id": mixture_id,
+            "split": row.get("split"),
+            "duration_s": row.get("duration_s"),
+            "sample_rate_hz": row.get("sample_rate_hz"),
+            "caption": row.get("caption") or "",
+            "background_id": row.get("background_id"),
+            "license": row.get("license"),
+            "phrases": phrases,
+        }
 
     def audio(self, mixture_id: str) -> bytes | None:
         """One mixture's encoded audio bytes as stored (FLAC in the pipeline's folders); None for an unknown id.
@@ -342,15 +386,29 @@ def open_mixtures(folder: str | Path) -> Catalog:
     joined into rows of the shard shape (phrases named by their labels; no captions, no clusters)."""
     folder = Path(folder)
     mixtures = pq.read_table(folder / "mixtures.parquet", columns=list(MIXTURE_COLUMNS)).to_pylist()
-    segments = pq.read_table(folder / "segments.parquet", columns=["mixture_id", "label", "mid", "onset_s", "offset_s"]).to_pylist()
+    segments = pq.read_table(
+        folder / "segments.parquet", columns=["mixture_id", "label", "mid", "onset_s", "offset_s"]
+    ).to_pylist()
     occurrences_path = folder / "occurrences.parquet"
-    occurrences = pq.read_table(occurrences_path, columns=["mixture_id", "event_index", "label", "clip_id", "snr_db"]).to_pylist() \
-        if occurrences_path.is_file() else []
+    occurrences = (
+        pq.read_table(occurrences_path, columns=["mixture_id", "event_index", "label", "clip_id", "snr_db"]).to_pylist()
+        if occurrences_path.is_file()
+        else []
+    )
     phrases: dict[str, dict[str, dict]] = {}
     for s in segments:
-        p = phrases.setdefault(s["mixture_id"], {}).setdefault(s["label"], {"phrase": s["label"].replace("_", " "), "label": s["label"],
-                                                                             "mid": s["mid"], "cluster_id": None, "segments": [],
-                                                                             "snr_db": {}, "source_clip_ids": []})
+        p = phrases.setdefault(s["mixture_id"], {}).setdefault(
+            s["label"],
+            {
+                "phrase": s["label"].replace("_", " "),
+                "label": s["label"],
+                "mid": s["mid"],
+                "cluster_id": None,
+                "segments": [],
+                "snr_db": {},
+                "source_clip_ids": [],
+            },
+        )
         p["segments"].append({"start_s": s["onset_s"], "end_s": s["offset_s"]})
     for o in occurrences:  # one SNR per event drawn (its repeats share it), the clips in order of first use
         p = phrases.get(o["mixture_id"], {}).get(o["label"])
@@ -360,17 +418,49 @@ def open_mixtures(folder: str | Path) -> Catalog:
                 p["source_clip_ids"].append(o["clip_id"])
     rows = []
     for m in mixtures:
-        ps = [{**p, "segments": sorted(p["segments"], key=lambda s: s["start_s"]), "snr_db": list(p["snr_db"].values())}
-              for p in phrases.get(m["mixture_id"], {}).values()]
-        rows.append({"id": m["mixture_id"], "split": m["split"], "duration_s": m["duration_s"], "sample_rate_hz": m["sample_rate_hz"],
-                     "caption": None, "phrases": ps, "background_id": m["background_id"], "license": m["license"]})
-    schema = pa.schema([("id", pa.string()), ("split", pa.string()), ("duration_s", pa.float64()), ("sample_rate_hz", pa.int64()),
-                        ("caption", pa.string()),
-                        ("phrases", pa.list_(pa.struct([("phrase", pa.string()), ("label", pa.string()), ("mid", pa.string()),
-                                                        ("cluster_id", pa.int64()),
-                                                        ("segments", pa.list_(pa.struct([("start_s", pa.float64()), ("end_s", pa.float64())]))),
-                                                        ("snr_db", pa.list_(pa.float64())), ("source_clip_ids", pa.list_(pa.string()))]))),
-                        ("background_id", pa.string()), ("license", pa.string())])
+        ps = [
+            {**p, "segments": sorted(p["segments"], key=lambda s: s["start_s"]), "snr_db": list(p["snr_db"].values())}
+            for p in phrases.get(m["mixture_id"], {}).values()
+        ]
+        rows.append(
+            {
+                "id": m["mixture_id"],
+                "split": m["split"],
+                "duration_s": m["duration_s"],
+                "sample_rate_hz": m["sample_rate_hz"],
+                "caption": None,
+                "phrases": ps,
+                "background_id": m["background_id"],
+                "license": m["license"],
+            }
+        )
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("split", pa.string()),
+            ("duration_s", pa.float64()),
+            ("sample_rate_hz", pa.int64()),
+            ("caption", pa.string()),
+            (
+                "phrases",
+                pa.list_(
+                    pa.struct(
+                        [
+                            ("phrase", pa.string()),
+                            ("label", pa.string()),
+                            ("mid", pa.string()),
+                            ("cluster_id", pa.int64()),
+                            ("segments", pa.list_(pa.struct([("start_s", pa.float64()), ("end_s", pa.float64())]))),
+                            ("snr_db", pa.list_(pa.float64())),
+                            ("source_clip_ids", pa.list_(pa.string())),
+                        ]
+                    )
+                ),
+            ),
+            ("background_id", pa.string()),
+            ("license", pa.string()),
+        ]
+    )
     table = pa.Table.from_pylist(rows, schema=schema)
     labels, clusters, events, low, high = _phrase_summaries(table.column("phrases"), len(table))
     return Catalog("mixtures", folder, table, labels, clusters, events, low, high, [(m["audio_path"],) for m in mixtures])

@@ -49,16 +49,22 @@ def resolve(args, params) -> tuple[str | None, str | None, str | None, str | Non
         data = data or (p.shards.out_dir if Path(p.shards.out_dir).is_dir() else None)
         evaluation = evaluation or (p.evaluate.out_dir if is_evaluation(p.evaluate.out_dir) else None)
         if data is None and evaluation is None:
-            raise FolderError(f"nothing to show: neither {p.shards.out_dir} (shards.out_dir) nor {p.evaluate.out_dir} (evaluate.out_dir) "
-                              "exists; run the pipeline first, or pass PATH (a shard, mixtures or evaluation folder)")
+            raise FolderError(
+                f"nothing to show: neither {p.shards.out_dir} (shards.out_dir) nor {p.evaluate.out_dir} (evaluate.out_dir) "
+                "exists; run the pipeline first, or pass PATH (a shard, mixtures or evaluation folder)"
+            )
     if args.data is not None and folder_kind(args.data) == "evaluation":
-        raise FolderError(f"--data {args.data} is an evaluation folder; pass it as PATH or --evaluation, and the shard folder as --data")
+        raise FolderError(
+            f"--data {args.data} is an evaluation folder; pass it as PATH or --evaluation, and the shard folder as --data"
+        )
     if args.evaluation is not None and not is_evaluation(args.evaluation):
         raise FolderError(f"--evaluation {args.evaluation} is not an evaluation folder (metrics.json, details/)")
     checkpoint, note = args.checkpoint or p.evaluate.checkpoint, None
     if not Path(checkpoint).is_file():
         if args.checkpoint:
-            raise FolderError(f"--checkpoint {args.checkpoint} does not exist or is not a file; pass a trainer checkpoint (best.pt)")
+            raise FolderError(
+                f"--checkpoint {args.checkpoint} does not exist or is not a file; pass a trainer checkpoint (best.pt)"
+            )
         note = f"no checkpoint at {checkpoint} (evaluate.checkpoint): queries are off; pass --checkpoint PATH to turn them on"
         checkpoint = None
     return data, evaluation, checkpoint, note
@@ -66,9 +72,8 @@ def resolve(args, params) -> tuple[str | None, str | None, str | None, str | Non
 
 def main(args, params) -> int:
     """Serve the folders ``args`` name until interrupted; see the module's docstring."""
-    from trainer.config import Params
-
     from sedsynth.view.server import make_app, serve
+    from trainer.config import Params
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is not a port; pass 0 to 65535 (0: a free one)")
@@ -82,12 +87,22 @@ def main(args, params) -> int:
     if catalog is not None:
         _say(f"{catalog.kind} {data}: {len(catalog)} mixtures")
     if evaluation is not None:
-        _say(f"evaluation {evaluation_folder}: {len(evaluation.durations)} {evaluation.split} clips" +
-             ("" if catalog is not None else " (no shard folder found: pass --data to hear its mixtures)"))
+        _say(
+            f"evaluation {evaluation_folder}: {len(evaluation.durations)} {evaluation.split} clips"
+            + ("" if catalog is not None else " (no shard folder found: pass --data to hear its mixtures)")
+        )
     if args.host not in LOCAL_HOSTS:
-        _say(f"listening on {args.host}, not only this machine: anyone who reaches this address can read the data served and upload files")
-    app = make_app(catalog, evaluation, checkpoint, (params or Params()).evaluate,
-                   max_upload_bytes=int(args.max_upload_mb * (1 << 20)), device=args.device)
+        _say(
+            f"listening on {args.host}, not only this machine: anyone who reaches this address can read the data served and upload files"
+        )
+    app = make_app(
+        catalog,
+        evaluation,
+        checkpoint,
+        (params or Params()).evaluate,
+        max_upload_bytes=int(args.max_upload_mb * (1 << 20)),
+        device=args.device,
+    )
 
     def ready(url: str) -> None:
         print(url, flush=True)
@@ -99,8 +114,12 @@ def main(args, params) -> int:
         return 0
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise ValueError(f"port {args.port} on {args.host} is in use; pass --port 0 for a free one, or another port") from None
+            raise ValueError(
+                f"port {args.port} on {args.host} is in use; pass --port 0 for a free one, or another port"
+            ) from None
         if e.errno == errno.EADDRNOTAVAIL or isinstance(e, socket.gaierror):
-            raise ValueError(f"cannot listen on {args.host}: {e.strerror or e}; pass an address of this machine with --host") from None
+            raise ValueError(
+                f"cannot listen on {args.host}: {e.strerror or e}; pass an address of this machine with --host"
+            ) from None
         raise
     return 0

@@ -79,26 +79,43 @@ class Evaluation:
 
     @property
     def classes(self) -> list[str]:
-        return list(self.metrics.get("protocol", {}).get("classes") or sorted({lab for evs in self.truth.values() for *_, lab in evs}))
+        return list(
+            self.metrics.get("protocol", {}).get("classes") or sorted({lab for evs in self.truth.values() for *_, lab in evs})
+        )
 
     def summary(self, queries: dict[str, str] | None = None) -> dict:
         """The headline figures per model, the per-class table per model (with each class's query where known),
         the protocol's main settings and the split's size."""
         split_metrics = self.metrics.get(self.split, {})
-        headline = {m: {k: v for k, v in values.items() if isinstance(v, (int, float))}
-                    for m, values in split_metrics.items() if isinstance(values, dict)}
+        headline = {
+            m: {k: v for k, v in values.items() if isinstance(v, (int, float))}
+            for m, values in split_metrics.items()
+            if isinstance(values, dict)
+        }
         per_class = {}
         for model in self.models:
-            rows = [{k: (_number(v) if k != "class" else v) for k, v in r.items()} for r in _table(self._details / f"per_class_{model}.csv")]
+            rows = [
+                {k: (_number(v) if k != "class" else v) for k, v in r.items()}
+                for r in _table(self._details / f"per_class_{model}.csv")
+            ]
             for r in rows:
                 r["query"] = (queries or {}).get(r.get("class"), r.get("class"))
             per_class[model] = rows
         protocol = self.metrics.get("protocol", {})
-        return _plain({"folder": str(self.folder), "split": self.split, "models": list(self.models), "headline": headline,
-                       "per_class": per_class, "threshold": self.threshold,
-                       "threshold_source": protocol.get("collar_f1", {}).get("threshold_source"),
-                       "clips": len(self.durations), "events": sum(len(v) for v in self.truth.values()),
-                       "frame_hop_s": protocol.get("frame_hop_s")})
+        return _plain(
+            {
+                "folder": str(self.folder),
+                "split": self.split,
+                "models": list(self.models),
+                "headline": headline,
+                "per_class": per_class,
+                "threshold": self.threshold,
+                "threshold_source": protocol.get("collar_f1", {}).get("threshold_source"),
+                "clips": len(self.durations),
+                "events": sum(len(v) for v in self.truth.values()),
+                "frame_hop_s": protocol.get("frame_hop_s"),
+            }
+        )
 
     @property
     def _details(self) -> Path:
@@ -125,8 +142,11 @@ class Evaluation:
         if found is None or label not in found[1]:
             return None
         edges, classes, probs = found
-        return {"timestamps_s": edges.tolist(), "probs": probs[:, classes.index(label)].tolist(),
-                "truth": [[a, b] for a, b, lab in self.truth.get(clip, []) if lab == label]}
+        return {
+            "timestamps_s": edges.tolist(),
+            "probs": probs[:, classes.index(label)].tolist(),
+            "truth": [[a, b] for a, b, lab in self.truth.get(clip, []) if lab == label],
+        }
 
     def errors(self, model: str, limit: int = 25) -> dict:
         """``model``'s worst false alarms (highest peak first) and misses (lowest peak first), at most ``limit``
@@ -150,8 +170,15 @@ class Evaluation:
                         misses.append({"clip": clip, "class": label, "onset_s": a, "offset_s": b, "peak": peak})
         alarms.sort(key=lambda e: (-e["peak"], e["clip"], e["onset_s"]))
         misses.sort(key=lambda e: (e["peak"], e["clip"], e["onset_s"]))
-        return _plain({"false_alarms": alarms[:limit], "misses": misses[:limit], "threshold": t,
-                       "false_alarm_count": len(alarms), "miss_count": len(misses)})
+        return _plain(
+            {
+                "false_alarms": alarms[:limit],
+                "misses": misses[:limit],
+                "threshold": t,
+                "false_alarm_count": len(alarms),
+                "miss_count": len(misses),
+            }
+        )
 
 
 def _score_file(path: Path) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -175,19 +202,27 @@ def open_evaluation(folder: str | Path) -> Evaluation:
     """The evaluation folder ``folder`` (``metrics.json``, ``details/<split>/``); raises ValueError naming what it lacks."""
     folder = Path(folder)
     if not is_evaluation(folder):
-        raise ValueError(f"{folder} is not an evaluation folder: expected metrics.json and details/ (what sedsynth evaluate writes)")
+        raise ValueError(
+            f"{folder} is not an evaluation folder: expected metrics.json and details/ (what sedsynth evaluate writes)"
+        )
     metrics = json.loads(read_regular(folder / "metrics.json", "metrics.json", max_bytes=MAX_TABLE_BYTES))
     # the scored split: the details folder holding ground truth (details/benchmarks/ holds the public sets)
     splits = sorted(p.name for p in (folder / "details").iterdir() if p.is_dir() and (p / "ground_truth.tsv").is_file())
     split = "test" if "test" in splits else (splits[0] if splits else None)
     if split is None:
-        raise ValueError(f"{folder}/details has no split folder with ground_truth.tsv (details/test/ as sedsynth evaluate writes it)")
+        raise ValueError(
+            f"{folder}/details has no split folder with ground_truth.tsv (details/test/ as sedsynth evaluate writes it)"
+        )
     details = folder / "details" / split
     truth: dict[str, list[tuple[float, float, str]]] = {}
     for r in _table(details / "ground_truth.tsv"):
         truth.setdefault(Path(r["filename"]).stem, []).append((float(r["onset"]), float(r["offset"]), r["event_label"]))
-    durations = {Path(r["filename"]).stem: float(r["duration"]) for r in _table(details / "durations.tsv")} \
-        if (details / "durations.tsv").is_file() else {c: max(b for _, b, _ in evs) for c, evs in truth.items()}
-    models = tuple(sorted((m.group(1) for p in details.iterdir() if (m := MODEL.match(p.name))),
-                          key=lambda m: (m != "trained", m)))
+    durations = (
+        {Path(r["filename"]).stem: float(r["duration"]) for r in _table(details / "durations.tsv")}
+        if (details / "durations.tsv").is_file()
+        else {c: max(b for _, b, _ in evs) for c, evs in truth.items()}
+    )
+    models = tuple(
+        sorted((m.group(1) for p in details.iterdir() if (m := MODEL.match(p.name))), key=lambda m: (m != "trained", m))
+    )
     return Evaluation(folder, split, metrics, {k: sorted(v) for k, v in truth.items()}, durations, models)

@@ -72,11 +72,17 @@ def audio_facts(audio: bytes) -> dict:
     try:
         info = sf.info(io.BytesIO(audio))
     except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
-        raise AudioError("unreadable", f"cannot decode the file ({e}); use WAV, FLAC, OGG or another format libsndfile reads") from None
+        raise AudioError(
+            "unreadable", f"cannot decode the file ({e}); use WAV, FLAC, OGG or another format libsndfile reads"
+        ) from None
     if info.frames <= 0:
         raise AudioError("empty", "zero samples")
-    return {"duration_s": info.frames / info.samplerate, "sample_rate_hz": int(info.samplerate), "channels": int(info.channels),
-            "format": info.format}
+    return {
+        "duration_s": info.frames / info.samplerate,
+        "sample_rate_hz": int(info.samplerate),
+        "channels": int(info.channels),
+        "format": info.format,
+    }
 
 
 def check_query_texts(queries: list) -> list[str]:
@@ -107,8 +113,9 @@ class Querier:
         from trainer.evaluation.detector import Detector
 
         self.checkpoint = str(checkpoint)
-        self.detector = Detector.from_checkpoint(checkpoint, device=device or evaluate.device, overlap=evaluate.window_overlap,
-                                                 batch_size=evaluate.batch_size)
+        self.detector = Detector.from_checkpoint(
+            checkpoint, device=device or evaluate.device, overlap=evaluate.window_overlap, batch_size=evaluate.batch_size
+        )
         notes: list[str] = []
         self.threshold, self.threshold_source, stored = threshold_setting(None, checkpoint, "the checkpoint", warn=notes.append)
         self.median_filter_frames = f1_median_filter(evaluate.f1_median_filter_frames, stored, evaluate.median_filter_frames)
@@ -122,8 +129,13 @@ class Querier:
         return self
 
     def describe(self) -> dict:
-        return {"checkpoint": self.checkpoint, "threshold": self.threshold, "threshold_source": self.threshold_source,
-                "median_filter_frames": self.median_filter_frames, "sample_rate_hz": self.detector.sample_rate_hz}
+        return {
+            "checkpoint": self.checkpoint,
+            "threshold": self.threshold,
+            "threshold_source": self.threshold_source,
+            "median_filter_frames": self.median_filter_frames,
+            "sample_rate_hz": self.detector.sample_rate_hz,
+        }
 
     def query(self, audio: bytes | str | Path, queries: list[str]) -> dict:
         """Encoded audio (bytes or a file) and checked query texts -> ``{"queries", "timestamps_s" (L+1,),
@@ -137,9 +149,15 @@ class Querier:
         scores = det.score_stream(read_blocks(audio, det.sample_rate_hz), [det.vocabulary(queries)])
         probs = smooth(scores.probs[0], self.median_filter_frames)
         found = [[list(e) for e in events(scores.timestamps_s, probs[:, k], self.threshold)] for k in range(len(queries))]
-        return {"queries": list(queries), "timestamps_s": scores.timestamps_s.tolist(), "probs": probs.T.tolist(), "events": found,
-                "threshold": self.threshold, "median_filter_frames": self.median_filter_frames,
-                "seconds": time.perf_counter() - started}
+        return {
+            "queries": list(queries),
+            "timestamps_s": scores.timestamps_s.tolist(),
+            "probs": probs.T.tolist(),
+            "events": found,
+            "threshold": self.threshold,
+            "median_filter_frames": self.median_filter_frames,
+            "seconds": time.perf_counter() - started,
+        }
 
 
 class Uploads:

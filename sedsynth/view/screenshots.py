@@ -38,14 +38,18 @@ def _shoot(driver, path: Path) -> None:
     from PIL import Image
 
     shot = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
-    shot.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)  # a third of the bytes, no visible change
+    shot.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(
+        path, optimize=True
+    )  # a third of the bytes, no visible change
     print(f"wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--overrides", action="append", default=None, help="a YAML merged over --params (e.g. configs/debug.yaml)")
+    parser.add_argument(
+        "--overrides", action="append", default=None, help="a YAML merged over --params (e.g. configs/debug.yaml)"
+    )
     parser.add_argument("--out", default="docs/images", help="folder for the pictures (default docs/images)")
     parser.add_argument("--mixture", default=None, help="the mixture to show (default: the first of the evaluated split)")
     args = parser.parse_args(argv)
@@ -72,8 +76,15 @@ def main(argv: list[str] | None = None) -> int:
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or shutil.which("google-chrome")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={WIDTH},900",
-                 "--force-device-scale-factor=1", "--mute-audio"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--window-size={WIDTH},900",
+        "--force-device-scale-factor=1",
+        "--mute-audio",
+    ):
         options.add_argument(flag)
     app = make_app(catalog, evaluation, params.evaluate.checkpoint, params.evaluate, device="cpu")
     with running(app) as url:
@@ -84,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             _shoot(driver, out / "view-dataset.png")
 
             driver.get(url + f"#/mix/{mixture}?t=2.5&q=" + "%3B".join(p.replace(" ", "%20") for p in phrases))
-            _wait(driver, "const i = document.getElementById('spectrogram'); return i && i.complete && i.naturalWidth > 0 "
-                          "&& document.querySelectorAll('.prob-row.live').length > 0")
+            _wait(
+                driver,
+                "const i = document.getElementById('spectrogram'); return i && i.complete && i.naturalWidth > 0 "
+                "&& document.querySelectorAll('.prob-row.live').length > 0",
+            )
             _shoot(driver, out / "view-mixture.png")
 
             driver.get(url + "#/evaluation")

@@ -41,14 +41,21 @@ from sedsynth.view.catalog import Catalog, OutsideError, audio_type
 from sedsynth.view.evaluation import Evaluation
 from sedsynth.view.querying import Querier, Uploads, check_query_texts, palette, spectrogram_png
 
-STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png", ".svg": "image/svg+xml",
-                ".txt": "text/plain", ".md": "text/plain"}
+STATIC_TYPES = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+    ".txt": "text/plain",
+    ".md": "text/plain",
+}
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     # the page's own script, styles and pictures only: a caption holding markup cannot run anything
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; media-src 'self' blob:; style-src 'self'; "
-                               "script-src 'self'; object-src 'none'; frame-ancestors 'none'",
+    "script-src 'self'; object-src 'none'; frame-ancestors 'none'",
 }
 MAX_PER_PAGE = 200
 CACHED = 32  # spectrograms and audio cells kept in memory
@@ -125,7 +132,7 @@ def ranged(request: web.Request, data: bytes, content_type: str) -> web.Response
     if start >= n or end < start:
         return web.Response(status=416, headers={**headers, "Content-Range": f"bytes */{n}"})
     headers["Content-Range"] = f"bytes {start}-{end}/{n}"
-    return web.Response(status=206, body=data[start:end + 1], content_type=content_type, headers=headers)
+    return web.Response(status=206, body=data[start : end + 1], content_type=content_type, headers=headers)
 
 
 def _truth_for(mixture: dict, query: str) -> list[list[float]] | None:
@@ -150,8 +157,15 @@ def split_queries(catalog: Catalog | None, split: str) -> dict[str, str]:
     return {label: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for label, c in counts.items()}
 
 
-def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint: str | None, evaluate_params,
-             *, max_upload_bytes: int = 50 << 20, device: str | None = None) -> web.Application:
+def make_app(
+    catalog: Catalog | None,
+    evaluation: Evaluation | None,
+    checkpoint: str | None,
+    evaluate_params,
+    *,
+    max_upload_bytes: int = 50 << 20,
+    device: str | None = None,
+) -> web.Application:
     """The application: page, files and API over what is given (any of the three may be None).
 
     The checkpoint is loaded in a worker thread when the server starts, so the page is up at once;
@@ -159,8 +173,17 @@ def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint:
     """
     app = web.Application(client_max_size=max_upload_bytes + (1 << 20))
     files = static_files()
-    state: dict = {"querier": None, "querier_error": None, "loading": None, "uploads": None, "pool": None,
-                   "spectrograms": _Cache(CACHED), "audio": _Cache(CACHED), "errors": {}, "queries": None}
+    state: dict = {
+        "querier": None,
+        "querier_error": None,
+        "loading": None,
+        "uploads": None,
+        "pool": None,
+        "spectrograms": _Cache(CACHED),
+        "audio": _Cache(CACHED),
+        "errors": {},
+        "queries": None,
+    }
 
     async def resources_ctx(app: web.Application):
         state["pool"] = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sedsynth-view")
@@ -168,7 +191,8 @@ def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint:
         state["pool"].submit(palette)  # imports matplotlib now, not on the first spectrogram asked for
         if checkpoint is not None:
             state["loading"] = asyncio.get_running_loop().run_in_executor(
-                state["pool"], lambda: Querier(checkpoint, evaluate_params, device).warm_up())
+                state["pool"], lambda: Querier(checkpoint, evaluate_params, device).warm_up()
+            )
         yield
         state["pool"].shutdown(wait=False, cancel_futures=True)
         state["uploads"].close()
@@ -211,10 +235,16 @@ def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint:
             detect.update(available=False, error=state["querier_error"])
         elif state["loading"] is not None:
             detect["loading"] = not state["loading"].done()
-        return _json({"dataset": catalog.summary() if catalog is not None else None,
-                      "evaluation": {"folder": str(evaluation.folder), "split": evaluation.split, "models": list(evaluation.models)}
-                      if evaluation is not None else None,
-                      "detect": detect, "max_upload_bytes": max_upload_bytes})
+        return _json(
+            {
+                "dataset": catalog.summary() if catalog is not None else None,
+                "evaluation": {"folder": str(evaluation.folder), "split": evaluation.split, "models": list(evaluation.models)}
+                if evaluation is not None
+                else None,
+                "detect": detect,
+                "max_upload_bytes": max_upload_bytes,
+            }
+        )
 
     async def mixtures(request: web.Request) -> web.Response:
         if catalog is None:
@@ -223,14 +253,27 @@ def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint:
         try:
             page_number = max(1, _number(q, "page", int) or 1)
             per_page = min(MAX_PER_PAGE, max(1, _number(q, "per_page", int) or 50))
-            rows = catalog.select(split=q.get("split", ""), label=q.get("label", ""), cluster=_number(q, "cluster", int),
-                                  min_events=_number(q, "min_events", int), max_events=_number(q, "max_events", int),
-                                  min_snr_db=_number(q, "min_snr", float), max_snr_db=_number(q, "max_snr", float), text=q.get("text", ""))
+            rows = catalog.select(
+                split=q.get("split", ""),
+                label=q.get("label", ""),
+                cluster=_number(q, "cluster", int),
+                min_events=_number(q, "min_events", int),
+                max_events=_number(q, "max_events", int),
+                min_snr_db=_number(q, "min_snr", float),
+                max_snr_db=_number(q, "max_snr", float),
+                text=q.get("text", ""),
+            )
         except ValueError as e:
             return _fail(400, str(e))
         start = (page_number - 1) * per_page
-        return _json({"total": int(len(rows)), "page": page_number, "per_page": per_page,
-                      "rows": catalog.rows(rows[start:start + per_page])})
+        return _json(
+            {
+                "total": int(len(rows)),
+                "page": page_number,
+                "per_page": per_page,
+                "rows": catalog.rows(rows[start : start + per_page]),
+            }
+        )
 
     def _mixture(mixture_id: str) -> dict | None:
         found = catalog.mixture(mixture_id) if catalog is not None else None
@@ -268,7 +311,11 @@ def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint:
             except (FileNotFoundError, IsADirectoryError):
                 return None, None, _fail(404, "that mixture's audio file is missing")
             except OSError as e:  # a FIFO or device where its file should be, a read error
-                return None, None, _fail(403 if isinstance(e, PermissionError) else 404, f"that mixture's audio cannot be read ({e})")
+                return (
+                    None,
+                    None,
+                    _fail(403 if isinstance(e, PermissionError) else 404, f"that mixture's audio cannot be read ({e})"),
+                )
         rate = catalog.mixture(mixture_id).get("sample_rate_hz") or 16000
         return cached, int(rate), None
 
@@ -287,7 +334,9 @@ def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint:
                 png = state["spectrograms"].put(key, await work(spectrogram_png, data, min(rate, 48000)))
             except AudioError as e:
                 return _fail(422, f"the audio does not decode ({e})")
-        return web.Response(body=png, content_type="image/png", headers={**SECURITY_HEADERS, "Cache-Control": "private, max-age=3600"})
+        return web.Response(
+            body=png, content_type="image/png", headers={**SECURITY_HEADERS, "Cache-Control": "private, max-age=3600"}
+        )
 
     async def detect(request: web.Request) -> web.Response:
         try:
@@ -367,15 +416,28 @@ def make_app(catalog: Catalog | None, evaluation: Evaluation | None, checkpoint:
         found = await work(evaluation.scores, q.get("model", ""), q.get("clip", ""), q.get("class", ""))
         if found is None:
             return _fail(404, "no stored scores for that model, clip and class")
-        found.update(model=q["model"], clip=q["clip"], label=q["class"], threshold=evaluation.threshold,
-                     query=eval_queries().get(q["class"], q["class"]))
+        found.update(
+            model=q["model"],
+            clip=q["clip"],
+            label=q["class"],
+            threshold=evaluation.threshold,
+            query=eval_queries().get(q["class"], q["class"]),
+        )
         return _json(found)
 
     app.router.add_get("/", page)
     app.router.add_get("/static/{name}", static)
-    for path, handler in (("info", info), ("mixtures", mixtures), ("mixture", mixture), ("upload", upload_record),
-                          ("audio", audio), ("spectrogram", spectrogram), ("evaluation", evaluation_summary),
-                          ("evaluation/errors", evaluation_errors), ("evaluation/scores", evaluation_scores)):
+    for path, handler in (
+        ("info", info),
+        ("mixtures", mixtures),
+        ("mixture", mixture),
+        ("upload", upload_record),
+        ("audio", audio),
+        ("spectrogram", spectrogram),
+        ("evaluation", evaluation_summary),
+        ("evaluation/errors", evaluation_errors),
+        ("evaluation/scores", evaluation_scores),
+    ):
         app.router.add_get(f"/api/{path}", handler)
     app.router.add_post("/api/detect", detect)
     app.router.add_post("/api/upload", upload)
