@@ -180,9 +180,19 @@ def _pipeline(args: argparse.Namespace, params) -> int:
     time; the first stage to fail stops the run with that stage's one-line error (``sedsynth clip: error: ...``).
     Every stage's params (the data stages' and the trainer's) are checked before the first stage runs: a bad
     one stops the run at once (``sedsynth pipeline: error: params: ...``), not after the stages before the
-    one that reads it. Without DVC: nothing is cached, locked or skipped because it is up to date."""
+    one that reads it, and so are the training stages' output folders. Without DVC: nothing is cached, locked or skipped because it is up to date."""
     import time
+    from importlib import import_module
+    from pathlib import Path
 
+    from pipeline.outputs import check_out_dir
+
+    # the data stages check their folders when params load; the training stages' folders are checked here, up front
+    # (first each folder alone, so `/` is named as itself rather than as holding another stage's folder)
+    stages = {name: import_module(f"trainer.stages.{name}") for name in ("pretrain", "train", "evaluate")}
+    for kept in (lambda stage: None, lambda stage: stage.kept_folders(params)):
+        for name, stage in stages.items():
+            check_out_dir(Path(getattr(params, name).out_dir), f"{name}.out_dir", kept(stage))
     started = time.perf_counter()  # ``params``: every section loaded, the data stages' included, so every check ran
     for name in PIPELINE:
         args.command = name  # main() reports a failure as this stage's command would, with its output setting
@@ -750,7 +760,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sedsynth {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"sedsynth {args.command}: interrupted; the previous output, if any, is unchanged", file=sys.stderr)
+        kept = {  # train and pretrain write into their folder as they go
+            "train": "every file it wrote is whole (no temporary left); run it again to go on from checkpoints/latest.pt",
+            "pretrain": "every file it wrote is whole (no temporary left); a rerun starts over",
+        }.get(args.command, "the previous output, if any, is unchanged")
+        print(f"sedsynth {args.command}: interrupted; {kept}", file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     except OSError as e:
         line = _os_fault(e, args)

@@ -39,3 +39,20 @@ def test_a_bad_param_of_any_stage_stops_the_pipeline_before_its_first_stage(ran,
     assert err.startswith(f"sedsynth pipeline: error: params: '{key}'") and err.count("\n") == 1
     assert cli.main(["pipeline", "--params", str(PARAMS)]) == 0  # without it, every stage runs in order
     assert ran == list(PIPELINE) and f"pipeline: {len(PIPELINE)} stages in " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "setting, key",
+    [
+        ("evaluate.out_dir=/", "evaluate.out_dir"),
+        ("train.out_dir=data/dataset", "train.out_dir"),
+        ("pretrain.out_dir=data/events", "pretrain.out_dir"),
+    ],
+)
+def test_a_training_stages_bad_output_folder_stops_the_pipeline_before_its_first_stage(
+    ran, capsys, setting: str, key: str
+) -> None:
+    assert cli.main(["pipeline", "--params", str(PARAMS), "--set", setting]) == 2
+    out, err = capsys.readouterr()
+    assert ran == [] and "pipeline:" not in out
+    assert err.startswith(f"sedsynth pipeline: error: {key} is ") and err.count("\n") == 1

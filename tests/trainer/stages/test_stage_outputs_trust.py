@@ -326,7 +326,9 @@ def test_sigterm_while_train_writes_a_checkpoint_exits_143_and_keeps_the_previou
     code, err = run_command(capsys, "train", "--params", params)
     assert stopped, "the run got as far as a checkpoint"
     assert code == 128 + signal.SIGTERM, err
-    assert "Traceback" not in err and last_line(err) == "sedsynth train: interrupted; the previous output, if any, is unchanged"
+    assert "Traceback" not in err and last_line(err) == (
+        "sedsynth train: interrupted; every file it wrote is whole (no temporary left); run it again to go on from checkpoints/latest.pt"
+    )
     assert {f.name: f.read_bytes() for f in (run / "checkpoints").iterdir()} == checkpoints  # no temporary, none changed
 
 
