@@ -218,10 +218,19 @@ SLOW = (
 )
 
 
+def slow_tier_tests() -> frozenset[str]:
+    """The node ids (without parameters) tests/slow_tier.txt lists: the tests measured at 1 s or more."""
+    lines = (Path(__file__).parent / "slow_tier.txt").read_text(encoding="utf-8").splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark the slow tier ``slow``: the node ids :data:`SLOW` names, and every ``compile`` test."""
+    """Mark the slow tier ``slow``: the node ids :data:`SLOW` names, those tests/slow_tier.txt lists, and every
+    ``compile`` test."""
+    measured = slow_tier_tests()
     for item in items:
-        if item.nodeid.startswith(SLOW) or item.get_closest_marker("compile") is not None:
+        function = item.nodeid.split("[", 1)[0]
+        if item.nodeid.startswith(SLOW) or function in measured or item.get_closest_marker("compile") is not None:
             item.add_marker(pytest.mark.slow)
 
 

@@ -102,7 +102,7 @@ class CorpusParams:
     """The embedded source corpora, generated when no real data is configured."""
 
     fsd50k_clips: int = 960
-    ambience_recordings: int = 12
+    ambience_recordings: int = 24
     seed: int = 7
     fsd50k_dir: str = "data/sources/fsd50k"
     ambience_dir: str = "data/sources/ambience"
@@ -179,9 +179,9 @@ class HoldoutFractions:
     ``background_split: segment``), source clips with ``event_split: random``, and a library's
     files within each label."""
 
-    train: float = 0.8
-    valid: float = 0.1
-    test: float = 0.1
+    train: float = 0.65
+    valid: float = 0.15
+    test: float = 0.2
 
 
 @dataclass(frozen=True)
