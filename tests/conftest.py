@@ -141,7 +141,7 @@ def mixed(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("mixed")
     tiny, p = debug_params(), Params()
-    mix_sizes = debug_values(tiny.mix, "mixtures", "partition_size", "event_split", "export")
+    mix_sizes = debug_values(tiny.mix, "mixtures", "partition_size", "event_split", "holdout", "export")
     p = replace(
         p,
         compute=tiny.compute,
