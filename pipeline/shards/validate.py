@@ -42,12 +42,12 @@ import pyarrow.parquet as pq
 import soundfile as sf
 import yaml
 
+from pipeline.audio import ENDLESS_FRAMES, frame_limit
 from pipeline.files import NotRegularFileError, open_regular
 from pipeline.shards.layout import CARD, DATA, INDEX, INDEX_VERSION, entry_problem, features, shard_schema, special_file_problem
 from pipeline.shards.rows import phrase_problems
 
 LINKS_NOT_FOLLOWED = "validate and publish do not follow links"
-UNKNOWN_LENGTH = 2**62  # libsndfile's frame count for a FLAC header whose total is 0 (unknown) is 2**63 - 1
 CARD_MAX_BYTES = 16 * 2**20  # the card `sedsynth shards` writes is tens of kilobytes
 CLUSTERS = "clusters/clusters.parquet"
 
@@ -115,9 +115,9 @@ def _header_problems(info, r: dict) -> list[str]:
     problems = []
     if info.samplerate != rate:
         problems.append(f"audio header says {info.samplerate} Hz, the row says {rate} Hz; {todo}")
-    if info.frames >= UNKNOWN_LENGTH:
+    if info.frames >= ENDLESS_FRAMES:
         problems.append(f"audio header gives no length, so a reader could not bound it (the row says {duration} s); {todo}")
-    elif info.frames > round(duration * info.samplerate):
+    elif info.frames > frame_limit(duration, info.samplerate):
         problems.append(
             f"audio header says {info.frames} frames at {info.samplerate} Hz ({info.frames / info.samplerate:.1f} s), "
             f"longer than the row's duration_s {duration} s, and a reader would decode all of it; {todo}"

@@ -48,6 +48,7 @@ import numpy as np
 from pipeline.audio import AudioError, read_blocks
 from pipeline.files import special_file_problem
 from pipeline.outputs import write_atomic
+from pipeline.shards.rows import text_problem
 from trainer import checkpoint as checkpoint_file
 from trainer.evaluation.calibration import f1_median_filter, threshold_setting
 from trainer.evaluation.detector import Detector
@@ -59,11 +60,7 @@ DCASE_HEADER = ("filename", "onset", "offset", "event_label")
 
 def fits_tsv(name: str) -> bool:
     """True where ``name`` can be a TSV cell as it is (:func:`~trainer.evaluation.metrics.tsv_cell` takes it)."""
-    try:
-        tsv_cell(name)
-    except ValueError:
-        return False
-    return True
+    return text_problem(name) is None
 
 
 # libsndfile's formats and the file extensions they go by; only the formats the installed library reads count
