@@ -49,6 +49,20 @@ SkipReason = typing.Literal[
 ]
 
 
+# what ends a TSV cell or its line for some reader: C0 and C1 controls (tab, LF, CR, NEL U+0085, ...),
+# U+2028 and U+2029 (str.splitlines breaks on each of them)
+CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a cell of a TSV file read line by line: the first tab, line break
+    (LF, CR, NEL, U+2028, U+2029) or other control character it holds; ``None`` when it has none."""
+    bad = CONTROL_CHARACTERS.search(text)
+    if bad is None:
+        return None
+    return f"holds U+{ord(bad.group()):04X} at character {bad.start()} (a tab or line break or another control character)"
+
+
 SPLITS = ("train", "valid", "test")  # the dataset's splits, in the order every output lists them
 
 # Runs of SourceExcerpt columns that both excerpt manifests hold in this order.

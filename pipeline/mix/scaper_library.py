@@ -33,7 +33,6 @@ functions also return the records and the skips.
 from __future__ import annotations
 
 import json
-import unicodedata
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -57,7 +56,7 @@ from pipeline.licenses import license_name
 from pipeline.loudness import a_weighted_envelope, integrated_lufs, peak_dbfs, peak_to_median_db, rms_dbfs
 from pipeline.ontology import Ontology, default_ontology
 from pipeline.outputs import MANIFEST, SKIPPED, write_manifest, write_skips
-from pipeline.schema import BackgroundSegment, EventClip, Skip, readable_id
+from pipeline.schema import BackgroundSegment, EventClip, Skip, readable_id, text_problem
 from pipeline.segmentation import find_segment
 
 AUDIO_DIR = "audio"
@@ -104,7 +103,7 @@ def label_problem(label: str) -> str | None:
     Tabs, line breaks and other control characters would split or end a row of the DCASE TSV
     files (``filename onset offset event_label``) the mix stage writes.
     """
-    if any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in label):
+    if text_problem(label) is not None:
         return (
             f"the label folder {label!r} has a tab, line break or other control character in its name, which would break "
             "the rows of the DCASE TSV files; its files are left out: rename the folder"

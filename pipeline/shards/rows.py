@@ -19,13 +19,13 @@ into the one skip it becomes.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Container
 from pathlib import Path
 
 import pyarrow as pa
 
 from pipeline.audio import AudioError, decoded_frames
+from pipeline.schema import text_problem
 
 END_SLACK_S = 1e-6  # an end at the mixture's last sample may round past duration_s
 
@@ -44,9 +44,6 @@ def segment_ok(segment: object, duration_s: float) -> bool:
 
 Fault = tuple[str, str]  # (skip reason, message without the file and row prefix)
 
-# what ends a TSV cell or its line for some reader: C0 and C1 controls (tab, LF, CR, NEL U+0085, ...),
-# U+2028 and U+2029 (str.splitlines breaks on each of them)
-CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 SHOWN_CHARS = 80  # of an untrusted text quoted in a message
 
 
@@ -55,15 +52,6 @@ def shown(text: object) -> str:
     if isinstance(text, str) and len(text) > SHOWN_CHARS:
         return repr(text[:SHOWN_CHARS]) + f"... ({len(text)} characters)"
     return repr(text)
-
-
-def text_problem(text: str) -> str | None:
-    """Why ``text`` cannot be a cell of a TSV file read line by line: the first tab, line break
-    (LF, CR, NEL, U+2028, U+2029) or other control character it holds; ``None`` when it has none."""
-    bad = CONTROL_CHARACTERS.search(text)
-    if bad is None:
-        return None
-    return f"holds U+{ord(bad.group()):04X} at character {bad.start()} (a tab or line break or another control character)"
 
 
 def label_problem(label: str) -> str | None:

@@ -48,7 +48,7 @@ import numpy as np
 from pipeline.audio import AudioError, read_blocks
 from pipeline.files import special_file_problem
 from pipeline.outputs import write_atomic
-from pipeline.shards.rows import text_problem
+from pipeline.schema import text_problem
 from trainer import checkpoint as checkpoint_file
 from trainer.evaluation.calibration import f1_median_filter, threshold_setting
 from trainer.evaluation.detector import Detector

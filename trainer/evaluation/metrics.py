@@ -36,7 +36,8 @@ import pandas as pd
 from scipy.ndimage import median_filter
 from scipy.stats import rankdata
 
-from pipeline.shards.rows import shown, text_problem
+from pipeline.schema import text_problem
+from pipeline.shards.rows import shown
 from trainer.data.labels import frame_labels
 from trainer.memory import release_freed_heap
 
@@ -132,7 +133,7 @@ def tsv_cell(text: str, what: str = "a TSV cell") -> str:
     """``text`` as it is when it can be a cell (or a header) of a TSV file, which DCASE's and
     sed_scores_eval's readers split into lines and tabs; raises ValueError naming ``what`` when it
     holds a tab, CR, LF, NEL, U+2028, U+2029 or another control character
-    (:func:`~pipeline.shards.rows.text_problem`): written, it would forge rows or columns. The
+    (:func:`~pipeline.schema.text_problem`): written, it would forge rows or columns. The
     readers refuse such labels and ids first (``bad-label``), so here it is the last guard."""
     problem = text_problem(text)
     if problem is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.figures import save_png
-from pipeline.shards.rows import CONTROL_CHARACTERS
+from pipeline.schema import CONTROL_CHARACTERS
 
 TEXT_MAX_CHARS = 120  # of one line of drawn text: a title's width at the sizes used here
 
