@@ -37,6 +37,8 @@ SkipReason = typing.Literal[
     "no-segment",  # no window above the energy threshold
     "too-short",  # segment or recording shorter than the minimum
     "too-long",  # segment longer than the maximum
+    "low-sample-rate",  # a library file below sample_rate_hz (mixing does not upsample)
+    "other-extension",  # an audio file whose extension mix.library.extensions does not list
     "filtered-category",  # the ambience filter does not select this recording
     "not-in-metadata",  # an audio file the metadata CSV does not list
     "salient-event",  # a background segment with a transient above the salience limit

@@ -155,7 +155,7 @@ class AmbienceParams(ExcerptParams):
     license_column: str = "license"
     author_column: str = "author"
     keywords: tuple[str, ...] | Literal["all"] = ("ambiance", "ambience")  # "all": every recording
-    extensions: tuple[str, ...] = ("wav", "flac", "ogg", "aif", "aiff", "mp3")
+    extensions: tuple[str, ...] = ("wav", "flac", "ogg", "oga", "opus", "aif", "aiff", "mp3")
     min_recording_s: float = 10.0
     segment_s: float = 10.0
     max_digital_silence_s: float = 0.1
@@ -202,7 +202,7 @@ class SoundLibraryParams:
     every file of the library (empty: ``unknown``, which ``mix.allowed_licenses`` must then list).
     """
 
-    extensions: tuple[str, ...] = ("wav", "flac", "ogg", "aif", "aiff", "mp3")
+    extensions: tuple[str, ...] = ("wav", "flac", "ogg", "oga", "opus", "aif", "aiff", "mp3")
     trim_events: bool = False
     min_event_s: float = 0.05
     max_event_s: float | None = None

@@ -77,6 +77,12 @@ class LibraryFile:
         return readable_id(self.rel_path)
 
 
+# audio extensions a library may hold: one not in mix.library.extensions is reported, not passed over in silence
+AUDIO_EXTENSIONS = frozenset(
+    {"wav", "wave", "flac", "ogg", "oga", "opus", "aif", "aiff", "aifc", "mp3", "au", "caf", "w64", "rf64"}
+)
+
+
 def _is_audio(path: Path, extensions: tuple[str, ...]) -> bool:
     return path.is_file() and path.suffix.lower().lstrip(".") in {e.lower().lstrip(".") for e in extensions}
 
@@ -120,7 +126,18 @@ def list_library(root: Path, extensions: tuple[str, ...]) -> tuple[list[LibraryF
     refused: set[str] = set()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if not _visible(rel) or not _is_audio(path, extensions):
+        if not _visible(rel):
+            continue
+        if not _is_audio(path, extensions):
+            if _is_audio(path, tuple(AUDIO_EXTENSIONS)) and len(rel.parts) > 1:
+                skips.append(
+                    Skip(
+                        readable_id(rel.as_posix()),
+                        rel.as_posix(),
+                        "other-extension",
+                        f"{path.suffix} is not in mix.library.extensions [{', '.join(extensions)}]; add it to read the file",
+                    )
+                )
             continue
         if len(rel.parts) == 1:
             skips.append(
@@ -160,12 +177,27 @@ def _decode(f: LibraryFile) -> tuple[np.ndarray, np.ndarray, int]:
     return decoded.samples, remove_dc(downmix(decoded.samples)), decoded.sample_rate_hz
 
 
+def low_rate_skip(f: LibraryFile, source_hz: int, sample_rate_hz: int) -> Skip | None:
+    """A Skip for a file below the mixing rate (upsampled audio would hold nothing above its
+    Nyquist frequency and only look like ``sample_rate_hz``), else None."""
+    if source_hz >= sample_rate_hz:
+        return None
+    return Skip(
+        f.item_id,
+        f.rel_path,
+        "low-sample-rate",
+        f"{source_hz} Hz < sample_rate_hz {sample_rate_hz} Hz: mixing does not upsample (sample_rate_hz: {source_hz} keeps it)",
+    )
+
+
 def analyse_event(
     f: LibraryFile, lib: SoundLibraryParams, clip: ClipParams, sample_rate_hz: int, audio_dir: Path, mid: str, audioset_name: str
 ) -> EventClip | Skip:
     """One event file -> its stored excerpt (``audio_dir/<id>.flac``) and record, or a Skip saying why not."""
     try:
         samples, x, sr = _decode(f)
+        if low := low_rate_skip(f, sr, sample_rate_hz):
+            return low
         seg = find_segment(x, sr, clip.segmentation)
         loudest = float(seg.frame_energy_db.max())
         if loudest < clip.silence_dbfs:
@@ -275,6 +307,8 @@ def background_segments(
     written: list[Path] = []
     try:
         samples, x, sr = _decode(f)
+        if low := low_rate_skip(f, sr, sample_rate_hz):
+            return low
         clipped = clipped_fraction(samples, amb.clip_level)
         if clipped > amb.max_clipped_fraction:
             return Skip(

@@ -98,7 +98,8 @@ def prepare_sources(params: Params, spec: MixSpec, events_dir: Path, backgrounds
     """Each input as a manifest folder: a stage output as it is, a library analysed into a hidden folder beside ``out_dir``.
 
     A library is read afresh every run (deterministic bytes, so a killed run still resumes).
-    Library files below ``sample_rate_hz`` stop the run (:class:`MixError`): mixing must not upsample.
+    Library files below ``sample_rate_hz`` are skipped (``low-sample-rate``): mixing must not
+    upsample. A library all of whose files are below it stops the run (:class:`MixError`) naming the rate to mix at.
     """
     extensions = params.mix.library.extensions
     kinds = {
@@ -125,14 +126,14 @@ def prepare_sources(params: Params, spec: MixSpec, events_dir: Path, backgrounds
             "skipped": len(kind_skips),
             **({"segments": len(records)} if len(records) != files else {}),
         }  # backgrounds cut by background_split: segment
-        below = list(dict.fromkeys(r.source_path for r in records if r.source_sample_rate_hz < params.sample_rate_hz))
-        if below:
-            low.append(f"{len(below)} {kind} files of {kinds[kind]} (e.g. {below[0]})")
+        below = [k for k in kind_skips if k.reason == "low-sample-rate"]
+        if below and not records:
+            low.append(f"{len(below)} {kind} files of {kinds[kind]} (e.g. {below[0].path}), and no other usable one,")
     if low:
         shutil.rmtree(library_dir, ignore_errors=True)
         raise MixError(
             f"mix: sample_rate_hz is {params.sample_rate_hz} Hz but {' and '.join(low)} have a lower rate, and mixing must "
-            f"not upsample them; remove those files or mix at their rate (sample_rate_hz in params.yaml)"
+            f"not upsample; mix at their rate (sample_rate_hz in params.yaml) or add files at {params.sample_rate_hz} Hz or above"
         )
     return SourceFolders(folders["events"], folders["backgrounds"], library_dir, counts, skips)
 

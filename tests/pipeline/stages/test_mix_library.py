@@ -198,12 +198,39 @@ def test_scaper_accepts_the_same_library_folder(library: Path, tmp_path: Path) -
     assert (tmp_path / "s.wav").exists()
 
 
-def test_library_files_below_the_mixing_rate_stop_the_run(tmp_path: Path) -> None:
+def test_a_library_file_below_the_mixing_rate_is_skipped_and_named(tmp_path: Path) -> None:
     root = write_library(tmp_path / "lib")
     sf.write(root / "foreground/siren/narrow.wav", tone_burst(8000, 0.8, 0.1, 0.7), 8000, subtype="PCM_16")
-    with pytest.raises(MixError, match=r"1 events files .*siren/narrow.wav.* must not upsample"):
+    run(library_params(root), out_dir=tmp_path / "out")
+    skipped = (tmp_path / "out" / "skipped.csv").read_text()
+    assert "siren/narrow.wav,low-sample-rate,8000 Hz < sample_rate_hz 16000 Hz" in skipped
+    events = from_table(pq.read_table(tmp_path / "out" / SOURCES / "events" / "manifest.parquet"), EventClip)
+    assert "siren/narrow.wav" not in {e.source_path for e in events} and events
+
+
+def test_a_library_all_below_the_mixing_rate_stops_the_run(tmp_path: Path) -> None:
+    root = tmp_path / "lib"
+    write_library(root)
+    for path in (root / "foreground").rglob("*.wav"):
+        sf.write(path, tone_burst(8000, 0.8, 0.1, 0.7), 8000, subtype="PCM_16")
+    with pytest.raises(MixError, match=r"events files .* and no other usable one, have a lower rate.* must not upsample"):
         run(library_params(root), out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists() and not (tmp_path / f".out.{SOURCES}").exists()
+
+
+def test_audio_of_an_unlisted_extension_is_reported_not_passed_over(tmp_path: Path) -> None:
+    root = write_library(tmp_path / "lib")
+    sf.write(root / "foreground/siren/voice.oga", tone_burst(16000, 0.8, 0.1, 0.7), 16000, format="OGG", subtype="VORBIS")
+    (root / "foreground/siren/notes.txt").write_text("not audio")
+    p = library_params(root)
+    p = replace(p, mix=replace(p.mix, library=replace(p.mix.library, extensions=("wav",))))
+    run(p, out_dir=tmp_path / "out")
+    skipped = (tmp_path / "out" / "skipped.csv").read_text()
+    assert "siren/voice.oga,other-extension,.oga is not in mix.library.extensions [wav]" in skipped
+    assert "notes.txt" not in skipped
+    run(library_params(root), out_dir=tmp_path / "default")  # the default extensions read .oga
+    events = from_table(pq.read_table(tmp_path / "default" / SOURCES / "events" / "manifest.parquet"), EventClip)
+    assert "siren/voice.oga" in {e.source_path for e in events}
 
 
 def test_jams_exports_point_at_the_sources_kept_in_the_output(library: Path, tmp_path: Path) -> None:
