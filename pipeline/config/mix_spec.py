@@ -59,11 +59,13 @@ MAX_DURATION_S = 3600.0  # one mixture's length
 MAX_EVENTS = 1000  # events in one mixture (URBAN-SED draws up to 9, FLAM 10)
 MAX_OCCURRENCES = 100  # repetition.count and splitting.pieces
 MAX_PLACEMENT_TRIES = 10_000  # draws of an onset before the uniform draw over the free onsets takes over
+CLIP_SAMPLING = ("uniform", "label-balanced")  # how a mixture's clips are drawn from its split
 
 _FINELAP: dict = {
     "duration_s": ["const", 10.0],
     "events_per_mixture": ["choose", [1, 2, 3, 4, 5]],
     "distinct_clips": True,
+    "clip_sampling": "uniform",
     "event_duration_s": None,
     "source_time_s": ["const", 0.0],
     "repetition": {"probability": 1.0, "max_clip_s": 3.0, "count": ["choose", [1, 2, 3]], "overlap": False},
@@ -197,6 +199,7 @@ class MixSpec:
     sample_rate_hz: int
     events_per_mixture: Distribution
     distinct_clips: bool
+    clip_sampling: str  # uniform: every clip of the split alike; label-balanced: every label alike, then a clip of it
     event_duration_s: Distribution | None
     source_time_s: Distribution
     repetition: RepetitionSpec
@@ -245,6 +248,15 @@ def resolve_spec(preset: str, overrides: Mapping | None = None, *, sample_rate_h
     canonical JSON, so equal mappings share one spec whatever their key order.
     """
     return _resolve_once(preset, _canonical_json(overrides or {}), sample_rate_hz)
+
+
+def layered(base: Mapping, top: Mapping | None) -> dict:
+    """Two layers of knobs as one (``top`` over ``base``, key by key into nested mappings): a
+    training source's own knobs over ``mix.spec``. Unknown keys are left for :func:`resolve_spec` to name."""
+    out = dict(base)
+    for key, value in (top or {}).items():
+        out[key] = layered(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
+    return out
 
 
 def _canonical_json(overrides: Mapping) -> str:
@@ -325,6 +337,11 @@ def _events(raw: dict) -> dict:
     events = parse(raw["events_per_mixture"], "events_per_mixture")
     _positive_ints(events, "events_per_mixture", 0, MAX_EVENTS)
     _need(isinstance(raw["distinct_clips"], bool), "distinct_clips", "must be true or false")
+    _need(
+        raw["clip_sampling"] in CLIP_SAMPLING,
+        "clip_sampling",
+        f"must be one of {', '.join(CLIP_SAMPLING)}, got {raw['clip_sampling']!r}",
+    )
     event_duration = None
     if raw["event_duration_s"] is not None:
         event_duration = parse(raw["event_duration_s"], "event_duration_s")
@@ -345,6 +362,7 @@ def _events(raw: dict) -> dict:
     return {
         "events_per_mixture": events,
         "distinct_clips": raw["distinct_clips"],
+        "clip_sampling": raw["clip_sampling"],
         "event_duration_s": event_duration,
         "source_time_s": source_time,
         "repetition": repetition,

@@ -94,6 +94,7 @@ class MixContext:
     _levels: dict[tuple, float] = field(default_factory=dict)
     _rooms: list[str] | None = None
     _pools: dict[str, list[tuple[float, list[EventClip]]]] = field(default_factory=dict)
+    _balanced: dict[int, np.ndarray] = field(default_factory=dict)
 
     def rooms(self) -> list[str]:
         """The run's rooms: the usable files of ``reverb.rirs`` (:func:`~pipeline.mix.augment.usable_rooms`),
@@ -128,6 +129,18 @@ class MixContext:
             total = sum(share for share, _ in found)
             self._pools[split] = [(share / total, pool) for share, pool in found]
         return self._pools[split]
+
+    def label_balanced(self, pool: list[EventClip]) -> np.ndarray:
+        """Each clip's probability in ``pool`` when every label is drawn alike, then a clip of it
+        (``1 / (labels x the label's clips)``), kept per pool."""
+        key = id(pool)
+        if key not in self._balanced:
+            counts: dict[str, int] = {}
+            for c in pool:
+                counts[c.label] = counts.get(c.label, 0) + 1
+            w = np.array([1.0 / counts[c.label] for c in pool])
+            self._balanced[key] = w / w.sum()
+        return self._balanced[key]
 
     def envelope(self, item: EventClip | BackgroundSegment) -> Envelope:
         """``item``'s stored envelope (from :attr:`stored_envelopes` when given, else its record)."""
@@ -331,10 +344,13 @@ def draw_mixture(ctx: MixContext, split: str, index: int, mixture_id: str, audio
         shares = ctx.event_pools(split)
         k = int(np.searchsorted(np.cumsum([share for share, _ in shares]), rng.random(), side="right"))
         pool = shares[min(k, len(shares) - 1)][1]
+    weights = ctx.label_balanced(pool) if spec.clip_sampling == "label-balanced" else None
     if spec.distinct_clips:
-        picks = rng.choice(len(pool), size=min(n_events, len(pool)), replace=False)
-    else:
+        picks = rng.choice(len(pool), size=min(n_events, len(pool)), replace=False, p=weights)
+    elif weights is None:
         picks = rng.integers(len(pool), size=n_events)
+    else:
+        picks = rng.choice(len(pool), size=n_events, replace=True, p=weights)
 
     placed: list[tuple[int, int]] = []  # (onset, end) of every placed occurrence, in samples
     drawn: list[dict] = []

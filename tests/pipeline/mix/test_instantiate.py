@@ -3,6 +3,7 @@ spec validation; distribution sampling."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 
@@ -572,3 +573,23 @@ def test_fit_only_where_allowed() -> None:
         parse(["choose_weighted", [1, 2], [0, 0]], "x")
     with pytest.raises(SpecError, match="standard deviation"):
         parse(["normal", 0.0, -1.0], "x")
+
+
+def test_label_balanced_sampling_draws_every_label_alike_whatever_its_clips() -> None:
+    """8 clips of Bark and 1 each of Meow, Knock and Speech: uniform draws favour Bark 8 to 1, label-balanced
+    draws each label about a quarter of the time; the draws repeat for the same seed."""
+    sources, clips, segments = bank()
+    skewed = [dataclasses.replace(c, label="Bark") for c in clips[:8]] + [c for c in clips[8:] if c.label != "Bark"][:3]
+    counts = {}
+    for sampling in ("uniform", "label-balanced"):
+        spec = resolve_spec("finelap", {"events_per_mixture": ["const", 1], "clip_sampling": sampling}, sample_rate_hz=SR)
+        ctx = MixContext(spec, 0, RelabelParams(), sources, {s: skewed for s in SPLITS}, {s: list(segments) for s in SPLITS})
+        drawn = [draw_mixture(ctx, "train", i, f"m{i}", "x.flac") for i in range(400)]
+        labels = [next(iter(d.clips.values())).label for d in drawn]
+        counts[sampling] = {label: labels.count(label) / len(labels) for label in ("Bark", "Meow", "Knock", "Speech")}
+        again = draw_mixture(ctx, "train", 7, "m7", "x.flac")
+        assert list(again.clips) == list(drawn[7].clips)
+    assert counts["uniform"]["Bark"] > 0.6
+    assert all(0.17 < share < 0.33 for share in counts["label-balanced"].values()), counts
+    with pytest.raises(SpecError, match="clip_sampling"):
+        resolve_spec("finelap", {"clip_sampling": "balanced"}, sample_rate_hz=SR)
