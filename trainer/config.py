@@ -111,9 +111,18 @@ class SourceParams:
         0  # mixing: rows per epoch (epoch e, row i: the stage's mixture e * epoch_size + i); 0: mix.mixtures.<split>
     )
     replay: str | None = None  # mixing: a mix stage out_dir; its <split> recipes are re-rendered (bit for bit) instead of drawn
+    spec: dict | None = (
+        None  # mixing: knobs over mix.spec for this source alone (augment the train rows, not the stored test split)
+    )
 
 
-MIXING_KEYS = ("events", "backgrounds", "preset", "replay")  # SourceParams keys only a mixing source sets (and epoch_size)
+MIXING_KEYS = (
+    "events",
+    "backgrounds",
+    "preset",
+    "replay",
+    "spec",
+)  # SourceParams keys only a mixing source sets (and epoch_size)
 
 
 @dataclass(frozen=True)
@@ -498,7 +507,7 @@ def check_mixing_source(s: SourceParams, p: Params) -> None:
     """The rules of a source's mixing keys: only a mixing source sets them; its preset resolves over ``mix.spec``;
     a replay yields its folder's recipes (no ``epoch_size``)."""
     from pipeline.config.distributions import SpecError
-    from pipeline.config.mix_spec import resolve_spec
+    from pipeline.config.mix_spec import layered, resolve_spec
     from pipeline.schema import SPLITS
 
     if s.kind != "mixing":
@@ -517,9 +526,9 @@ def check_mixing_source(s: SourceParams, p: Params) -> None:
         "must stay 0 with replay (a replay yields every recipe of its folder's split)",
     )
     try:
-        resolve_spec(s.preset or p.mix.preset, p.mix.spec, sample_rate_hz=p.sample_rate_hz)
+        resolve_spec(s.preset or p.mix.preset, layered(p.mix.spec, s.spec), sample_rate_hz=p.sample_rate_hz)
     except SpecError as e:
-        need(False, "train.data.sources[].preset", f"{e} (mix.spec applies on top)")
+        need(False, "train.data.sources[].spec" if s.spec else "train.data.sources[].preset", f"{e} (mix.spec applies beneath)")
 
 
 def current_train_section(train: dict) -> dict:

@@ -1,7 +1,7 @@
 """A training source that mixes its rows as it reads them: the mix stage's mixtures, never stored.
 
 Input: an entry of ``train.data.sources`` with ``kind: mixing`` (:class:`~trainer.config.SourceParams`:
-``events``, ``backgrounds``, ``preset``, ``split``, ``epoch_size``, ``replay``), the run's params
+``events``, ``backgrounds``, ``preset``, ``spec``, ``split``, ``epoch_size``, ``replay``), the run's params
 (``seed``, ``sample_rate_hz``, the ``mix`` and ``captions`` sections) and the folder of the
 cluster tables the negatives come from. Output: rows as a shard source yields them, ``{"id",
 "audio", "caption", "phrases"}``, with ``audio = {"array": float32 samples, "sample_rate_hz":
@@ -9,7 +9,8 @@ the mix rate}`` (the 16-bit samples the stage would store, as decoding its FLAC 
 :class:`~trainer.data.stream.ItemBuilder` to crop and label. Nothing is written.
 
 Every step is the stages' own code: the spec is resolved as the mix stage resolves it (the
-preset, ``mix.spec``'s knobs on top, at ``sample_rate_hz``); the sources are split as the mix
+preset, ``mix.spec``'s knobs on top, the source's own ``spec`` knobs over those, at
+``sample_rate_hz``); the sources are split as the mix
 stage splits them (:func:`~pipeline.mix.selection.assign_splits` after the same licence filter), so
 a ``train`` source never draws a valid or test clip or background recording; one mixture is
 drawn, rendered and relabeled by :func:`~pipeline.mix.instantiate.instantiate`; its phrases and
@@ -59,7 +60,7 @@ from filelock import FileLock
 
 from pipeline.audio import int16_to_float
 from pipeline.config.distributions import SpecError
-from pipeline.config.mix_spec import resolve_spec
+from pipeline.config.mix_spec import layered, resolve_spec
 from pipeline.mix.bank import SourceBank, bank_sources, ensure_bank
 from pipeline.mix.instantiate import Mixture, MixContext, instantiate, relabel_mixture
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, audio_path, mixture_id
@@ -150,7 +151,7 @@ class MixingSource:
         self.relabel, self.empty_caption = m.relabel, c.empty_caption
         self.events_dir, self.backgrounds_dir = source_folders(params, run_params)
         try:
-            spec = resolve_spec(params.preset or m.preset, m.spec, sample_rate_hz=run_params.sample_rate_hz)
+            spec = resolve_spec(params.preset or m.preset, layered(m.spec, params.spec), sample_rate_hz=run_params.sample_rate_hz)
         except SpecError as e:
             raise SourceError(f"train: mixing source: {e}") from None
         events, backgrounds = read_sources(self.events_dir, self.backgrounds_dir)

@@ -164,6 +164,23 @@ def test_decoded_samples_become_the_same_item_as_their_flac():
         builder.decode({"array": np.zeros(0, np.float32), "sample_rate_hz": SR})
 
 
+def test_a_sources_own_knobs_change_its_rows_only(mixed, shard_folder):
+    """``spec`` on a mixing source (time stretch by varispeed) lies over mix.spec for that source: its rows
+    are stretched, the same rows without it are the stored split's, and the stage's spec is untouched."""
+    params, folder = shard_folder
+    knobs = {"time_stretch_factor": ["uniform", 1.2, 1.3], "stretch_method": "varispeed"}
+    plain = MixingSource(0, mixing_params(mixed, epoch_size=6), params, str(folder / "clusters"))
+    stretched = MixingSource(0, mixing_params(mixed, epoch_size=6, spec=knobs), params, str(folder / "clusters"))
+    assert plain.spec.time_stretch_factor is None and stretched.spec.time_stretch_factor.to_list() == ["uniform", 1.2, 1.3]
+    assert stretched.spec.events_per_mixture == plain.spec.events_per_mixture  # mix.spec's knobs still beneath
+    a, b = plain.mixture(0), stretched.mixture(0)
+    assert all(o.time_stretch_factor == 1.0 for o in a.occurrences)
+    assert b.occurrences and all(1.2 <= o.time_stretch_factor <= 1.3 for o in b.occurrences)
+    with pytest.raises(ParamsError, match=r"sources\[\]\.spec"):
+        check(replace(params, train=replace(params.train, data=replace(params.train.data, sources=(
+            mixing_params(mixed, spec={"time_strech_factor": ["const", 1.1]}),)))))
+
+
 def test_mixing_keys_are_checked(mixed):
     params = mixed[0]
 
