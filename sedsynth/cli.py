@@ -471,6 +471,15 @@ def _bench_detection_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _bench_real_library_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sounds",
+        required=True,
+        help="the folder wesnoth-1.16-data and sound-theme-freedesktop were unpacked into (dpkg -x), holding usr/share/...",
+    )
+    p.add_argument("--out", default="models/bench_real_library", help="folder for the library, its dataset, model and evaluation")
+
+
 def _bench_llm_cache_args(p: argparse.ArgumentParser) -> None:
     _repeat(p, "timed rewrites of the whole file, the peer; their mean is reported")
 
@@ -631,6 +640,7 @@ BENCHMARKS = {
     "train": ("loader clips/s per worker and training steps/s", _bench_train_args),
     "evaluate": ("where the metric time goes on a large score set", _bench_evaluate_args),
     "detection": ("PSDS1 against training minutes on the params' shards", _bench_detection_args),
+    "real-library": ("the default recipe on a library of real recordings, beside the default run", _bench_real_library_args),
     "llm-cache": ("storing one LLM completion at 5,000 and 100,000 entries against rewriting the file", _bench_llm_cache_args),
     "scale": ("every data stage at growing corpus sizes: wall, CPU, peak RSS and output bytes, growth ratios", _bench_scale_args),
     "view": ("the view's catalog: load, page and filter a large dataset's rows", _bench_view_args),
