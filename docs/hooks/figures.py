@@ -16,7 +16,8 @@ In a page (MkDocs, through this hook):
 - ``<!-- figures:default -->`` is the default run's table (``default.json``'s ``rows``, trained
   against untrained); ``<!-- figures:headlines -->`` the headline table of every file with a
   ``headline``; ``<!-- figures:detection -->`` the detection benchmark's epochs;
-  ``<!-- figures:scale -->`` the full-size data stages;
+  ``<!-- figures:scale -->`` the full-size data stages; ``<!-- figures:real_library -->`` and
+  ``<!-- figures:real_library_classes -->`` the recipe on real recordings, overall and per class;
 - ``{{ source("clip") }}`` names a file's command, commit, machine and path;
 - a backslash before either (``\\{{ figure(...) }}``) keeps it as written, without the backslash.
 
@@ -166,7 +167,43 @@ def scale_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"default": default_table, "headlines": headline_table, "detection": detection_table, "scale": scale_table}
+REAL = (("real-library", "default recipe"), ("real-library-recipe", "configs/library.yaml"))  # result files, their column
+
+
+def real_library_table() -> str:
+    """The default recipe and ``configs/library.yaml`` on real recordings (trained), beside the default run's trained model."""
+    default = load("default")
+    results = [(load(name), column) for name, column in REAL]
+    head = " | ".join(f"real, {column}" for _, column in results)
+    lines = [f"| figure | real, untrained | {head} | default run |", "| --- | ---: |" + " ---: |" * (len(results) + 1)]
+    for label, key in default["rows"]:
+        cells = [text(results[0][0], "untrained." + key)] + [text(r, "trained." + key) for r, _ in results]
+        lines.append(f"| {label} | " + " | ".join(cells + [text(default, "trained." + key)]) + " |")
+    return "\n".join(lines)
+
+
+def real_library_classes() -> str:
+    """Each class's PSDS on real recordings under both recipes (test events of each), best PSDS2 of the last first."""
+    results = [(value(load(name), "per_class"), column) for name, column in REAL]
+    head = " | ".join(f"{column}: events, PSDS1, PSDS2" for _, column in results)
+    lines = [f"| class | {head} |", "| --- |" + " ---: |" * len(results)]
+    last = results[-1][0]
+    for label in sorted(last, key=lambda c: (-last[c]["psds2"], c)):
+        cells = [
+            f"{r[label]['events']:,}, {r[label]['psds1']:.3f}, {r[label]['psds2']:.3f}" if label in r else "-" for r, _ in results
+        ]
+        lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TABLES = {
+    "default": default_table,
+    "headlines": headline_table,
+    "detection": detection_table,
+    "scale": scale_table,
+    "real_library": real_library_table,
+    "real_library_classes": real_library_classes,
+}
 
 
 def rendered(kind: str) -> str:
