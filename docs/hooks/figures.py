@@ -176,8 +176,13 @@ def real_library_table() -> str:
     results = [(load(name), column) for name, column in REAL]
     head = " | ".join(f"real, {column}" for _, column in results)
     lines = [f"| figure | real, untrained | {head} | default run |", "| --- | ---: |" + " ---: |" * (len(results) + 1)]
+
+    def score(result: dict, path: str) -> str:  # a bench result file's figures are stored unrounded
+        found = value(result, path)
+        return "-" if found is None else f"{found:.3f}"
+
     for label, key in default["rows"]:
-        cells = [text(results[0][0], "untrained." + key)] + [text(r, "trained." + key) for r, _ in results]
+        cells = [score(results[0][0], "untrained." + key)] + [score(r, "trained." + key) for r, _ in results]
         lines.append(f"| {label} | " + " | ".join(cells + [text(default, "trained." + key)]) + " |")
     return "\n".join(lines)
 
