@@ -202,8 +202,10 @@ def _detection(args: argparse.Namespace, params: Params) -> dict | list:
 
 
 def _real_library(args: argparse.Namespace, params: Params) -> dict | list:
-    from benchmarks.real_library import print_figures, run
+    from benchmarks.real_library import NoSoundsError, print_figures, run
 
+    if not args.sounds:
+        raise NoSoundsError("bench real-library: pass --sounds DIR, the folder the Debian sound packages were unpacked into")
     figures = run(params, Path(args.sounds), Path(args.out))
     default = RESULTS / "default.json"
     print_figures(figures, json.loads(default.read_text(encoding="utf-8")) if default.is_file() else None)

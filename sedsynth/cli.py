@@ -474,8 +474,7 @@ def _bench_detection_args(p: argparse.ArgumentParser) -> None:
 def _bench_real_library_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sounds",
-        required=True,
-        help="the folder wesnoth-1.16-data and sound-theme-freedesktop were unpacked into (dpkg -x), holding usr/share/...",
+        help="the folder wesnoth-1.16-data and sound-theme-freedesktop were unpacked into (dpkg -x), holding usr/share/... (required)",
     )
     p.add_argument("--out", default="models/bench_real_library", help="folder for the library, its dataset, model and evaluation")
 

@@ -19,6 +19,7 @@ FLAGS = {  # benchmark -> its flags and their defaults
     "evaluate": {"clips": 10000},
     "detection": {"epochs": 15, "out": "models/bench_detection", "score_only": False},
     "llm-cache": {"repeat": 3},
+    "real-library": {"sounds": None, "out": "models/bench_real_library"},
     "scale": {"sizes": "1000,10000", "out": "bench-out/scale", "train": False, "stages": None, "keep": False, "reuse": False},
 }
 SHARED = {"command", "what", "fn", "params", "overrides", "set"}
