@@ -18,7 +18,8 @@ Files no class takes (interface beeps, one-off sounds) are listed in ``<out>/lib
 
 Then the default recipe runs on that library, every stage as its command runs it and with the
 params' own settings except the paths: ``mix`` (``mix.events`` and ``mix.backgrounds`` set to
-the library, its licence GPL-2+/CC-BY-SA as the packages state it), ``captions``, ``clusters``,
+the library; the packages' GPL-2+ / CC-BY-SA is no licence the pipeline names, so the files are
+``unknown``, which is allowed), ``captions``, ``clusters``,
 ``shards``, ``train`` and ``evaluate`` (zero-shot on the library's held-out test files), each
 writing under ``<out>``. Output: the held-out table beside the default run's
 (``benchmarks/results/default.json``) and the per-class PSDS, printed and returned as figures.
@@ -84,7 +85,6 @@ BACKGROUND: dict[str, tuple[str, str]] = {
 }
 EXTENSIONS = (".ogg", ".oga", ".wav")
 MIN_FILES = 5
-LICENSE = "GPL-2+ / CC-BY-SA"  # Wesnoth's data (GPL-2+), sound-theme-freedesktop (GPL-2+ / CC-BY-SA)
 
 
 class NoSoundsError(FileNotFoundError):

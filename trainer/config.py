@@ -116,13 +116,8 @@ class SourceParams:
     )
 
 
-MIXING_KEYS = (
-    "events",
-    "backgrounds",
-    "preset",
-    "replay",
-    "spec",
-)  # SourceParams keys only a mixing source sets (and epoch_size)
+# SourceParams keys only a mixing source sets (and epoch_size)
+MIXING_KEYS = ("events", "backgrounds", "preset", "replay", "spec")
 
 
 @dataclass(frozen=True)
@@ -507,7 +502,8 @@ def check_mixing_source(s: SourceParams, p: Params) -> None:
     """The rules of a source's mixing keys: only a mixing source sets them; its preset resolves over ``mix.spec``;
     a replay yields its folder's recipes (no ``epoch_size``)."""
     from pipeline.config.distributions import SpecError
-    from pipeline.config.mix_spec import layered, resolve_spec
+    from pipeline.config.loading import merge
+    from pipeline.config.mix_spec import resolve_spec
     from pipeline.schema import SPLITS
 
     if s.kind != "mixing":
@@ -526,7 +522,7 @@ def check_mixing_source(s: SourceParams, p: Params) -> None:
         "must stay 0 with replay (a replay yields every recipe of its folder's split)",
     )
     try:
-        resolve_spec(s.preset or p.mix.preset, layered(p.mix.spec, s.spec), sample_rate_hz=p.sample_rate_hz)
+        resolve_spec(s.preset or p.mix.preset, merge(p.mix.spec, s.spec or {}), sample_rate_hz=p.sample_rate_hz)
     except SpecError as e:
         need(False, "train.data.sources[].spec" if s.spec else "train.data.sources[].preset", f"{e} (mix.spec applies beneath)")
 

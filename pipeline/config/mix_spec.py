@@ -250,15 +250,6 @@ def resolve_spec(preset: str, overrides: Mapping | None = None, *, sample_rate_h
     return _resolve_once(preset, _canonical_json(overrides or {}), sample_rate_hz)
 
 
-def layered(base: Mapping, top: Mapping | None) -> dict:
-    """Two layers of knobs as one (``top`` over ``base``, key by key into nested mappings): a
-    training source's own knobs over ``mix.spec``. Unknown keys are left for :func:`resolve_spec` to name."""
-    out = dict(base)
-    for key, value in (top or {}).items():
-        out[key] = layered(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
-    return out
-
-
 def _canonical_json(overrides: Mapping) -> str:
     try:
         return json.dumps(overrides, sort_keys=True)

@@ -25,6 +25,7 @@ background keeps its own level. Occurrences of one event share its gain, except 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
@@ -135,9 +136,7 @@ class MixContext:
         (``1 / (labels x the label's clips)``), kept per pool."""
         key = id(pool)
         if key not in self._balanced:
-            counts: dict[str, int] = {}
-            for c in pool:
-                counts[c.label] = counts.get(c.label, 0) + 1
+            counts = Counter(c.label for c in pool)
             w = np.array([1.0 / counts[c.label] for c in pool])
             self._balanced[key] = w / w.sum()
         return self._balanced[key]

@@ -60,7 +60,8 @@ from filelock import FileLock
 
 from pipeline.audio import int16_to_float
 from pipeline.config.distributions import SpecError
-from pipeline.config.mix_spec import layered, resolve_spec
+from pipeline.config.loading import merge
+from pipeline.config.mix_spec import resolve_spec
 from pipeline.mix.bank import SourceBank, bank_sources, ensure_bank
 from pipeline.mix.instantiate import Mixture, MixContext, instantiate, relabel_mixture
 from pipeline.mix.layout import MIXTURES, OCCURRENCES, audio_path, mixture_id
@@ -151,7 +152,7 @@ class MixingSource:
         self.relabel, self.empty_caption = m.relabel, c.empty_caption
         self.events_dir, self.backgrounds_dir = source_folders(params, run_params)
         try:
-            spec = resolve_spec(params.preset or m.preset, layered(m.spec, params.spec), sample_rate_hz=run_params.sample_rate_hz)
+            spec = resolve_spec(params.preset or m.preset, merge(m.spec, params.spec or {}), sample_rate_hz=run_params.sample_rate_hz)
         except SpecError as e:
             raise SourceError(f"train: mixing source: {e}") from None
         events, backgrounds = read_sources(self.events_dir, self.backgrounds_dir)
