@@ -138,7 +138,7 @@ class MixContext:
         if key not in self._balanced:
             counts = Counter(c.label for c in pool)
             w = np.array([1.0 / counts[c.label] for c in pool])
-            self._balanced[key] = w / w.sum()
+            self._balanced[key] = w / math.fsum(w)  # an exact sum: the same weights whatever numpy's kernels
         return self._balanced[key]
 
     def envelope(self, item: EventClip | BackgroundSegment) -> Envelope:
